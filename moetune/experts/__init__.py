@@ -1,0 +1,1 @@
+"""Where expert weights live: stacked per layer, asked for by the MoE layer."""

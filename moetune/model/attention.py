@@ -1,0 +1,87 @@
+"""Grouped-query attention with optional q/k RMSNorm (per head or over the projection) and qkv clipping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from moetune.model.batch import StepBatch
+from moetune.model.kv_cache import KVCache
+from moetune.model.norm import RMSNorm
+from moetune.model.rope import Rotary
+from moetune.model.spec import GQASpec
+
+
+@dataclass
+class Linear:
+    weight: torch.Tensor  # [out, in]
+    bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class GQAAttention:
+    def __init__(self, layer: int, spec: GQASpec, q: Linear, k: Linear, v: Linear, o: Linear,
+                 q_norm: RMSNorm | None, k_norm: RMSNorm | None, rotary: Rotary):
+        self.layer, self.spec = layer, spec
+        self.q, self.k, self.v, self.o = q, k, v, o
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.rotary = rotary
+        self.scale = spec.head_dim**-0.5
+
+    def __call__(self, x: torch.Tensor, batch: StepBatch, cache: KVCache, cos, sin) -> torch.Tensor:
+        T, s = x.shape[0], self.spec
+        q, k, v = self.q(x), self.k(x), self.v(x)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        if s.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if s.clip_qkv is not None:
+            q, k, v = (t.clamp(-s.clip_qkv, s.clip_qkv) for t in (q, k, v))
+        q = q.view(T, s.num_heads, s.head_dim)  # [T, H, Dh]
+        k = k.view(T, s.num_kv_heads, s.head_dim)  # [T, Hkv, Dh]
+        v = v.view(T, s.num_kv_heads, s.head_dim)  # [T, Hkv, Dh]
+        if s.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        cache.write(self.layer, batch, k, v)
+        out = self._attend_decode(q, batch, cache) if batch.is_decode else self._attend_each(q, batch, cache)
+        return self.o(out.reshape(T, -1))  # [T, D]
+
+    def _attend_each(self, q: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        out = torch.empty_like(q)  # [T, H, Dh]
+        for b, start in enumerate(batch.starts()):
+            n, ctx = batch.query_lens[b], batch.context_lens[b]
+            k, v = cache.read(self.layer, batch.slots[b], ctx)  # [ctx, Hkv, Dh] each
+            mask = causal_mask(n, ctx, self.spec.sliding_window, q.device)  # [n, ctx]
+            o = F.scaled_dot_product_attention(
+                q[start : start + n].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                attn_mask=mask, scale=self.scale, enable_gqa=True,
+            )  # [H, n, Dh]
+            out[start : start + n] = o.transpose(0, 1)
+        return out
+
+    def _attend_decode(self, q: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        S = max(batch.context_lens)
+        k, v = cache.read_batch(self.layer, batch.slots, S)  # [B, S, Hkv, Dh] each
+        ctx = torch.tensor(batch.context_lens, device=q.device)[:, None]  # [B, 1]
+        cols = torch.arange(S, device=q.device)[None, :]  # [1, S]
+        mask = cols < ctx  # [B, S]
+        if self.spec.sliding_window:
+            mask &= cols >= ctx - self.spec.sliding_window
+        o = F.scaled_dot_product_attention(
+            q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True,
+        )  # [B, H, 1, Dh]
+        return o[:, :, 0, :]
+
+
+def causal_mask(n: int, ctx: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[n, ctx] bool: query i (absolute position ctx - n + i) sees keys j <= its position."""
+    rows = torch.arange(ctx - n, ctx, device=device)[:, None]  # [n, 1]
+    cols = torch.arange(ctx, device=device)[None, :]  # [1, ctx]
+    mask = cols <= rows
+    if window:
+        mask &= cols > rows - window
+    return mask

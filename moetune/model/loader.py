@@ -1,0 +1,119 @@
+"""Load a Hugging Face MoE checkpoint directory into a MoETransformer (our math, their files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from moetune.errors import CheckpointError
+from moetune.experts.store import load_expert_store
+from moetune.model.adapters import spec_from_config
+from moetune.model.attention import GQAAttention, Linear
+from moetune.model.mla import MLAttention
+from moetune.model.mlp import GatedMLP
+from moetune.model.naming import TensorNames
+from moetune.model.norm import RMSNorm
+from moetune.model.rope import Rotary
+from moetune.model.spec import GQASpec, ModelSpec
+from moetune.model.transformer import DecoderLayer, MoETransformer
+from moetune.model.weights import WeightSource
+from moetune.moe.backend import resolve_backend
+from moetune.moe.layer import MoELayer, SharedExpert
+
+
+def read_spec(model_dir: Path) -> ModelSpec:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"model directory '{model_dir}' does not exist; pass --model DIR or a bundled name")
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"'{model_dir}' has no config.json; point --model at a Hugging Face checkpoint dir")
+    try:
+        cfg = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return spec_from_config(cfg)
+
+
+def load_model(
+    model_dir: Path | str,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    kernel_backend: str = "auto",
+) -> MoETransformer:
+    model_dir = Path(model_dir)
+    backend = resolve_backend(kernel_backend, torch.device(device))
+    spec = read_spec(model_dir)
+    source = WeightSource(model_dir, device, dtype)
+    names = TensorNames(spec.model_type)
+    experts = load_expert_store(source, spec)
+    rotary = Rotary(spec.rope, torch.device(device))
+    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend) for i in range(spec.num_layers)]
+    embed = source.get("model.embed_tokens.weight")
+    lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
+    norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps)
+    return MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts)
+
+
+def _linear(source: WeightSource, prefix: str) -> Linear:
+    return Linear(source.get(prefix + ".weight"), source.get_optional(prefix + ".bias"))
+
+
+def _norm(source: WeightSource, name: str, eps: float) -> RMSNorm:
+    return RMSNorm(source.get(name), eps)
+
+
+def _gated_mlp(source: WeightSource, prefix: str, proj=("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
+    gate, up, down = (source.get(f"{prefix}{p}.weight") for p in proj)
+    return GatedMLP(gate, up, down)
+
+
+def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary):
+    p = f"model.layers.{i}.self_attn."
+    eps = spec.rms_norm_eps
+    if isinstance(spec.attention, GQASpec):
+        has_norm = spec.attention.qk_norm != "none"
+        return GQAAttention(
+            i, spec.attention, *(_linear(source, p + n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            _norm(source, p + "q_norm.weight", eps) if has_norm else None,
+            _norm(source, p + "k_norm.weight", eps) if has_norm else None,
+            rotary,
+        )
+    mla = spec.attention
+    lora = mla.q_lora_rank is not None
+    return MLAttention(
+        i, mla, spec.rope,
+        _linear(source, p + "q_a_proj") if lora else None,
+        _norm(source, p + "q_a_layernorm.weight", eps) if lora else None,
+        _linear(source, p + ("q_b_proj" if lora else "q_proj")),
+        _linear(source, p + "kv_a_proj_with_mqa"),
+        _norm(source, p + "kv_a_layernorm.weight", eps),
+        _linear(source, p + "kv_b_proj"),
+        _linear(source, p + "o_proj"),
+        rotary,
+    )
+
+
+def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend) -> MoELayer:
+    shared = None
+    if spec.moe.shared_intermediate_size:
+        gate = source.get(names.shared_gate(i)) if spec.moe.shared_gate else None
+        shared = SharedExpert(_gated_mlp(source, names.shared(i)), gate)
+    bias = source.get(names.router_bias(i), torch.float32) if spec.moe.router.has_selection_bias else None
+    gate = source.get(names.router_weight(i), torch.float32)
+    return MoELayer(i, spec.moe, gate, bias, experts, shared, backend)
+
+
+def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: Rotary, experts, backend
+                   ) -> DecoderLayer:
+    p = names.layer(i)
+    mlp = _moe(source, names, spec, i, experts, backend) if spec.layers[i].is_moe else _gated_mlp(source, names.dense_mlp(i))
+    return DecoderLayer(
+        index=i,
+        attn_norm=_norm(source, p + "input_layernorm.weight", spec.rms_norm_eps),
+        attention=_attention(source, spec, i, rotary),
+        mlp_norm=_norm(source, p + "post_attention_layernorm.weight", spec.rms_norm_eps),
+        mlp=mlp,
+    )

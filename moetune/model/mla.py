@@ -1,0 +1,57 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) in the absorbed form.
+
+The cache holds the normalised latent c_kv [S, r] and the shared rotary key [S, dr]. Instead of
+expanding c_kv into per-head K and V, W_UK is folded into the query and W_UV into the output:
+    score = (q_nope · W_UK) · c_kv + q_rot · k_rot,   out = (softmax · c_kv) · W_UVᵀ
+which is the same math with far less memory traffic per decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moetune.model.attention import Linear, causal_mask
+from moetune.model.batch import StepBatch
+from moetune.model.kv_cache import KVCache
+from moetune.model.norm import RMSNorm
+from moetune.model.rope import Rotary, softmax_scale_multiplier
+from moetune.model.spec import MLASpec, RopeSpec
+
+
+class MLAttention:
+    def __init__(self, layer: int, spec: MLASpec, rope: RopeSpec, q_a: Linear | None, q_a_norm: RMSNorm | None,
+                 q_b: Linear, kv_a: Linear, kv_a_norm: RMSNorm, kv_b: Linear, o: Linear, rotary: Rotary):
+        self.layer, self.spec = layer, spec
+        self.q_a, self.q_a_norm, self.q_b = q_a, q_a_norm, q_b  # q_b is q_proj when q_lora_rank is None
+        self.kv_a, self.kv_a_norm, self.o = kv_a, kv_a_norm, o
+        self.rotary = rotary
+        H, r = spec.num_heads, spec.kv_lora_rank
+        w = kv_b.weight.view(H, spec.qk_nope_head_dim + spec.v_head_dim, r)  # [H, dn+dv, r]
+        self.w_uk = w[:, : spec.qk_nope_head_dim, :]  # [H, dn, r]
+        self.w_uv = w[:, spec.qk_nope_head_dim :, :]  # [H, dv, r]
+        self.scale = spec.qk_head_dim**-0.5 * softmax_scale_multiplier(rope)
+
+    def __call__(self, x: torch.Tensor, batch: StepBatch, cache: KVCache, cos, sin) -> torch.Tensor:
+        s, T = self.spec, x.shape[0]
+        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_a is not None else self.q_b(x)  # [T, H*dqk]
+        q = q.view(T, s.num_heads, s.qk_head_dim)
+        q_nope, q_rot = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)  # [T, H, dn], [T, H, dr]
+        ckv = self.kv_a(x)  # [T, r + dr]
+        latent = self.kv_a_norm(ckv[:, : s.kv_lora_rank])  # [T, r]
+        k_rot = ckv[:, s.kv_lora_rank :].view(T, 1, s.qk_rope_head_dim)  # [T, 1, dr]
+        q_rot = self.rotary.apply(q_rot, cos, sin)
+        k_rot = self.rotary.apply(k_rot, cos, sin)[:, 0]  # [T, dr]
+        cache.write(self.layer, batch, latent, k_rot)
+        q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)  # [T, H, r]
+        out = torch.empty(T, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=x.device)  # [T, H, r]
+        for b, start in enumerate(batch.starts()):
+            n, ctx = batch.query_lens[b], batch.context_lens[b]
+            c_kv, k_r = cache.read(self.layer, batch.slots[b], ctx)  # [ctx, r], [ctx, dr]
+            scores = torch.einsum("thr,sr->hts", q_lat[start : start + n], c_kv)
+            scores = scores + torch.einsum("thd,sd->hts", q_rot[start : start + n], k_r)  # [H, n, ctx]
+            scores = scores.float() * self.scale
+            scores = scores.masked_fill(~causal_mask(n, ctx, None, x.device), float("-inf"))
+            probs = scores.softmax(dim=-1).to(x.dtype)  # [H, n, ctx]
+            out[start : start + n] = torch.einsum("hts,sr->thr", probs, c_kv)
+        o = torch.einsum("thr,hvr->thv", out, self.w_uv)  # [T, H, dv]
+        return self.o(o.reshape(T, -1))  # [T, D]

@@ -1,0 +1,112 @@
+"""The decoder-only MoE transformer: embed → L × (attention, MLP or MoE) → norm → LM head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moetune.experts.store import ExpertStore
+from moetune.model.attention import GQAAttention
+from moetune.model.batch import StepBatch
+from moetune.model.kv_cache import KVCache
+from moetune.model.mla import MLAttention
+from moetune.model.mlp import GatedMLP
+from moetune.model.norm import RMSNorm
+from moetune.model.rope import Rotary
+from moetune.model.spec import ModelSpec
+from moetune.moe.layer import MoELayer
+from moetune.moe.probe import Probe, phase_scope
+
+
+@dataclass
+class DecoderLayer:
+    index: int
+    attn_norm: RMSNorm
+    attention: GQAAttention | MLAttention
+    mlp_norm: RMSNorm
+    mlp: GatedMLP | MoELayer
+
+    def __call__(self, h, batch: StepBatch, cache: KVCache, cos, sin, probe: Probe | None):
+        with phase_scope(probe, self.index, "attention"):
+            h = h + self.attention(self.attn_norm(h), batch, cache, cos, sin)
+        if isinstance(self.mlp, MoELayer):
+            return h + self.mlp(self.mlp_norm(h))
+        with phase_scope(probe, self.index, "dense_mlp"):
+            return h + self.mlp(self.mlp_norm(h))
+
+
+class MoETransformer:
+    def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
+                 lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore):
+        self.spec = spec
+        self.embed = embed  # [V, D]
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head  # [V, D] (the embedding itself when tied)
+        self.rotary = rotary
+        self.experts = experts
+        self.probe: Probe | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def attach_probe(self, probe: Probe | None) -> None:
+        self.probe = probe
+        for layer in self.layers:
+            if isinstance(layer.mlp, MoELayer):
+                layer.mlp.probe = probe
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        """Hidden states after the final norm for every token of the step: [T, D]."""
+        h = self.embed[batch.input_ids]  # [T, D]
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)  # [T, rot_dim] each
+        for layer in self.layers:
+            h = layer(h, batch, cache, cos, sin, self.probe)
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return (hidden @ self.lm_head.t()).float()  # [N, V]
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        return KVCache(self.spec, num_slots, max_len, self.device, self.dtype)
+
+    def weight_bytes(self) -> dict[str, int]:
+        """Resident weight bytes split into routed experts and everything else."""
+        total = _tensor_bytes(self)
+        experts = self.experts.nbytes()
+        return {"experts": experts, "dense": total - experts}
+
+
+def _tensor_bytes(model: MoETransformer) -> int:
+    seen: set[int] = set()
+    total = 0
+
+    def visit(obj, depth=0):
+        nonlocal total
+        if depth > 6:
+            return
+        if isinstance(obj, torch.Tensor):
+            key = obj.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += obj.untyped_storage().nbytes()
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                visit(item, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for item in vars(obj).values():
+                visit(item, depth + 1)
+
+    visit(model)
+    return total

@@ -1,0 +1,1 @@
+"""The MoE layer as phases: router → permute → dispatch → experts → combine → unpermute."""

@@ -1,0 +1,61 @@
+"""Kernel backends for the MoE phases: `torch` (plain torch, runs anywhere) and `triton`.
+
+A backend supplies the compute of each phase; `MoELayer` keeps the phase order, the probe hooks
+and the named outputs. `resolve_backend("auto")` picks triton on CUDA and torch elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from moetune.errors import MoetuneError
+from moetune.experts.store import ExpertWeights
+from moetune.model.spec import RouterSpec
+from moetune.moe.experts import ExpertsOutput, run_experts
+from moetune.moe.permute import PermuteOutput, permute
+from moetune.moe.router import select_experts
+from moetune.moe.unpermute import unpermute
+
+BACKENDS = ("torch", "triton")
+
+
+class MoEBackend(Protocol):
+    name: str
+
+    def select_experts(self, logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def permute(self, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> PermuteOutput: ...
+
+    def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput: ...
+
+    def unpermute(self, y_sorted: torch.Tensor, sorted_copy_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  shared: torch.Tensor | None) -> torch.Tensor: ...
+
+
+class TorchBackend:
+    name = "torch"
+
+    def select_experts(self, logits, spec, bias):
+        return select_experts(logits, spec, bias)
+
+    def permute(self, x, topk_ids, num_experts):
+        return permute(x, topk_ids, num_experts)
+
+    def experts(self, x, offsets, weights):
+        return run_experts(x, offsets, weights)
+
+    def unpermute(self, y_sorted, sorted_copy_ids, topk_weights, shared):
+        return unpermute(y_sorted, sorted_copy_ids, topk_weights, shared)
+
+
+def resolve_backend(name: str, device: torch.device) -> MoEBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchBackend()
+    if name == "triton":
+        raise MoetuneError("kernel backend 'triton' is not built yet; use --kernel-backend torch")
+    raise MoetuneError(f"unknown kernel backend '{name}' (choose from: auto, {', '.join(BACKENDS)})")

@@ -1,0 +1,70 @@
+"""MoELayer: reads as the phase list of DESIGN.md §2, each phase wrapped by the probe hook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moetune.experts.store import ExpertStore
+from moetune.model.mlp import GatedMLP
+from moetune.model.spec import MoESpec
+from moetune.moe.backend import MoEBackend, TorchBackend
+from moetune.moe.dispatch import combine_local, dispatch_local
+from moetune.moe.probe import Probe, phase_scope
+from moetune.moe.router import route
+
+
+@dataclass
+class SharedExpert:
+    mlp: GatedMLP
+    gate: torch.Tensor | None = None  # [1, D]: qwen2_moe scales the output by sigmoid(x @ gate.T)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, D]
+        out = self.mlp(x)
+        if self.gate is not None:
+            out = torch.sigmoid(x @ self.gate.t()) * out  # [T, 1] * [T, D]
+        return out
+
+
+class MoELayer:
+    def __init__(
+        self,
+        layer: int,
+        spec: MoESpec,
+        gate_weight: torch.Tensor,  # [E, D]
+        selection_bias: torch.Tensor | None,  # [E]
+        store: ExpertStore,
+        shared: SharedExpert | None = None,
+        backend: MoEBackend | None = None,
+    ):
+        self.layer = layer
+        self.spec = spec
+        self.gate_weight = gate_weight
+        self.selection_bias = selection_bias
+        self.store = store
+        self.shared = shared
+        self.backend: MoEBackend = backend or TorchBackend()
+        self.probe: Probe | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D] → [T, D]
+        probe, i = self.probe, self.layer
+        with phase_scope(probe, i, "router"):
+            routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, self.backend.select_experts)
+        with phase_scope(probe, i, "permute"):
+            perm = self.backend.permute(x, routed.topk_ids, self.spec.num_experts)
+        with phase_scope(probe, i, "dispatch"):
+            sent = dispatch_local(perm)
+        with phase_scope(probe, i, "experts"):
+            computed = self.backend.experts(sent.x_local, sent.offsets, self.store.weights(i))
+        with phase_scope(probe, i, "combine"):
+            back = combine_local(computed.y)
+        shared_out = None
+        if self.shared is not None:
+            with phase_scope(probe, i, "shared_expert"):
+                shared_out = self.shared(x)
+        with phase_scope(probe, i, "unpermute"):
+            out = self.backend.unpermute(back.y_sorted, perm.sorted_copy_ids, routed.topk_weights, shared_out)
+        if probe is not None:
+            probe.routed(i, routed, perm)
+        return out
