@@ -1,1 +1,1 @@
-"""engine"""
+"""Sequences, sampling and the generation loop (schedule → run model → sample/postprocess)."""

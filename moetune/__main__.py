@@ -1,0 +1,3 @@
+from moetune.cli.main import main
+
+main()

@@ -1,0 +1,51 @@
+"""`moetune bench`: prefill and decode tokens/s, optionally against transformers on the same weights."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+
+
+def bench(
+    model: Optional[str] = ModelOpt,
+    recipe: Optional[str] = RecipeOpt,
+    against: Optional[str] = typer.Option(None, "--against", help="Also run 'transformers' on the same weights."),
+    prefill_len: int = typer.Option(512, "--prefill-len", min=1),
+    decode_steps: int = typer.Option(32, "--decode-steps", min=1),
+    runs: int = typer.Option(3, "--runs", min=3, help="Timed runs per workload (median reported)."),
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    kernel_backend: Optional[str] = BackendOpt,
+) -> None:
+    """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up."""
+    from rich.console import Console
+
+    from moetune.bench.report import bench_table
+    from moetune.bench.throughput import BenchSettings, bench_moetune
+    from moetune.engine.build import resolve_device, resolve_dtype
+    from moetune.errors import MoetuneError
+    from moetune.model.loader import load_model
+    from moetune.model.registry import resolve_model
+
+    if against not in (None, "transformers"):
+        raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
+    cfg = run_config(model, recipe, dtype, device, kernel_backend)
+    model_dir = resolve_model(cfg.model.path)
+    dev = resolve_device(cfg.model.device)
+    torch_dtype = resolve_dtype(cfg.model.dtype, dev)
+    settings = BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+    console = Console(stderr=False)
+    ours = load_model(model_dir, torch_dtype, dev, cfg.model.kernel_backend)
+    with console.status("moetune ..."):
+        rows = bench_moetune(ours, settings)
+    vocab = ours.spec.vocab_size
+    del ours
+    if against:
+        from moetune.bench.hf_reference import bench_transformers, load_transformers
+
+        with console.status("transformers ..."):
+            rows += bench_transformers(load_transformers(model_dir, torch_dtype, dev), vocab, settings, dev)
+    console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev}"))

@@ -1,0 +1,38 @@
+"""`moetune generate`: stream one completion to stdout (only the completion; the rest to stderr)."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+
+
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text."),
+    model: Optional[str] = ModelOpt,
+    recipe: Optional[str] = RecipeOpt,
+    max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens to generate at most."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    stop: List[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos"),
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    kernel_backend: Optional[str] = BackendOpt,
+) -> None:
+    """Generate a completion for one prompt, streamed to stdout."""
+    from moetune.engine.build import build_generator
+    from moetune.engine.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=seed, stop=tuple(stop), ignore_eos=ignore_eos)
+    generator = build_generator(run_config(model, recipe, dtype, device, kernel_backend))
+    for piece in generator.stream(prompt, params):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")

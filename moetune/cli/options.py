@@ -1,0 +1,24 @@
+"""Options shared by every command that runs a model (--model/--recipe/--dtype/--device/...)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+ModelOpt = typer.Option(None, "--model", "-m", help="Checkpoint directory or bundled model name (default: stdlib-moe).")
+RecipeOpt = typer.Option(None, "--recipe", "-r", help="Recipe YAML (recipes/*.yaml); flags override it.")
+DtypeOpt = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 on CUDA).")
+DeviceOpt = typer.Option(None, "--device", help="cpu | cuda | cuda:N (default: cuda if present).")
+BackendOpt = typer.Option(None, "--kernel-backend", help="torch | triton (default: triton on CUDA, torch elsewhere).")
+
+
+def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
+               device: Optional[str] = None, kernel_backend: Optional[str] = None):
+    """Recipe (or defaults) with command-line flags applied on top."""
+    from moetune.config import RunConfig, load_recipe, parse_config
+
+    cfg = load_recipe(recipe) if recipe else RunConfig()
+    overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend}
+    model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
+    return parse_config({**cfg.model_dump(), "model": model_section}, source="command line")

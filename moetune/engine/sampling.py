@@ -1,0 +1,65 @@
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-sequence seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from moetune.errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """logits: [V] fp32 → one token id."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if params.top_k:
+        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # [V]
+    if params.top_p < 1.0:
+        probs = _top_p_filter(probs, params.top_p)
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (always the top one)."""
+    sorted_probs, order = torch.sort(probs, descending=True)  # [V]
+    mass_before = torch.cumsum(sorted_probs, 0) - sorted_probs  # [V]
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return kept / kept.sum()
+
+
+def make_generator(seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    return gen
