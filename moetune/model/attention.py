@@ -54,18 +54,19 @@ class GQAAttention:
         for b, start in enumerate(batch.starts()):
             n, ctx = batch.query_lens[b], batch.context_lens[b]
             k, v = cache.read(self.layer, batch.slots[b], ctx)  # [ctx, Hkv, Dh] each
-            mask = causal_mask(n, ctx, self.spec.sliding_window, q.device)  # [n, ctx]
+            plain_causal = n == ctx and not (self.spec.sliding_window and ctx > self.spec.sliding_window)
+            mask = None if plain_causal else causal_mask(n, ctx, self.spec.sliding_window, q.device)  # [n, ctx]
             o = F.scaled_dot_product_attention(
                 q[start : start + n].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                attn_mask=mask, scale=self.scale, enable_gqa=True,
+                attn_mask=mask, is_causal=plain_causal, scale=self.scale, enable_gqa=True,
             )  # [H, n, Dh]
             out[start : start + n] = o.transpose(0, 1)
         return out
 
     def _attend_decode(self, q: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         S = max(batch.context_lens)
-        k, v = cache.read_batch(self.layer, batch.slots, S)  # [B, S, Hkv, Dh] each
-        ctx = torch.tensor(batch.context_lens, device=q.device)[:, None]  # [B, 1]
+        k, v = cache.read_batch(self.layer, batch, S)  # [B, S, Hkv, Dh] each
+        ctx = batch.context_tensor()[:, None]  # [B, 1]
         cols = torch.arange(S, device=q.device)[None, :]  # [1, S]
         mask = cols < ctx  # [B, S]
         if self.spec.sliding_window:

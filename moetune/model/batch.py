@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,6 +14,7 @@ class StepBatch:
     query_lens: list[int]  # new tokens per sequence (sum = T)
     context_lens: list[int]  # tokens in the cache per sequence after this step
     slots: list[int]  # KV-cache slot per sequence
+    _tensors: dict = field(default_factory=dict, repr=False)  # built once per step, shared by layers
 
     @property
     def num_seqs(self) -> int:
@@ -22,6 +23,21 @@ class StepBatch:
     @property
     def is_decode(self) -> bool:
         return all(q == 1 for q in self.query_lens)
+
+    def slot_tensor(self) -> torch.Tensor:  # [B]
+        if "slots" not in self._tensors:
+            self._tensors["slots"] = torch.tensor(self.slots, device=self.input_ids.device)
+        return self._tensors["slots"]
+
+    def context_tensor(self) -> torch.Tensor:  # [B]
+        if "ctx" not in self._tensors:
+            self._tensors["ctx"] = torch.tensor(self.context_lens, device=self.input_ids.device)
+        return self._tensors["ctx"]
+
+    def slot_range(self) -> range | None:
+        """The slots as a contiguous range (cache reads become views), or None."""
+        first = self.slots[0]
+        return range(first, first + len(self.slots)) if self.slots == list(range(first, first + len(self.slots))) else None
 
     def starts(self) -> list[int]:
         out, acc = [], 0

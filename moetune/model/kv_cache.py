@@ -26,8 +26,7 @@ class KVCache:
         """Store each entry ([T, ...]) at its sequence's positions context_len - query_len ..."""
         store = self.layers[layer]
         if batch.is_decode:
-            slots = torch.tensor(batch.slots, device=entries[0].device)
-            pos = torch.tensor(batch.context_lens, device=entries[0].device) - 1
+            slots, pos = batch.slot_tensor(), batch.context_tensor() - 1
             for cache, new in zip(store, entries):
                 cache[slots, pos] = new  # new: [B, ...]
             return
@@ -39,9 +38,12 @@ class KVCache:
     def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, ...]:
         return tuple(cache[slot, :length] for cache in self.layers[layer])
 
-    def read_batch(self, layer: int, slots: list[int], length: int) -> tuple[torch.Tensor, ...]:
-        index = torch.tensor(slots, device=self.layers[layer][0].device)
-        return tuple(cache[:, :length].index_select(0, index) for cache in self.layers[layer])
+    def read_batch(self, layer: int, batch: StepBatch, length: int) -> tuple[torch.Tensor, ...]:
+        """[B, length, ...] per entry: a view when the slots are contiguous, else a gather."""
+        span = batch.slot_range()
+        if span is not None:
+            return tuple(cache[span.start : span.stop, :length] for cache in self.layers[layer])
+        return tuple(cache[:, :length].index_select(0, batch.slot_tensor()) for cache in self.layers[layer])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for entries in self.layers for t in entries)

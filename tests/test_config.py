@@ -1,0 +1,42 @@
+from pathlib import Path
+
+import pytest
+
+from moetune.config import RunConfig, load_recipe, parse_config
+from moetune.errors import RecipeError
+
+RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if not p.name.startswith("train-")], ids=lambda p: p.name)
+def test_every_shipped_deployment_recipe_loads(path):
+    assert isinstance(load_recipe(path), RunConfig)
+
+
+def test_defaults_are_complete():
+    cfg = RunConfig()
+    assert cfg.model.path is None and cfg.parallel.ep_size == 1 and cfg.model.dtype == "auto"
+
+
+@pytest.mark.parametrize("data,fragment", [
+    ({"modle": {}}, "unknown key 'modle'"),
+    ({"model": {"dtpye": "fp32"}}, "unknown key 'model.dtpye'"),
+    ({"model": {"dtype": "fp64"}}, "model.dtype"),
+    ({"parallel": {"ep_size": "four"}}, "parallel.ep_size"),
+    ({"parallel": {"ep_size": 0}}, "parallel.ep_size"),
+    ({"serve": {"port": 70000}}, "serve.port"),
+    ({"parallel": {"ep_size": 3, "ranks_per_node": 2}}, "do not tile"),
+])
+def test_bad_values_are_one_line_errors_naming_the_key(data, fragment):
+    with pytest.raises(RecipeError) as info:
+        parse_config(data)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_missing_or_malformed_recipe_file(tmp_path):
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(bad)
