@@ -21,6 +21,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed"),
     stop: List[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos"),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user message with the model's chat template."),
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
@@ -32,6 +33,10 @@ def generate(
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=tuple(stop), ignore_eos=ignore_eos)
     generator = build_generator(run_config(model, recipe, dtype, device, kernel_backend))
+    if chat:
+        from moetune.engine.tokenizer import apply_chat_template
+
+        prompt = apply_chat_template(generator.tokenizer, [{"role": "user", "content": prompt}])
     for piece in generator.stream(prompt, params):
         sys.stdout.write(piece)
         sys.stdout.flush()

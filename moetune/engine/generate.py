@@ -43,7 +43,7 @@ class Generator:
         self.observer: StepObserver | None = None
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)  # BOS as the tokenizer says
         if not ids:
             bos = self.model.spec.bos_token_id
             ids = [bos if bos is not None else next(iter(self.eos_ids), 0)]

@@ -88,3 +88,15 @@ def test_generation_stops_at_the_context_end(gen):
 def test_bad_sampling_parameters_are_request_errors(bad):
     with pytest.raises(RequestError):
         SamplingParams(**bad)
+
+
+def test_chat_template_comes_from_the_checkpoint_tokenizer(gen):
+    from moetune.engine.tokenizer import apply_chat_template
+
+    messages = [{"role": "user", "content": "hi"}]
+    assert apply_chat_template(gen.tokenizer, messages) == "hi\n"  # no template: plain text
+    gen.tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    try:
+        assert apply_chat_template(gen.tokenizer, messages) == "<user>hi<assistant>"
+    finally:
+        gen.tokenizer.chat_template = None
