@@ -12,6 +12,7 @@ import typer
 from moetune.cli.bench import bench
 from moetune.cli.generate import generate
 from moetune.cli.models import models
+from moetune.cli.tune_kernels import tune_kernels
 
 app = typer.Typer(
     help="Profile, tune and serve Mixture-of-Experts models.",
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(bench)
 app.command()(models)
+app.command(name="tune-kernels")(tune_kernels)
 
 
 def main() -> None:

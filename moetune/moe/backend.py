@@ -6,17 +6,20 @@ and the named outputs. `resolve_backend("auto")` picks triton on CUDA and torch 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from moetune.errors import MoetuneError
 from moetune.experts.store import ExpertWeights
-from moetune.model.spec import RouterSpec
+from moetune.model.spec import MoESpec, RouterSpec
 from moetune.moe.experts import ExpertsOutput, run_experts
 from moetune.moe.permute import PermuteOutput, permute
 from moetune.moe.router import select_experts
 from moetune.moe.unpermute import unpermute
+
+if TYPE_CHECKING:
+    from moetune.kernels.layout import AlignedLayout
 
 BACKENDS = ("torch", "triton")
 
@@ -27,9 +30,10 @@ class MoEBackend(Protocol):
     def select_experts(self, logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def permute(self, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> PermuteOutput: ...
+    def permute(self, x: torch.Tensor, topk_ids: torch.Tensor, spec: MoESpec) -> PermuteOutput: ...
 
-    def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput: ...
+    def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights,
+                aligned: "AlignedLayout | None" = None) -> ExpertsOutput: ...
 
     def unpermute(self, y_sorted: torch.Tensor, sorted_copy_ids: torch.Tensor, topk_weights: torch.Tensor,
                   shared: torch.Tensor | None) -> torch.Tensor: ...
@@ -41,10 +45,10 @@ class TorchBackend:
     def select_experts(self, logits, spec, bias):
         return select_experts(logits, spec, bias)
 
-    def permute(self, x, topk_ids, num_experts):
-        return permute(x, topk_ids, num_experts)
+    def permute(self, x, topk_ids, spec):
+        return permute(x, topk_ids, spec.num_experts)
 
-    def experts(self, x, offsets, weights):
+    def experts(self, x, offsets, weights, aligned=None):
         return run_experts(x, offsets, weights)
 
     def unpermute(self, y_sorted, sorted_copy_ids, topk_weights, shared):
@@ -57,5 +61,8 @@ def resolve_backend(name: str, device: torch.device) -> MoEBackend:
     if name == "torch":
         return TorchBackend()
     if name == "triton":
-        raise MoetuneError("kernel backend 'triton' is not built yet; use --kernel-backend torch")
+        from moetune.moe.triton_backend import TritonBackend, check_device  # imports triton: only when asked
+
+        check_device(device)
+        return TritonBackend()
     raise MoetuneError(f"unknown kernel backend '{name}' (choose from: auto, {', '.join(BACKENDS)})")

@@ -15,7 +15,7 @@ from moetune.experts.store import ExpertWeights
 
 
 class ExpertsOutput(NamedTuple):
-    y: torch.Tensor  # [N, D] one output row per input row, same order
+    y: torch.Tensor  # [N, D] one output row per input row, same order (triton: [T*K, D] in copy order t*K+k)
     rows_per_expert: torch.Tensor  # [E] GEMM m-shapes
 
 

@@ -52,11 +52,11 @@ class MoELayer:
         with phase_scope(probe, i, "router"):
             routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, self.backend.select_experts)
         with phase_scope(probe, i, "permute"):
-            perm = self.backend.permute(x, routed.topk_ids, self.spec.num_experts)
+            perm = self.backend.permute(x, routed.topk_ids, self.spec)
         with phase_scope(probe, i, "dispatch"):
             sent = dispatch_local(perm)
         with phase_scope(probe, i, "experts"):
-            computed = self.backend.experts(sent.x_local, sent.offsets, self.store.weights(i))
+            computed = self.backend.experts(sent.x_local, sent.offsets, self.store.weights(i), perm.aligned)
         with phase_scope(probe, i, "combine"):
             back = combine_local(computed.y)
         shared_out = None

@@ -7,9 +7,12 @@ padding they would add is reported here as waste.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from moetune.kernels.layout import AlignedLayout
 
 DEFAULT_BLOCK_M = 64
 
@@ -18,8 +21,9 @@ class PermuteOutput(NamedTuple):
     sorted_copy_ids: torch.Tensor  # [T*K] flat copy index, grouped by expert (stable within one)
     counts: torch.Tensor  # [E] token copies per expert
     offsets: torch.Tensor  # [E+1] start of each expert's segment in sorted order
-    x_sorted: torch.Tensor  # [T*K, D] token rows in expert order
+    x_sorted: torch.Tensor  # [T*K, D] token rows in expert order; [T, D] token order when `aligned` is set
     padded_rows: int  # rows after padding each non-empty expert to a multiple of block_m
+    aligned: "AlignedLayout | None" = None  # triton backend: the padded block layout its grouped GEMM gathers by
 
 
 def permute(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int = DEFAULT_BLOCK_M) -> PermuteOutput:
