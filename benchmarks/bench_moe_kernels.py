@@ -40,18 +40,9 @@ QUICK = (Shape("mixtral-quick", 8, 2, 1024, 2048, "softmax"), Shape("deepseek-qu
 
 
 def median_ms(fn, warmup: int = 5, repeat: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    from moetune.kernels.tuning import median_ms as cuda_median_ms  # CUDA events, median
+
+    return cuda_median_ms(fn, warmup, repeat)
 
 
 def measure_peaks() -> tuple[float, float]:
