@@ -12,6 +12,8 @@ import typer
 from moetune.cli.bench import bench
 from moetune.cli.generate import generate
 from moetune.cli.models import models
+from moetune.cli.profile import profile
+from moetune.cli.report import report
 from moetune.cli.tune_kernels import tune_kernels
 
 app = typer.Typer(
@@ -23,6 +25,8 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(bench)
 app.command()(models)
+app.command()(profile)
+app.command()(report)
 app.command(name="tune-kernels")(tune_kernels)
 
 

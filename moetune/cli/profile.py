@@ -1,0 +1,81 @@
+"""`moetune profile`: run a workload with phase probes attached; write a run dir; print the breakdown."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+
+
+def profile(
+    model: Optional[str] = ModelOpt,
+    recipe: Optional[str] = RecipeOpt,
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL with a 'prompt' field, or text: one per line "
+                                                                  "(default: the bundled held-out prompts)."),
+    num_requests: int = typer.Option(64, "--num-requests", help="Requests (prompts are cycled)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Requests per batch (one prefill + decodes each)."),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="Cut or pad every prompt to this many tokens."),
+    output_len: int = typer.Option(64, "--output-len", help="Tokens generated per request (EOS ignored)."),
+    warmup_steps: int = typer.Option(2, "--warmup-steps", help="Steps run first and excluded from all figures."),
+    ep_size: Optional[int] = typer.Option(None, "--ep-size", help="Expert-parallel ranks R to account traffic for "
+                                                                  "(default: recipe, else 1)."),
+    ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="Ranks per node (default: recipe, else 1)."),
+    capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help="Count drops over ceil(cf·T·K/E)."),
+    trace: bool = typer.Option(False, "--trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<model>-<timestamp>)."),
+    report: bool = typer.Option(False, "--report", help="Also write RUN/report.html and RUN/report.md."),
+    overhead: bool = typer.Option(False, "--overhead", help="Only measure probe overhead (probes on vs off)."),
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    kernel_backend: Optional[str] = BackendOpt,
+) -> None:
+    """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
+    from pathlib import Path
+
+    from moetune.profile.runner import ProfileSettings
+    from moetune.profile.workload import Workload
+
+    workload = Workload(prompts, num_requests, batch_size, input_len, output_len, warmup_steps)
+    settings = ProfileSettings(run_config(model, recipe, dtype, device, kernel_backend), workload, ep_size,
+                               ranks_per_node, capacity_factor, trace, Path(out) if out else None)
+    if overhead:
+        return _overhead(settings)
+    _profile(settings, report)
+
+
+def _profile(settings, report: bool) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from moetune.profile.runner import run_profile
+    from moetune.report.tables import formulas_table, imbalance_table, phase_table, rates_table
+    from moetune.report.terminal import rich_table
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("loading model", total=None)
+        result = run_profile(settings, on_start=lambda n: progress.update(task, total=n, description="steps"),
+                             on_step=lambda kind: progress.update(task, advance=1, description=kind))
+    console = Console()
+    summary = result.summary
+    for table in (phase_table(summary), imbalance_table(summary), rates_table(summary), formulas_table(summary)):
+        console.print(rich_table(table))
+    if report:
+        from moetune.report.build import write_reports
+
+        write_reports(result.path, ["html", "md"])
+    console.print(f"run directory: {result.path}")
+
+
+def _overhead(settings) -> None:
+    from rich.console import Console
+
+    from moetune.profile.overhead import measure_overhead, overhead_table
+    from moetune.report.terminal import rich_table
+
+    console = Console()
+    with console.status("measuring probes off / on ..."):
+        result = measure_overhead(settings)
+    console.print(rich_table(overhead_table(result)))

@@ -1,0 +1,21 @@
+"""`moetune report`: a profile run dir → markdown or one self-contained HTML file."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def report(
+    run_dir: str = typer.Argument(..., help="Run directory written by `moetune profile`."),
+    format: str = typer.Option("html", "--format", "-f", help="md | html"),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file (default: RUN_DIR/report.<format>)."),
+) -> None:
+    """Render a profile run as markdown (plots saved beside it) or a single HTML file."""
+    from pathlib import Path
+
+    from moetune.report.build import write_report
+
+    path = write_report(Path(run_dir), format, Path(out) if out else None)
+    print(path)

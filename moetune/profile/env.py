@@ -1,0 +1,67 @@
+"""env.json: what produced a run (model files hash, versions, git commit, device, topology)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+
+def model_files_hash(model_dir: Path) -> str:
+    """sha256 over the relative path and bytes of every file in the checkpoint directory."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(model_dir)).encode())
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def device_info(device: torch.device) -> dict:
+    info = {"type": device.type, "cpu_count": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+            "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(name=props.name, total_memory_bytes=props.total_memory,
+                    capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count)
+    return info
+
+
+def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_node: int) -> dict:
+    return {
+        "model_dir": str(model_dir),
+        "model_files_sha256": model_files_hash(model_dir),
+        "moetune_version": _version("moetune"),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "torch_num_threads": torch.get_num_threads(),
+        "device": device_info(device),
+        "topology": {"ep_size": ep_size, "ranks_per_node": ranks_per_node,
+                     "nodes": max(1, ep_size // ranks_per_node), "simulated": True,
+                     "note": "EP traffic is computed from the recorded routing on one process"},
+    }

@@ -1,0 +1,103 @@
+"""Profiling overhead: the same workload end to end with probes off and on (interleaved runs).
+
+Probes off is the engine's normal path: each phase costs one `is None` test and a shared
+nullcontext; its cost per step is measured directly (timeit) and compared with the step time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import timeit
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    runs: int
+    steps: int
+    off_s: list[float]  # wall time of the whole workload per run, probes off
+    on_s: list[float]  # same, profiler attached (phase clocks + routing recorder + layer clocks)
+    null_scope_ns: float  # cost of one `with phase_scope(None, ...)`
+    scopes_per_step: int
+
+    @property
+    def off_median(self) -> float:
+        return statistics.median(self.off_s)
+
+    @property
+    def on_median(self) -> float:
+        return statistics.median(self.on_s)
+
+    @property
+    def overhead(self) -> float:
+        return self.on_median / self.off_median - 1.0
+
+    @property
+    def overhead_min(self) -> float:
+        """On vs off comparing the fastest runs (least disturbed by other load on the machine)."""
+        return min(self.on_s) / min(self.off_s) - 1.0
+
+    @property
+    def off_spread(self) -> float:
+        return (max(self.off_s) - min(self.off_s)) / self.off_median
+
+    @property
+    def null_share(self) -> float:
+        """Fraction of an average probes-off step spent in the null scopes."""
+        return self.null_scope_ns * 1e-9 * self.scopes_per_step / (self.off_median / self.steps)
+
+
+def measure_overhead(settings, runs: int = 7) -> OverheadResult:
+    from moetune.engine.build import build_generator
+    from moetune.profile.probe import Profiler
+    from moetune.profile.runner import greedy_params
+    from moetune.profile.workload import batches, load_prompt_texts, prompts_path, request_tokens
+
+    w = settings.workload
+    w.check()
+    generator = build_generator(settings.config)
+    groups = batches(request_tokens(load_prompt_texts(prompts_path(w)), generator.encode, w), w.batch_size)
+
+    def workload() -> float:
+        start = time.perf_counter()
+        for group in groups:
+            generator.generate(group, greedy_params(w.output_len))
+        return time.perf_counter() - start
+
+    profiler = Profiler(generator.model)
+    workload()  # warm-up, probes off
+    off, on = [], []
+    for _ in range(runs):
+        off.append(workload())
+        profiler.attach(generator)
+        on.append(workload())
+        profiler.detach(generator)
+        profiler.records = type(profiler.records)()
+    spec = generator.model.spec
+    scopes = spec.num_layers + len(spec.moe_layers) * 6 + (spec.num_layers - len(spec.moe_layers))
+    scopes += len(spec.moe_layers) if spec.moe.shared_intermediate_size else 0
+    return OverheadResult(runs, w.measured_steps(), off, on, _null_scope_ns(), scopes)
+
+
+def _null_scope_ns(n: int = 200_000) -> float:
+    from moetune.moe.probe import phase_scope
+
+    def body():
+        with phase_scope(None, 0, "router"):
+            pass
+
+    return min(timeit.repeat(body, number=n, repeat=3)) / n * 1e9
+
+
+def overhead_table(r: OverheadResult):
+    from moetune.report.tables import Table
+
+    rows = [["probes off (median of %d)" % r.runs, f"{r.off_median:.3f} s", f"{1e3 * r.off_median / r.steps:.2f} ms/step"],
+            ["probes on (median of %d)" % r.runs, f"{r.on_median:.3f} s", f"{1e3 * r.on_median / r.steps:.2f} ms/step"],
+            ["probes off / on, fastest run", f"{min(r.off_s):.3f} s / {min(r.on_s):.3f} s", ""],
+            ["overhead on vs off", f"{100 * r.overhead:+.1f}% (medians)", f"{100 * r.overhead_min:+.1f}% (fastest runs)"],
+            ["run-to-run spread, probes off", f"{100 * r.off_spread:.1f}%", "(max − min) / median"],
+            ["probes off: null scope", f"{r.null_scope_ns:.0f} ns × {r.scopes_per_step}/step",
+             f"{100 * r.null_share:.3f}% of a step"]]
+    return Table(f"Profiling overhead ({r.steps} steps per run)", ["", "value", ""], rows)

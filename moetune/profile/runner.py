@@ -1,0 +1,172 @@
+"""`run_profile`: load the model, run the workload with the Profiler attached, write the run dir."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from moetune.config import RunConfig, parse_config
+from moetune.errors import MoetuneError
+from moetune.profile.ep import contiguous_layout
+from moetune.profile.workload import Workload, batches, load_prompt_texts, prompts_path, request_tokens
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    config: RunConfig
+    workload: Workload = Workload()
+    ep_size: int | None = None  # None: the recipe's parallel.ep_size
+    ranks_per_node: int | None = None  # None: the recipe's parallel.ranks_per_node
+    capacity_factor: float | None = None
+    trace: bool = False  # torch.profiler trace into <run>/tb and <run>/trace.json
+    out: Path | None = None  # None: runs/<model>-<timestamp>
+    runs_root: Path = Path("runs")
+
+
+@dataclass
+class ProfileResult:
+    path: Path
+    summary: dict
+
+
+Hooks = Callable[[str], None]
+
+
+def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | None = None,
+                on_step: Hooks | None = None) -> ProfileResult:
+    w = settings.workload
+    w.check()
+    if settings.capacity_factor is not None and settings.capacity_factor <= 0:
+        raise MoetuneError("--capacity-factor must be positive")
+    texts = load_prompt_texts(prompts_path(w))  # user mistakes first, before heavy imports
+    from moetune.engine.build import build_generator
+    from moetune.model.loader import read_spec
+    from moetune.model.registry import resolve_model
+    from moetune.profile.rundir import RunDirWriter
+
+    model_dir = resolve_model(settings.config.model.path)
+    spec = read_spec(model_dir)
+    ep, rpn = _parallel(settings)
+    layout = contiguous_layout(spec.moe.num_experts, ep, rpn)  # bad --ep-size fails before any loading
+    cfg = parse_config({**settings.config.model_dump(), "parallel": {"ep_size": ep, "ranks_per_node": rpn}},
+                       source="command line")
+    writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    writer.check_free()
+    generator = build_generator(cfg)
+    requests = request_tokens(texts, generator.encode, w)
+    _check_lengths(requests, w, spec.max_position)
+    if on_start is not None:
+        on_start(min(w.warmup_steps, w.output_len) + w.measured_steps())
+    with writer as tmp:
+        summary = _profile_into(tmp, settings, cfg, generator, requests, layout, model_dir, on_step)
+    return ProfileResult(writer.final, summary)
+
+
+def _parallel(settings: ProfileSettings) -> tuple[int, int]:
+    par = settings.config.parallel
+    ep = settings.ep_size if settings.ep_size is not None else par.ep_size
+    rpn = settings.ranks_per_node if settings.ranks_per_node is not None else par.ranks_per_node
+    if ep < 1 or rpn < 1:
+        raise MoetuneError("--ep-size and --ranks-per-node must be at least 1")
+    return ep, rpn
+
+
+def _check_lengths(requests: list[list[int]], w: Workload, max_position: int) -> None:
+    longest = max(len(r) for r in requests)
+    if longest + w.output_len > max_position:
+        raise MoetuneError(f"a prompt of {longest} tokens plus --output-len {w.output_len} exceeds the model's "
+                           f"context of {max_position}; lower --input-len or --output-len")
+
+
+def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generator, requests, layout,
+                  model_dir: Path, on_step: Hooks | None) -> dict:
+    from moetune.profile.nvml import NvmlSampler
+    from moetune.profile.probe import Profiler
+
+    w, model = settings.workload, generator.model
+    profiler = Profiler(model, annotate=settings.trace, on_step=on_step)
+    groups = batches(requests, w.batch_size)
+    with NvmlSampler(_cuda_index(model.device)) as nvml:
+        profiler.attach(generator)
+        try:
+            if w.warmup_steps:
+                profiler.recording = False
+                generator.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
+                profiler.recording = True
+            with _torch_trace(tmp if settings.trace else None, model.device):
+                for group in groups:
+                    generator.generate(group, greedy_params(w.output_len))
+        finally:
+            profiler.detach(generator)
+    return _finish(tmp, settings, cfg, profiler, layout, nvml, model_dir, groups)
+
+
+def greedy_params(max_tokens: int):
+    from moetune.engine.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _cuda_index(device) -> int:
+    if device.type != "cuda" or device.index is None:
+        return 0
+    return device.index
+
+
+@contextlib.contextmanager
+def _torch_trace(root: Path | None, device):
+    if root is None:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, on_trace_ready=tensorboard_trace_handler(str(root / "tb"))):
+        yield
+    written = sorted((root / "tb").glob("*.pt.trace.json"))  # the handler's file is a Chrome trace
+    if written:
+        try:  # the same file under a plain name; a hard link costs no space
+            os.link(written[-1], root / "trace.json")
+        except OSError:
+            shutil.copyfile(written[-1], root / "trace.json")
+
+
+def _finish(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
+            groups) -> dict:
+    import yaml
+
+    from moetune.profile.analysis import summarize
+    from moetune.profile.env import environment
+    from moetune.profile.memory import memory_breakdown
+    from moetune.profile.rates import model_dims
+    from moetune.profile.rundir import write_contents
+    from moetune.profile.tables import build_tables
+
+    model, w = profiler.model, settings.workload
+    dims = model_dims(model).as_dict()
+    trace = profiler.trace()
+    tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
+    summary = summarize(tables, dims, layout.placement, layout.ep_size, settings.capacity_factor)
+    max_len = max(len(r) for g in groups for r in g) + w.output_len
+    max_tokens = int(tables.steps.tokens.max()) if len(tables.steps) else 0
+    summary.update(
+        model={"name": model_dir.name, "model_type": model.spec.model_type, "dtype": str(model.dtype).split(".")[-1],
+               "device": str(model.device), **dims},
+        workload={**asdict(w), "prompts": str(prompts_path(w))},
+        parallel={"ep_size": layout.ep_size, "ranks_per_node": layout.ranks_per_node, "placement": "contiguous",
+                  "placement_experts": layout.placement.tolist(), "token_origin": "token t of a step on rank t % R"},
+        memory=memory_breakdown(model, w.batch_size, max_len, max_tokens).as_dict(),
+        nvml=nvml.summary(),
+        trace_files=["tb/", "trace.json"] if settings.trace else [],
+    )
+    recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)
+    recipe += "# profile workload (not a RunConfig key):\n" + "".join(
+        f"#   {k}: {v}\n" for k, v in summary["workload"].items())
+    write_contents(tmp, recipe, environment(model_dir, model.device, layout.ep_size, layout.ranks_per_node),
+                   summary, tables, trace)
+    return summary

@@ -1,0 +1,44 @@
+"""HTML report: one self-contained file (inline CSS, plots as base64 PNG; no network resources)."""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from moetune.report.tables import Table, all_tables
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.88em; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } tr:nth-child(even) td { background: #fafafa; }
+figure { margin: 1em 0; } figcaption { font-weight: 600; margin-bottom: 0.3em; }
+img { max-width: 100%; } .note { color: #666; font-size: 0.85em; } .meta { color: #555; }
+"""
+
+
+def table_html(table: Table) -> str:
+    head = "".join(f"<th>{escape(c)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in table.rows)
+    note = f'<p class="note">{escape(table.note)}</p>' if table.note else ""
+    return f"<h2>{escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
+
+
+def figure_html(caption: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<figure><figcaption>{escape(caption)}</figcaption>'
+            f'<img alt="{escape(caption)}" src="data:image/png;base64,{data}"></figure>')
+
+
+def render_html(summary: dict, env: dict, plots: list[tuple[str, str, bytes]]) -> str:
+    """plots: (stem, caption, PNG bytes) from `moetune.report.plots.all_plots`."""
+    m, dev = summary["model"], env.get("device", {})
+    meta = (f"moetune {env.get('moetune_version')} · git {str(env.get('git_commit'))[:10]} · torch {env.get('torch')}"
+            f" · device {dev.get('name') or dev.get('type')} · {dev.get('cpu_count')} CPUs")
+    figures = "".join(figure_html(caption, png) for _, caption, png in plots)
+    first, *rest = all_tables(summary)  # the overview, then plots, then the detail tables
+    tables = "".join(table_html(t) for t in rest)
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>moetune profile: {escape(m['name'])}</title>"
+            f"<style>{CSS}</style></head><body><h1>moetune profile: {escape(m['name'])}</h1>"
+            f'<p class="meta">{escape(meta)}</p>{table_html(first)}<h2>Plots</h2>{figures}{tables}</body></html>\n')

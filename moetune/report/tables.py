@@ -1,0 +1,164 @@
+"""Report tables: plain rows built from a run's summary, rendered by markdown, html and rich alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KINDS = ("prefill", "decode")
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+    align_right: list[bool] = field(default_factory=list)
+
+
+def _kinds(summary: dict) -> list[str]:
+    return [k for k in KINDS if k in summary["kinds"]]
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _num(value, fmt: str) -> str:
+    return "–" if value is None or value != value else format(value, fmt)
+
+
+def overview_table(summary: dict) -> Table:
+    m, w, p = summary["model"], summary["workload"], summary["parallel"]
+    rows = [["model", f"{m['name']} ({m['model_type']}, {m['dtype']}, {m['device']})"],
+            ["shape", f"L={m['num_layers']} MoE layers={len(m['moe_layers'])} E={m['E']} K={m['K']} D={m['D']} "
+                      f"I={m['I']}" + (f" I_shared={m['I_shared']}" if m["I_shared"] else "")],
+            ["workload", f"{w['num_requests']} requests, batch {w['batch_size']}, input_len {w['input_len'] or 'as is'}, "
+                         f"output_len {w['output_len']}, warm-up {w['warmup_steps']} steps (excluded)"],
+            ["expert parallel", f"R={p['ep_size']}, {p['ranks_per_node']} ranks/node, {p['placement']} placement, "
+                                f"{p['token_origin']} (computed, not run)"]]
+    for kind in _kinds(summary):
+        k = summary["kinds"][kind]
+        rows.append([kind, f"{k['steps']} steps, {k['tokens']} tokens, {k['tokens_per_s']:.0f} tok/s, "
+                           f"step median {k['step_ms_median']:.2f} ms (p90 {k['step_ms_p90']:.2f} ms)"])
+    return Table("Run", ["", "value"], rows)
+
+
+def phase_table(summary: dict) -> Table:
+    kinds = _kinds(summary)
+    per = {k: {p["phase"]: p for p in summary["kinds"][k]["phases"]} for k in kinds}
+    order = [p["phase"] for p in summary["kinds"][kinds[0]]["phases"]] if kinds else []
+    for k in kinds[1:]:
+        order += [p for p in per[k] if p not in order]
+    rows = []
+    for phase in order:
+        row = [phase]
+        for k in kinds:
+            p = per[k].get(phase)
+            row += [f"{p['ms_per_step']:.3f}", f"{100 * p['share']:.1f}%"] if p else ["–", "–"]
+        rows.append(row)
+    cols = ["phase"] + [c for k in kinds for c in (f"{k} ms/step", f"{k} % of step")]
+    return Table("Phase breakdown (all layers, per step)", cols, rows,
+                 "`other` = step time − Σ phases (embedding, norms, residual adds, LM head, Python).")
+
+
+def imbalance_table(summary: dict, top: int = 5) -> Table:
+    rows = []
+    for kind in _kinds(summary):
+        load = summary["kinds"][kind]["load"]
+        worst = sorted(load["per_layer"], key=lambda r: -r["expert"]["imbalance"])[:top]
+        for r in worst:
+            e, rk = r["expert"], r["rank"]
+            rows.append([kind, str(r["layer"]), f"{e['imbalance']:.2f}", f"{e['balancedness']:.3f}",
+                         f"{rk['balancedness']:.3f}", f"{e['p50']:.0f}/{e['p95']:.0f}/{e['p99']:.0f}",
+                         f"{e['max']:.0f}"])
+        mean = load["mean_over_layers"]
+        rows.append([kind, "mean of layers", f"{mean['expert_imbalance']:.2f}", f"{mean['expert_balancedness']:.3f}",
+                     f"{mean['rank_balancedness']:.3f}", "", ""])
+    return Table("Most imbalanced layers", ["kind", "layer", "max/mean", "bal. experts", "bal. ranks",
+                                            "P50/P95/P99", "max"], rows,
+                 "Token copies per expert (rank) over the kind's steps, per layer; balancedness (bal.) = mean/max; "
+                 "the mean row averages the per-layer values.")
+
+
+def hottest_table(summary: dict) -> Table:
+    rows = [[kind, str(h["layer"]), str(h["expert"]), str(h["tokens"]), f"{100 * h['share']:.1f}%",
+             f"{h['x_fair_share']:.2f}×"] for kind in _kinds(summary)
+            for h in summary["kinds"][kind]["load"]["hottest_experts"]]
+    return Table("Hottest experts", ["kind", "layer", "expert", "tokens", "share of layer", "× fair share"], rows)
+
+
+def rates_table(summary: dict) -> Table:
+    rows = []
+    for kind in _kinds(summary):
+        for r in summary["kinds"][kind]["rates"]:
+            rows.append([kind, r["phase"], f"{1e3 * r['seconds']:.2f}", f"{r['gflop']:.4f}",
+                         _num(r["gflops_per_s"], ".2f"), _num(r["gbytes_per_s"], ".3f")])
+    return Table("Achieved rates per phase", ["kind", "phase", "ms total", "GFLOP", "GFLOP/s", "GB/s"], rows,
+                 "GFLOP/s = FLOPs / time, GB/s = bytes / time, summed over steps and layers (formulas below).")
+
+
+def formulas_table(summary: dict) -> Table:
+    seen: dict[str, tuple[str, str]] = {}
+    for kind in _kinds(summary):
+        for r in summary["kinds"][kind]["rates"]:
+            seen.setdefault(r["phase"], (r["flop_formula"], r["byte_formula"]))
+    rows = [[phase, f, b] for phase, (f, b) in seen.items()]
+    return Table("Work formulas", ["phase", "FLOPs", "bytes"], rows,
+                 "T = tokens in the step, rows = T·K copies, active = experts with rows, pairs = causal q·k pairs, "
+                 "ctx = cached tokens read, b_w / b_a = weight / activation dtype bytes. Bytes = weights touched "
+                 "+ activations read and written (a lower bound).")
+
+
+def ep_table(summary: dict) -> Table:
+    rows = []
+    for kind in _kinds(summary):
+        ep = summary["kinds"][kind]["ep"]
+        for r in ep["per_rank"]:
+            rows.append([kind, f"rank {r['rank']}", str(r["copies"]), _mb(r["send_bytes"]), _mb(r["recv_bytes"])])
+    p = summary["parallel"]
+    return Table(f"Expert parallel load per rank (R={p['ep_size']}, {p['ranks_per_node']} ranks/node)",
+                 ["kind", "rank", "token copies", "sent", "received"], rows,
+                 "bytes = copies × D × dtype bytes, dispatch + combine; computed from the recorded routing.")
+
+
+def locality_table(summary: dict) -> Table:
+    rows = []
+    for kind in _kinds(summary):
+        ep = summary["kinds"][kind]["ep"]
+        total = ep["same_rank_bytes"] + ep["intra_node_bytes"] + ep["inter_node_bytes"]
+        rows.append([kind] + [f"{_mb(ep[k])} ({100 * ep[k] / total:.0f}%)" if total else "0" for k in
+                              ("same_rank_bytes", "intra_node_bytes", "inter_node_bytes")])
+    return Table("Expert parallel bytes by locality", ["kind", "same rank", "intra-node", "inter-node"], rows,
+                 "Placement: expert e on rank e // (E/R); token t of a step starts on rank t % R.")
+
+
+def gemm_table(summary: dict) -> Table:
+    rows = []
+    for kind in _kinds(summary):
+        k = summary["kinds"][kind]
+        pad, cap = k["padding"], k.get("capacity")
+        drop = f"{100 * cap['drop_rate']:.2f}% (cf {cap['capacity_factor']})" if cap else "no capacity factor"
+        rows.append([kind, str(pad["rows"]), str(pad["padded_rows"]), f"{100 * pad['waste']:.1f}%", drop])
+    return Table("Expert GEMM rows", ["kind", "rows", "rows padded to BLOCK_M=64", "padding waste", "token drops"],
+                 rows, "Drops: copies over capacity ceil(cf·T·K/E) per expert per step and layer.")
+
+
+def memory_table(summary: dict) -> Table:
+    m, n = summary["memory"], summary["nvml"]
+    rows = [["attention / dense weights", _mb(m["dense_weight_bytes"])],
+            ["routed expert weights", _mb(m["expert_weight_bytes"])],
+            ["KV cache (largest batch)", _mb(m["kv_cache_bytes"])],
+            ["activations (estimate)", f"{_mb(m['activation_bytes_estimate'])} = {m['activation_formula']}"]]
+    if n.get("available"):
+        rows.append(["NVML peak memory used", _mb(n.get("peak_memory_used_bytes", 0))])
+        rows.append(["NVML mean util / peak power", f"{n.get('mean_gpu_util_pct', 0):.0f}% / {n.get('peak_power_w', 0):.0f} W"])
+    else:
+        rows.append(["NVML", n.get("reason", "not available")])
+    return Table("Memory", ["part", "bytes"], rows)
+
+
+def all_tables(summary: dict) -> list[Table]:
+    return [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
+            gemm_table(summary), ep_table(summary), locality_table(summary), rates_table(summary), formulas_table(summary),
+            memory_table(summary)]

@@ -1,0 +1,74 @@
+"""`moetune profile` and `moetune report` through the real CLI (subprocess)."""
+
+import subprocess
+import sys
+
+import pytest
+
+SMALL = ["--num-requests", "3", "--batch-size", "2", "--input-len", "12", "--output-len", "3", "--warmup-steps", "1"]
+
+
+def moetune(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "moetune", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_profile_then_report_end_to_end(checkpoint, tmp_path):
+    run = tmp_path / "run"
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), *SMALL, "--ep-size", "2",
+                     "--capacity-factor", "1.5", "--out", str(run), "--report")
+    assert result.returncode == 0, result.stderr
+    assert "Phase breakdown" in result.stdout and str(run) in result.stdout
+    for name in ("recipe.yaml", "env.json", "summary.json", "phases.parquet", "expert_load.parquet",
+                 "steps.parquet", "routing.npz", "report.html", "report.md"):
+        assert (run / name).is_file(), name
+    out = tmp_path / "again.html"
+    result = moetune("report", str(run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    html = out.read_text()
+    assert html.count("<img") >= 4 or "<svg" in html
+    assert "http" not in html  # self-contained: no network resources at all
+    assert "Most imbalanced layers" in html and "Phase breakdown" in html
+    md = tmp_path / "r.md"
+    assert moetune("report", str(run), "--format", "md", "--out", str(md)).returncode == 0
+    assert "| phase |" in md.read_text() and (tmp_path / "r_files" / "expert_load.png").is_file()
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "not-json"])
+def test_an_unreadable_prompts_file_is_one_line(checkpoint, tmp_path, case):
+    prompts = {"missing": tmp_path / "nope.jsonl", "directory": tmp_path, "not-json": tmp_path / "bad.jsonl"}[case]
+    if case == "not-json":
+        prompts.write_text("{not json\n")
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), "--prompts", str(prompts),
+                     "--out", str(tmp_path / "run"))
+    assert_one_line_error(result, str(prompts.name) if case != "directory" else "prompts")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_ep_size_is_one_line(checkpoint, tmp_path):
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), "--ep-size", "4",
+                     "--out", str(tmp_path / "run"))
+    assert_one_line_error(result, "--ep-size 4", "6 experts")
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_of_a_missing_run_dir_is_one_line(tmp_path):
+    assert_one_line_error(moetune("report", str(tmp_path / "nope")), "nope")
+
+
+def test_an_existing_run_dir_is_not_overwritten(checkpoint, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), "--out", str(run))
+    assert_one_line_error(result, "already exists")
+    assert [p.name for p in run.iterdir()] == ["summary.json"]

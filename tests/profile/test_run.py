@@ -1,0 +1,107 @@
+"""A real profile run on a tiny checkpoint (in process): tables, closure, round trip, replay, trace."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moetune.config import parse_config
+from moetune.profile.analysis import layer_closure
+from moetune.profile.rundir import RunDirWriter, read_run, write_contents
+from moetune.profile.runner import ProfileSettings, run_profile
+from moetune.profile.trace import replay_counts
+from moetune.profile.workload import Workload
+
+WORKLOAD = Workload(num_requests=4, batch_size=2, input_len=48, output_len=4, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def run(checkpoint, tmp_path_factory):
+    """qwen2_moe: dense layers, MoE layers and a shared expert; EP over 2 ranks, 1 per node."""
+    cfg = parse_config({"model": {"path": str(checkpoint("qwen2_moe", shard=False))}})
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    settings = ProfileSettings(cfg, WORKLOAD, ep_size=2, ranks_per_node=1, capacity_factor=1.0, out=out)
+    return read_run(run_profile(settings).path)
+
+
+def test_steps_are_split_into_prefill_and_decode(run):
+    steps = run.tables.steps
+    assert len(steps) == WORKLOAD.measured_steps()  # warm-up steps are not recorded
+    assert (steps.kind == "prefill").sum() == WORKLOAD.num_batches()
+    assert set(run.summary["kinds"]) == {"prefill", "decode"}
+    phases = set(run.tables.phases.phase)
+    assert {"router", "permute", "dispatch", "experts", "combine", "unpermute", "attention", "shared_expert",
+            "dense_mlp", "other"} <= phases
+
+
+def test_phases_plus_other_is_the_step_time(run):
+    per_step = run.tables.phases.groupby("step").seconds.sum()
+    assert np.allclose(per_step.sort_index().to_numpy(), run.tables.steps.sort_values("step").seconds.to_numpy())
+
+
+def test_phase_times_of_each_layer_add_up_to_its_measured_time(run):
+    closure = layer_closure(run.tables)
+    per_layer = closure.groupby("layer")[["seconds_phases", "seconds_layer"]].sum()
+    ratio = per_layer.seconds_phases / per_layer.seconds_layer
+    assert len(per_layer) == 4
+    assert ((ratio > 0.9) & (ratio <= 1.0 + 1e-9)).all(), ratio
+
+
+def test_replaying_the_routing_trace_reproduces_expert_counts(run):
+    replay = replay_counts(run.trace)  # [S, Lm, E]
+    load = run.tables.expert_load.sort_values(["step", "layer", "expert"])
+    S, Lm, E = replay.shape
+    assert S == len(run.tables.steps) and Lm == 1 and E == 6
+    assert np.array_equal(replay.reshape(-1), load.tokens.to_numpy())
+    assert run.trace.topk_ids.dtype == np.uint8
+    assert run.trace.step_offsets[-1] == run.tables.steps.tokens.sum()
+
+
+def test_counts_agree_with_gemm_rows_and_ep_copies(run):
+    t = run.tables
+    rows = t.moe.set_index(["step", "layer"]).rows
+    assert (t.expert_load.groupby(["step", "layer"]).tokens.sum() == rows).all()
+    assert (t.ep_ranks.groupby(["step", "layer"]).copies.sum() == rows).all()
+    assert (t.moe.padded_rows >= t.moe.rows).all()
+    bytes_ = t.ep_traffic[["same_rank_bytes", "intra_node_bytes", "inter_node_bytes"]].sum(axis=1)
+    assert (bytes_.to_numpy() == 2 * rows.to_numpy() * 48 * 4).all()  # copies × D × fp32, there and back
+    assert t.ep_traffic.intra_node_bytes.sum() == 0  # one rank per node
+
+
+def test_summary_has_memory_nvml_and_rates(run):
+    s = run.summary
+    assert s["memory"]["expert_weight_bytes"] > 0 and s["memory"]["kv_cache_bytes"] > 0
+    assert s["nvml"]["available"] is False and s["nvml"]["reason"]
+    rates = {r["phase"]: r for r in s["kinds"]["prefill"]["rates"]}
+    assert rates["experts"]["gflops_per_s"] > 0 and "2·3·rows·D·I" == rates["experts"]["flop_formula"]
+    assert 0 <= s["kinds"]["prefill"]["capacity"]["drop_rate"] < 1
+    assert run.env["model_files_sha256"] and run.env["torch"]
+    assert "ep_size: 2" in run.recipe_yaml
+
+
+def test_torch_profiler_trace_names_the_phases(checkpoint, tmp_path):
+    cfg = parse_config({"model": {"path": str(checkpoint("qwen2_moe", shard=False))}})
+    tiny = Workload(num_requests=1, batch_size=1, input_len=8, output_len=2, warmup_steps=0)
+    path = run_profile(ProfileSettings(cfg, tiny, trace=True, out=tmp_path / "traced")).path
+    assert list((path / "tb").glob("*.pt.trace.json")) and (path / "trace.json").is_file()
+    names = {e.get("name") for e in json.loads((path / "trace.json").read_text())["traceEvents"]}
+    assert {"router", "experts", "attention", "prefill", "decode"} <= names
+
+
+def test_run_dir_round_trips(run, tmp_path):
+    with RunDirWriter(tmp_path / "copy") as tmp:
+        write_contents(tmp, run.recipe_yaml, run.env, run.summary, run.tables, run.trace)
+    again = read_run(tmp_path / "copy")
+    for name, df in run.tables.items():
+        pd.testing.assert_frame_equal(df, getattr(again.tables, name), check_dtype=name != "nvml")
+    assert again.summary == run.summary and again.env == run.env
+    assert np.array_equal(again.trace.topk_ids, run.trace.topk_ids)
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with RunDirWriter(tmp_path / "run") as tmp:
+            (tmp / "summary.json").write_text("{}")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,53 @@
+"""Report renderers: pure functions of a run's summary and tables."""
+
+import base64
+
+import pytest
+
+from moetune.config import parse_config
+from moetune.profile.rundir import read_run
+from moetune.profile.runner import ProfileSettings, run_profile
+from moetune.profile.workload import Workload
+from moetune.report.html import render_html
+from moetune.report.markdown import render_markdown
+from moetune.report.plots import all_plots
+from moetune.report.tables import all_tables
+
+
+@pytest.fixture(scope="module")
+def run(checkpoint, tmp_path_factory):
+    cfg = parse_config({"model": {"path": str(checkpoint("deepseek_v3", shard=False))}})
+    workload = Workload(num_requests=2, batch_size=2, input_len=10, output_len=3, warmup_steps=0)
+    out = tmp_path_factory.mktemp("runs") / "ds"
+    return read_run(run_profile(ProfileSettings(cfg, workload, ep_size=4, ranks_per_node=2, out=out)).path)
+
+
+def test_every_plot_is_a_png(run):
+    plots = all_plots(run.tables)
+    assert [stem for stem, _, _ in plots] == ["phases", "expert_load", "rank_load", "gemm_m_shapes"]
+    for _, _, png in plots:
+        assert png.startswith(b"\x89PNG") and len(png) > 2000
+
+
+def test_html_is_self_contained(run):
+    plots = all_plots(run.tables)
+    html = render_html(run.summary, run.env, plots)
+    assert html.count('src="data:image/png;base64,') == len(plots)
+    assert "http" not in html and "<script" not in html
+    assert base64.b64encode(plots[0][2]).decode() in html
+    for table in all_tables(run.summary):
+        assert table.title.split(" (")[0] in html
+
+
+def test_markdown_has_tables_and_plot_links(run):
+    captions = [(stem, caption) for stem, caption, _ in all_plots(run.tables)]
+    md = render_markdown(run.summary, run.env, captions, {"phases": "r_files/phases.png"})
+    assert "![Phase breakdown, prefill vs decode (% of step time)](r_files/phases.png)" in md
+    assert "| kind | layer | max/mean |" in md and "mean of layers" in md
+    assert "R=4, 2 ranks/node" in md
+
+
+def test_ep_table_reports_intra_and_inter_node_bytes(run):
+    ep = run.summary["kinds"]["decode"]["ep"]
+    assert len(ep["per_rank"]) == 4
+    assert ep["intra_node_bytes"] > 0 and ep["inter_node_bytes"] > 0
