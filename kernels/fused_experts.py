@@ -15,7 +15,7 @@ import triton.language as tl
 from moetune.kernels.configs import GemmConfig, default_config
 from moetune.kernels.layout import AlignedLayout
 from moetune.kernels.moe_gemm import down_kernel, gate_up_kernel
-from moetune.kernels.quant_formats import PackedWeight, WeightFormat
+from moetune.kernels.quant_formats import PackedWeight
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 

@@ -1,5 +1,3 @@
-import os
-
 import pytest
 
 from tests.checkpoints import CONFIGS, build_checkpoint

@@ -7,7 +7,6 @@ decode tokens/s  = batch × steps / time of `steps` decode forwards after a pref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 

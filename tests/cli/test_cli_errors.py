@@ -2,26 +2,10 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
-import pytest
 from safetensors.torch import load_file, save_file
 
-
-def moetune(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "moetune", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    assert result.stdout.strip() == ""
+from tests.cli_run import assert_one_line_error, moetune
 
 
 def test_missing_model_directory(tmp_path):

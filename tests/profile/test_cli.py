@@ -1,25 +1,10 @@
 """`moetune profile` and `moetune report` through the real CLI (subprocess)."""
 
-import subprocess
-import sys
-
 import pytest
 
+from tests.cli_run import assert_one_line_error, moetune
+
 SMALL = ["--num-requests", "3", "--batch-size", "2", "--input-len", "12", "--output-len", "3", "--warmup-steps", "1"]
-
-
-def moetune(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "moetune", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_profile_then_report_end_to_end(checkpoint, tmp_path):
