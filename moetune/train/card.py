@@ -58,7 +58,8 @@ def training_section(r: dict, m: dict, log: list[dict]) -> list[str]:
     mc = m["machine"]
     lines = ["## Training", "",
              f"AdamW (betas {t['betas']}, weight decay {t['weight_decay']}), lr {t['lr']} with {t['warmup_steps']} "
-             f"warmup steps then cosine to {t['min_lr_ratio']}x, grad clip {t['grad_clip']}, batch {t['batch_size']} x "
+             f"warmup steps then cosine over the {t['max_steps']} steps to {t['min_lr_ratio']}x (a function of the step "
+             f"only; max_wall_s {t['max_wall_s']} is a safety stop), grad clip {t['grad_clip']}, batch {t['batch_size']} x "
              f"{t['context_length']} tokens, fp32, seed {r['seed']}. Loss = LM cross-entropy + "
              f"{r['model']['router_aux_loss_coef']} x load-balancing loss (Switch-style, transformers' `router_aux_loss_coef`).",
              "",
@@ -94,7 +95,10 @@ def results_section(m: dict) -> list[str]:
              "| layer | min | mean | max | imbalance (max/mean) | balancedness (mean/max) |", "|---|---|---|---|---|---|"]
     for L in m["routing_heldout"]:
         lines.append(f"| {L['layer']} | {L['min']:,} | {L['mean']:,.0f} | {L['max']:,} | {L['imbalance']:.2f} | {L['balancedness']:.2f} |")
-    lines += ["", "Greedy continuations (48 new tokens):", ""]
+    lines += ["", "Greedy continuations (48 new tokens). A model this small repeats itself under greedy "
+              "decoding on short prompts; a prompt that ends in a space (`def `) also ends in a lone-space "
+              "token, which training text only has before another space or `#`. Longer prompts ending at a "
+              "line end (as in `stdlib-heldout.jsonl`) continue with plausible code.", ""]
     for g in m["greedy"]:
         lines += ["```python", g["prompt"] + g["completion"], "```", ""]
     return lines
@@ -110,6 +114,14 @@ def rerun_section(r: dict) -> list[str]:
             f"`{r['outputs']['eval_sample']}` (perplexity regression sample).", ""]
 
 
+def files_section() -> list[str]:
+    return ["## Checkpoint layout", "",
+            "Released-Qwen3-MoE tensor names: `model.layers.{l}.mlp.gate.weight` [E, D] (router), "
+            "`model.layers.{l}.mlp.experts.{e}.{gate,up}_proj.weight` [I, D] and `.down_proj.weight` [D, I], "
+            "attention `q/k/v/o_proj` plus `q_norm`/`k_norm`. Embeddings are tied: there is no `lm_head.weight`. "
+            "config.json carries both `num_experts` and `num_local_experts`, `rope_theta` and `rope_parameters`.", ""]
+
+
 def write_card(model_dir: Path, r: dict, m: dict) -> None:
     model_dir = Path(model_dir)
     log = json.loads((model_dir / "training_log.json").read_text())
@@ -118,5 +130,5 @@ def write_card(model_dir: Path, r: dict, m: dict) -> None:
             "a Hugging Face `qwen3_moe` checkpoint trained from scratch on the Python standard library. "
             "It exists to exercise MoE inference and routing profiling with real (skewed) routing, not to write code.", ""]
     parts = [head, arch_section(r, m, model_dir), data_section(r, m), tokenizer_section(r, m),
-             training_section(r, m, log), results_section(m), rerun_section(r)]
+             training_section(r, m, log), results_section(m), files_section(), rerun_section(r)]
     (model_dir / "README.md").write_text("\n".join(line for part in parts for line in part))

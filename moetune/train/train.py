@@ -70,14 +70,13 @@ def batches(stream: torch.Tensor, S: int, B: int, seed: int):
         epoch += 1
 
 
-def lr_at(step: int, t: dict, elapsed: float = 0.0) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr. The cosine position is the larger of
-    the step fraction and the wall-time fraction (elapsed / max_wall_s), so a slowed-down run
-    (shared CPU) still anneals fully by its time limit."""
+def lr_at(step: int, t: dict) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr over max_steps. A function of the step
+    only, so a re-run follows the same schedule however fast the machine is."""
     lr, warm, total = float(t["lr"]), int(t["warmup_steps"]), int(t["max_steps"])
     if step < warm:
         return lr * (step + 1) / warm
-    frac = min(1.0, max((step - warm) / max(1, total - warm), elapsed / float(t["max_wall_s"])))
+    frac = min(1.0, (step - warm) / max(1, total - warm))
     floor = lr * float(t["min_lr_ratio"])
     return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
 
@@ -124,7 +123,7 @@ class Logger:
 
 def train_loop(model, train_stream: torch.Tensor, eval_wins: list[list[int]], t: dict,
                seed: int, logger: Logger) -> dict:
-    """Runs t['max_steps'] steps or until t['max_wall_s'] (see lr_at); logs every log_every steps."""
+    """Runs t['max_steps'] steps; max_wall_s is only a safety stop (recorded as stopped_early)."""
     from .evaluate import perplexity
 
     S, B = int(t["context_length"]), int(t["batch_size"])
@@ -133,7 +132,7 @@ def train_loop(model, train_stream: torch.Tensor, eval_wins: list[list[int]], t:
     for step in range(int(t["max_steps"])):
         epoch, x = next(data)  # x: [B, S]
         model.train()
-        lr = lr_at(step, t, time.time() - t0)
+        lr = lr_at(step, t)
         acc.append(train_step(model, opt, x, lr, t))
         last = step + 1 == int(t["max_steps"]) or time.time() - t0 > float(t["max_wall_s"])
         if (step + 1) % int(t["log_every"]) == 0 or last:
