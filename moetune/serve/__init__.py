@@ -1,1 +1,1 @@
-"""serve"""
+"""OpenAI-compatible HTTP serving with continuous batching. Not built yet."""
