@@ -28,7 +28,7 @@ class ExpertWeights:
         return self.w13.shape[0]
 
     def nbytes(self) -> int:
-        return self.w13.numel() * self.w13.element_size() + self.w2.numel() * self.w2.element_size()
+        return sum(t.untyped_storage().nbytes() for t in (self.w13, self.w2))
 
 
 class ExpertStore:

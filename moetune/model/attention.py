@@ -22,6 +22,9 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.weight] + ([self.bias] if self.bias is not None else [])
+
 
 class GQAAttention:
     def __init__(self, layer: int, spec: GQASpec, q: Linear, k: Linear, v: Linear, o: Linear,
@@ -31,6 +34,10 @@ class GQAAttention:
         self.q_norm, self.k_norm = q_norm, k_norm
         self.rotary = rotary
         self.scale = spec.head_dim**-0.5
+
+    def tensors(self) -> list[torch.Tensor]:
+        parts = [self.q, self.k, self.v, self.o, self.q_norm, self.k_norm]
+        return [t for part in parts if part is not None for t in part.tensors()]
 
     def __call__(self, x: torch.Tensor, batch: StepBatch, cache: KVCache, cos, sin) -> torch.Tensor:
         T, s = x.shape[0], self.spec

@@ -31,6 +31,10 @@ class MLAttention:
         self.w_uv = w[:, spec.qk_nope_head_dim :, :]  # [H, dv, r]
         self.scale = spec.qk_head_dim**-0.5 * softmax_scale_multiplier(rope)
 
+    def tensors(self) -> list[torch.Tensor]:
+        parts = [self.q_a, self.q_a_norm, self.q_b, self.kv_a, self.kv_a_norm, self.o]
+        return [t for part in parts if part is not None for t in part.tensors()] + [self.w_uk, self.w_uv]
+
     def __call__(self, x: torch.Tensor, batch: StepBatch, cache: KVCache, cos, sin) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
         q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_a is not None else self.q_b(x)  # [T, H*dqk]

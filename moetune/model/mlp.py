@@ -17,5 +17,5 @@ class GatedMLP:
         h = F.silu(h[:, : self.intermediate]) * h[:, self.intermediate :]  # [T, I]
         return h @ self.w2.t()  # [T, D]
 
-    def nbytes(self) -> int:
-        return self.w13.numel() * self.w13.element_size() + self.w2.numel() * self.w2.element_size()
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.w13, self.w2]

@@ -10,6 +10,9 @@ class RMSNorm:
         self.weight = weight  # [N]
         self.eps = eps
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.weight]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()

@@ -27,6 +27,9 @@ class DecoderLayer:
     mlp_norm: RMSNorm
     mlp: GatedMLP | MoELayer
 
+    def tensors(self) -> list[torch.Tensor]:
+        return self.attn_norm.tensors() + self.attention.tensors() + self.mlp_norm.tensors() + self.mlp.tensors()
+
     def __call__(self, h, batch: StepBatch, cache: KVCache, cos, sin, probe: Probe | None):
         with phase_scope(probe, self.index, "attention"):
             h = h + self.attention(self.attn_norm(h), batch, cache, cos, sin)
@@ -79,34 +82,18 @@ class MoETransformer:
         return KVCache(self.spec, num_slots, max_len, self.device, self.dtype)
 
     def weight_bytes(self) -> dict[str, int]:
-        """Resident weight bytes split into routed experts and everything else."""
-        total = _tensor_bytes(self)
-        experts = self.experts.nbytes()
-        return {"experts": experts, "dense": total - experts}
+        """Resident weight bytes: routed experts (the ExpertStore) and everything else."""
+        return {"experts": self.experts.nbytes(), "dense": storage_bytes(self.dense_tensors())}
+
+    def dense_tensors(self) -> list[torch.Tensor]:
+        """Every weight outside the ExpertStore (a tied LM head is the embedding itself)."""
+        out = [self.embed, self.lm_head, *self.norm.tensors()]
+        for layer in self.layers:
+            out += layer.tensors()
+        return out
 
 
-def _tensor_bytes(model: MoETransformer) -> int:
-    seen: set[int] = set()
-    total = 0
-
-    def visit(obj, depth=0):
-        nonlocal total
-        if depth > 6:
-            return
-        if isinstance(obj, torch.Tensor):
-            key = obj.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total += obj.untyped_storage().nbytes()
-        elif isinstance(obj, (list, tuple)):
-            for item in obj:
-                visit(item, depth + 1)
-        elif isinstance(obj, dict):
-            for item in obj.values():
-                visit(item, depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            for item in vars(obj).values():
-                visit(item, depth + 1)
-
-    visit(model)
-    return total
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (views and tied weights counted once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())

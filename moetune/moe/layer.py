@@ -20,6 +20,9 @@ class SharedExpert:
     mlp: GatedMLP
     gate: torch.Tensor | None = None  # [1, D]: qwen2_moe scales the output by sigmoid(x @ gate.T)
 
+    def tensors(self) -> list[torch.Tensor]:
+        return self.mlp.tensors() + ([self.gate] if self.gate is not None else [])
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, D]
         out = self.mlp(x)
         if self.gate is not None:
@@ -46,6 +49,11 @@ class MoELayer:
         self.shared = shared
         self.backend: MoEBackend = backend or TorchBackend()
         self.probe: Probe | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Router and shared-expert weights; the routed experts belong to the ExpertStore."""
+        own = [self.gate_weight] + ([self.selection_bias] if self.selection_bias is not None else [])
+        return own + (self.shared.tensors() if self.shared is not None else [])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D] → [T, D]
         probe, i = self.probe, self.layer

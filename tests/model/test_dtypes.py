@@ -19,3 +19,16 @@ def test_bf16_weights_track_fp32_logits(model_type, checkpoint):
     ref = logits[torch.float32]
     err = (logits[torch.bfloat16] - ref).abs().max() / ref.abs().max()
     assert err < 0.05, f"{model_type}: bf16 relative error {err:.3f}"
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_weight_bytes_account_for_every_checkpoint_tensor_once(model_type, checkpoint):
+    from safetensors import safe_open
+
+    path = checkpoint(model_type)
+    in_files = 0
+    for file in path.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as handle:
+            in_files += sum(handle.get_tensor(n).numel() * 4 for n in handle.keys())  # saved in fp32
+    parts = load_model(path).weight_bytes()
+    assert parts["experts"] > 0 and parts["experts"] + parts["dense"] == in_files
