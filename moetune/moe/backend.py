@@ -6,6 +6,8 @@ and the named outputs. `resolve_backend("auto")` picks triton on CUDA and torch 
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -55,14 +57,27 @@ class TorchBackend:
         return unpermute(y_sorted, sorted_copy_ids, topk_weights, shared)
 
 
+def _interpret_off_cuda(device: torch.device) -> None:
+    """Triton compiles for CUDA; anywhere else its kernels run under the Triton interpreter (slow,
+    for testing), which must be switched on before the kernels are first imported."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if "moetune.kernels.moe_gemm" in sys.modules:
+        raise MoetuneError("the Triton kernels were already imported for CUDA in this process; "
+                           "set TRITON_INTERPRET=1 before starting to run them on the CPU")
+    os.environ["TRITON_INTERPRET"] = "1"
+    print(f"note: kernel backend 'triton' on {device.type} runs under the Triton interpreter (slow; for testing)",
+          file=sys.stderr)
+
+
 def resolve_backend(name: str, device: torch.device) -> MoEBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
         return TorchBackend()
     if name == "triton":
-        from moetune.moe.triton_backend import TritonBackend, check_device  # imports triton: only when asked
+        _interpret_off_cuda(device)
+        from moetune.moe.triton_backend import TritonBackend  # imports triton: only when asked
 
-        check_device(device)
         return TritonBackend()
     raise MoetuneError(f"unknown kernel backend '{name}' (choose from: auto, {', '.join(BACKENDS)})")

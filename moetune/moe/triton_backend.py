@@ -12,12 +12,10 @@ are cached on the backend object.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from moetune.errors import MoetuneError
 from moetune.experts.store import ExpertWeights
 from moetune.kernels.align import align_block_size
 from moetune.kernels.combine import combine
@@ -29,13 +27,6 @@ from moetune.kernels.router import select_experts
 from moetune.model.spec import MoESpec, RouterSpec
 from moetune.moe.experts import ExpertsOutput
 from moetune.moe.permute import PermuteOutput
-
-
-def check_device(device: torch.device) -> None:
-    """Triton runs on CUDA, or on CPU only through its (slow) interpreter, TRITON_INTERPRET=1."""
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise MoetuneError(f"kernel backend 'triton' needs a CUDA device (got {device.type}); "
-                           "use --kernel-backend torch (or set TRITON_INTERPRET=1 for slow CPU interpretation)")
 
 
 class TritonBackend:

@@ -64,3 +64,4 @@ def test_generate_streams_only_the_completion_to_stdout(checkpoint):
     gen = build_generator(RunConfig(model={"path": str(path)}))
     expected = gen.generate(["def add(a, b):"], SamplingParams(max_tokens=8, ignore_eos=True))[0].text
     assert result.stdout == expected + "\n"
+
