@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
 
 def test_the_default_is_the_bundled_model_and_it_ships_in_the_wheel(model_dir, tmp_path):
     assert resolve_model(DEFAULT_MODEL) == model_dir and (model_dir / "model.safetensors").exists()
-    root = model_dir.parents[3]  # the project folder (editable install) holding pyproject.toml
+    root = Path(__file__).resolve().parents[1]  # the project folder holding pyproject.toml
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(tmp_path), str(root)], check=True, capture_output=True)
     names = zipfile.ZipFile(next(tmp_path.glob("moetune-*.whl"))).namelist()
