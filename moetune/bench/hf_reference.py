@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from moetune.bench.throughput import BenchRow, BenchSettings, _prompt
+from moetune.bench.throughput import BenchRow, BenchSettings, random_prompts
 from moetune.bench.timing import measure
 
 
@@ -19,11 +19,11 @@ def load_transformers(model_dir: Path, dtype: torch.dtype, device: torch.device)
 
 @torch.inference_mode()
 def bench_transformers(model, vocab: int, s: BenchSettings, device: torch.device) -> list[BenchRow]:
-    prompt = _prompt(vocab, 1, s.prefill_len, s.seed).to(device)
+    prompt = random_prompts(vocab, 1, s.prefill_len, s.seed).to(device)
     rows = [BenchRow("transformers", f"prefill b=1 len={s.prefill_len}", s.prefill_len,
                      measure(lambda: model(prompt, use_cache=False, logits_to_keep=1), device, s.runs))]
     for b in s.decode_batches:
-        prompts = _prompt(vocab, b, s.decode_context, s.seed + b).to(device)
+        prompts = random_prompts(vocab, b, s.decode_context, s.seed + b).to(device)
 
         def setup(prompts=prompts):
             out = model(prompts, use_cache=True, logits_to_keep=1)

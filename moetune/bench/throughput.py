@@ -37,20 +37,20 @@ class BenchRow:
         return self.tokens / self.timing.median_s
 
 
-def _prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
+def random_prompts(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=gen)  # [B, S]
 
 
 def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
     dev, vocab = model.device, model.spec.vocab_size
-    prompt = _prompt(vocab, 1, s.prefill_len, s.seed).to(dev)
+    prompt = random_prompts(vocab, 1, s.prefill_len, s.seed).to(dev)
     cache = model.new_cache(1, s.prefill_len)
     batch = _prefill(prompt)
     rows = [BenchRow("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len,
                      measure(lambda: model.logits(model.forward(batch, cache)[-1:]), dev, s.runs))]
     for b in s.decode_batches:
-        prompts = _prompt(vocab, b, s.decode_context, s.seed + b).to(dev)
+        prompts = random_prompts(vocab, b, s.decode_context, s.seed + b).to(dev)
 
         def setup(prompts=prompts):
             cache = model.new_cache(prompts.shape[0], s.decode_context + s.decode_steps)

@@ -14,7 +14,7 @@ class StepBatch:
     query_lens: list[int]  # new tokens per sequence (sum = T)
     context_lens: list[int]  # tokens in the cache per sequence after this step
     slots: list[int]  # KV-cache slot per sequence
-    _tensors: dict = field(default_factory=dict, repr=False)  # built once per step, shared by layers
+    _tensors: dict = field(default_factory=dict, repr=False)  # per-step values built once, shared by layers
 
     @property
     def num_seqs(self) -> int:
@@ -35,9 +35,11 @@ class StepBatch:
         return self._tensors["ctx"]
 
     def slot_range(self) -> range | None:
-        """The slots as a contiguous range (cache reads become views), or None."""
-        first = self.slots[0]
-        return range(first, first + len(self.slots)) if self.slots == list(range(first, first + len(self.slots))) else None
+        """The slots as a contiguous range (cache reads become views), or None; computed once per step."""
+        if "range" not in self._tensors:
+            span = range(self.slots[0], self.slots[0] + len(self.slots))
+            self._tensors["range"] = span if self.slots == list(span) else None
+        return self._tensors["range"]
 
     def starts(self) -> list[int]:
         out, acc = [], 0

@@ -100,3 +100,13 @@ def test_chat_template_comes_from_the_checkpoint_tokenizer(gen):
         assert apply_chat_template(gen.tokenizer, messages) == "<user>hi<assistant>"
     finally:
         gen.tokenizer.chat_template = None
+
+
+def test_a_sequence_finishing_early_leaves_the_others_unchanged(gen):
+    """The middle sequence stops first, so later decode steps read the cache through a slot gather."""
+    params = [SamplingParams(max_tokens=10, ignore_eos=True), SamplingParams(max_tokens=2, ignore_eos=True),
+              SamplingParams(max_tokens=10, ignore_eos=True)]
+    together = gen.generate(PROMPTS, params)
+    for prompt, p, got in zip(PROMPTS, params, together):
+        assert got.token_ids == gen.generate([prompt], p)[0].token_ids
+    assert [len(c.token_ids) for c in together] == [10, 2, 10]
