@@ -58,20 +58,20 @@ def measure_peaks() -> tuple[float, float]:
 def _paths(shape: Shape):
     """(triton fn, torch fn) closures over one layer's inputs: (x, logits) → [M, D]."""
     from moetune.experts.store import ExpertWeights
-    from moetune.model.spec import MoESpec, RouterSpec
+    from moetune.spec import MoESpec, RouterSpec
     from moetune.moe.backend import TorchBackend
     from moetune.moe.triton_backend import TritonBackend
 
     spec = MoESpec(shape.E, shape.I, RouterSpec(shape.score, shape.K, True, shape.n_group, shape.topk_group))
     g = dict(device="cuda", dtype=torch.bfloat16)
-    weights = ExpertWeights(torch.randn(shape.E, 2 * shape.I, shape.D, **g) * 0.02,
-                            torch.randn(shape.E, shape.D, shape.I, **g) * 0.02)
+    weights = ExpertWeights.dense(torch.randn(shape.E, 2 * shape.I, shape.D, **g) * 0.02,
+                                  torch.randn(shape.E, shape.D, shape.I, **g) * 0.02)
 
     def run(backend):
         def fn(x, logits):
             w, ids = backend.select_experts(logits, spec.router, None)
-            perm = backend.permute(x, ids, spec)
-            y = backend.experts(perm.x_sorted, perm.offsets, weights, perm.aligned).y
+            perm = backend.permute(x, ids, spec.num_experts)
+            y = backend.experts(perm.x_sorted, perm.offsets, weights).y
             return backend.unpermute(y, perm.sorted_copy_ids, w, None)
         return fn
 

@@ -8,7 +8,7 @@ first `num_tokens_post_padded` rows (and their blocks) are in use, the rest hold
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -31,3 +31,14 @@ def max_padded_rows(num_copies: int, num_experts: int, block_m: int) -> int:
 
 def num_blocks(num_rows: int, block_m: int) -> int:
     return (num_rows + block_m - 1) // block_m
+
+
+class RouterParams(Protocol):
+    """What the router kernels read of a router description (moetune's RouterSpec satisfies it)."""
+
+    score: str  # "softmax" | "sigmoid"
+    top_k: int
+    renormalize: bool
+    n_group: int
+    topk_group: int
+    scaling_factor: float

@@ -9,16 +9,36 @@ import torch
 import torch.nn.functional as F
 
 from moetune.kernels.configs import GemmConfig
-from moetune.kernels.layout import AlignedLayout, max_padded_rows, num_blocks
+from moetune.kernels.layout import AlignedLayout, RouterParams, max_padded_rows, num_blocks
 from moetune.kernels.quant_formats import PackedWeight, dequantize
-from moetune.model.spec import RouterSpec
-from moetune.moe.router import select_experts as _select_experts
 
 
-def select_experts_ref(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Twin of `router.select_experts`."""
-    return _select_experts(logits, spec, bias)
+def select_experts_ref(
+    logits: torch.Tensor, spec: RouterParams, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Twin of `router.select_experts`: logits [T, E] fp32 → (topk_weights [T, K] fp32, topk_ids [T, K] int64)."""
+    scores = logits.softmax(dim=-1) if spec.score == "softmax" else logits.sigmoid()  # [T, E]
+    choice = scores if bias is None else scores + bias.float()  # [T, E]
+    if spec.n_group > 1 and spec.topk_group < spec.n_group:
+        choice = _mask_to_top_groups(choice, spec.n_group, spec.topk_group)
+    ids = torch.topk(choice, spec.top_k, dim=-1).indices  # [T, K]
+    weights = scores.gather(1, ids)  # [T, K]
+    if spec.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if spec.score == "sigmoid" else 0.0))
+    if spec.scaling_factor != 1.0:
+        weights = weights * spec.scaling_factor
+    return weights, ids
+
+
+def _mask_to_top_groups(choice: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """Keep experts of the `topk_group` groups whose two best experts score highest; -inf elsewhere."""
+    T, E = choice.shape
+    grouped = choice.view(T, n_group, E // n_group)  # [T, G, E/G]
+    group_scores = grouped.topk(min(2, E // n_group), dim=-1).values.sum(dim=-1)  # [T, G]
+    top_groups = group_scores.topk(topk_group, dim=-1).indices  # [T, topk_group]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, top_groups, True)  # [T, G]
+    keep = keep[:, :, None].expand(T, n_group, E // n_group).reshape(T, E)  # [T, E]
+    return choice.masked_fill(~keep, float("-inf"))
 
 
 def align_block_size_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int,

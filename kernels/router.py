@@ -1,7 +1,7 @@
 """Fused router: logits → softmax/sigmoid → (+bias for choice) → group-limited mask → top-k →
 renormalise → scale, one program per block of BLOCK_T token rows.
 
-Twin: `moetune.moe.router.select_experts` (same signature). Weights come from the unbiased
+Twin: `reference.select_experts_ref` (same signature). Weights come from the unbiased
 scores; the bias only changes which experts win. Top-k is K rounds of row argmax (K is small).
 """
 
@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetune.model.spec import RouterSpec
+from moetune.kernels.layout import RouterParams
 
 _SOFTMAX = tl.constexpr(0)
 _SIGMOID = tl.constexpr(1)
@@ -92,7 +92,7 @@ def _router_kernel(
 
 
 def select_experts(
-    logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None
+    logits: torch.Tensor, spec: RouterParams, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] fp32 → (topk_weights [T, K] fp32, topk_ids [T, K] int64)."""
     T, E = logits.shape

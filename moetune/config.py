@@ -13,9 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from moetune.errors import RecipeError
 
-Precision = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,35 +29,41 @@ class ParallelConfig(_Section):
     ranks_per_node: int = Field(1, ge=1)
 
 
-class QuantConfig(_Section):
-    experts: Precision = "bf16"  # default precision of routed experts
-    per_expert: dict[str, Precision] = Field(default_factory=dict)  # "layer.expert" → precision
-
-
-class OffloadConfig(_Section):
-    enabled: bool = False
-    resident_experts: int = Field(0, ge=0)  # per layer, on device
-    prefetch_depth: int = Field(0, ge=0)  # layers ahead
-
-
 class EngineConfig(_Section):
-    max_batch_size: int = Field(16, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
+    """The scheduler's step budget and the paged KV cache (DESIGN §3a, `Engine.step`)."""
+
+    max_num_seqs: int = Field(64, ge=1)  # sequences running at once
+    max_num_batched_tokens: int = Field(8192, ge=1)  # tokens computed per step (decodes + prefill chunks)
+    block_size: int = Field(16, ge=1)  # tokens per KV-cache block
+    num_kv_blocks: int | None = Field(None, ge=1)  # None: max_num_seqs full contexts, capped by kv_cache_gb
+    kv_cache_gb: float = Field(4.0, gt=0)
+    prefix_caching: bool = True  # share full KV blocks of identical prompt prefixes
+    chunked_prefill: bool = True  # split long prompts over steps, beside decodes
+    max_model_len: int | None = Field(None, ge=1)  # None: the model's context
 
 
-class ServeConfig(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+# Sections the recipe format reserves for features not built yet: setting one is an error, not a no-op.
+NOT_YET = {
+    "quant": "per-expert quantization",
+    "offload": "expert offloading",
+    "serve": "moetune serve",
+}
 
 
 class RunConfig(_Section):
     name: str = "default"
     model: ModelConfig = ModelConfig()
     parallel: ParallelConfig = ParallelConfig()
-    quant: QuantConfig = QuantConfig()
-    offload: OffloadConfig = OffloadConfig()
     engine: EngineConfig = EngineConfig()
-    serve: ServeConfig = ServeConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unbuilt(cls, data):
+        if isinstance(data, dict):
+            for section, feature in NOT_YET.items():
+                if section in data:
+                    raise ValueError(f"recipe section '{section}' ({feature}) is not implemented yet; remove it")
+        return data
 
     @model_validator(mode="after")
     def _ranks_fit(self) -> "RunConfig":
@@ -95,6 +98,7 @@ def parse_config(data: dict, source: str = "recipe") -> RunConfig:
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         return f"unknown key '{key}'"
-    return f"key '{key}': {err['msg']}"
+    return msg if not err["loc"] else f"key '{key}': {msg}"

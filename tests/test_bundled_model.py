@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from moetune.config import RunConfig
 from moetune.engine.build import build_generator
 from moetune.engine.sampling import SamplingParams
-from moetune.model.batch import StepBatch
 from moetune.model.loader import load_model
 from moetune.model.registry import DEFAULT_MODEL, bundled_asset, resolve_model
+from tests.forward import prompt_hidden
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,7 @@ def model(model_dir):
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:
-    n = len(ids)
-    batch = StepBatch(torch.tensor(ids), torch.arange(n), [n], [n], [0])
-    return model.logits(model.forward(batch, model.new_cache(1, n)))  # [n, V]
+    return model.logits(prompt_hidden(model, [ids]))  # [n, V]
 
 
 def test_the_default_is_the_bundled_model_and_it_ships_in_the_wheel(model_dir, tmp_path):

@@ -24,7 +24,11 @@ def test_defaults_are_complete():
     ({"model": {"dtype": "fp64"}}, "model.dtype"),
     ({"parallel": {"ep_size": "four"}}, "parallel.ep_size"),
     ({"parallel": {"ep_size": 0}}, "parallel.ep_size"),
-    ({"serve": {"port": 70000}}, "serve.port"),
+    ({"serve": {"port": 8000}}, "section 'serve'"),
+    ({"quant": {"experts": "int8"}}, "section 'quant'"),
+    ({"offload": {}}, "section 'offload'"),
+    ({"engine": {"max_batch_size": 16}}, "unknown key 'engine.max_batch_size'"),
+    ({"engine": {"block_size": 0}}, "engine.block_size"),
     ({"parallel": {"ep_size": 3, "ranks_per_node": 2}}, "do not tile"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(data, fragment):

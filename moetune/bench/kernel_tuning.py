@@ -30,8 +30,11 @@ class RoutingRecorder:
     def phase(self, layer: int, name: str):
         return nullcontext()
 
-    def routed(self, layer: int, route, permute) -> None:
+    def routed(self, layer: int, route, permute, block_m: int) -> None:
         self.topk_ids.setdefault(layer, []).append(route.topk_ids.detach())
+
+    def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
+        return None
 
 
 def tune_kernels(model: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str | None = None,
@@ -69,20 +72,19 @@ def tune_kernels(model: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, o
 
 
 def record_routing(net, token_ids: torch.Tensor, chunk: int = 1024) -> dict[int, torch.Tensor]:
-    """Prefill the tokens in chunks with a RoutingRecorder attached → layer → topk_ids [tokens, K]."""
+    """Prefill the tokens in chunks through the ModelRunner with a RoutingRecorder attached → layer →
+    topk_ids [tokens, K]."""
     import torch
 
-    from moetune.model.batch import StepBatch
+    from moetune.engine.model_runner import ModelRunner
 
+    chunk = min(chunk, net.spec.max_position)
+    runner = ModelRunner(net, num_blocks=-(-chunk // 16), block_size=16)
     recorder = RoutingRecorder()
     net.attach_probe(recorder)
     try:
         for start in range(0, token_ids.numel(), chunk):
-            ids = token_ids[start:start + chunk].to(net.device)  # [T]
-            T = ids.numel()
-            batch = StepBatch(ids, torch.arange(T, device=net.device), [T], [T], [0])
-            with torch.inference_mode():
-                net.forward(batch, net.new_cache(1, T))
+            runner.forward_prompts([token_ids[start:start + chunk].tolist()])
     finally:
         net.attach_probe(None)
     return {layer: torch.cat(ids) for layer, ids in recorder.topk_ids.items()}
@@ -117,7 +119,8 @@ def _problems(net, routing: dict[int, torch.Tensor], layers: list[int], m: int):
     for layer in layers:
         ids = routing[layer]
         ids = ids.repeat(m // ids.shape[0] + 1, 1)[:m]  # [M, K] real routed rows
-        w = net.experts.weights(layer)
-        x = torch.randn(m, w.w13.shape[2], dtype=w.w13.dtype, device=w.w13.device)  # [M, D]
-        out.append(ExpertProblem(x, w.w13, w.w2, ids.to(w.w13.device)))
+        w = net.experts.acquire(layer, ids)
+        w13, w2 = w.w13.data, w.w2.data
+        x = torch.randn(m, w13.shape[2], dtype=w13.dtype, device=w13.device)  # [M, D]
+        out.append(ExpertProblem(x, w13, w2, ids.to(w13.device)))
     return out

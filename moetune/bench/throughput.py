@@ -1,7 +1,7 @@
 """Prefill and decode throughput of moetune and, optionally, transformers on the same checkpoint.
 
-prefill tokens/s = prompt tokens / time of one forward over the prompt (batch 1)
-decode tokens/s  = batch × steps / time of `steps` decode forwards after a prefill of `context`
+prefill tokens/s = prompt tokens / time of one engine step over the prompt (batch 1)
+decode tokens/s  = batch × steps / time of `steps` engine decode steps after a prefill of `context`
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from moetune.bench.timing import Timing, measure
-from moetune.model.batch import StepBatch
+from moetune.config import EngineConfig
+from moetune.engine.engine import Engine
+from moetune.engine.sampling import SamplingParams
 from moetune.model.transformer import MoETransformer
 
 
@@ -43,36 +45,41 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int) -> torch.Tens
 
 
 def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
+    """Through the Engine, as a user's requests run: prefill = add one request of prefill_len tokens
+    and step once (forward + LM head on the last row + sample); decode = `decode_steps` steps of a
+    batch whose prompts (decode_context tokens each) were prefilled before the clock started."""
     dev, vocab = model.device, model.spec.vocab_size
-    prompt = random_prompts(vocab, 1, s.prefill_len, s.seed).to(dev)
-    cache = model.new_cache(1, s.prefill_len)
-    batch = _prefill(prompt)
-    rows = [BenchRow("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len,
-                     measure(lambda: model.logits(model.forward(batch, cache)[-1:]), dev, s.runs))]
+    engine = _engine(model, s)
+    prompt = random_prompts(vocab, 1, s.prefill_len, s.seed)[0].tolist()
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+
+    def prefill() -> None:
+        engine.add_request(prompt, one)
+        engine.step()
+
+    rows = [BenchRow("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len, measure(prefill, dev, s.runs))]
+    params = SamplingParams(max_tokens=s.decode_steps + 1, ignore_eos=True)
     for b in s.decode_batches:
-        prompts = random_prompts(vocab, b, s.decode_context, s.seed + b).to(dev)
+        prompts = random_prompts(vocab, b, s.decode_context, s.seed + b).tolist()
 
-        def setup(prompts=prompts):
-            cache = model.new_cache(prompts.shape[0], s.decode_context + s.decode_steps)
-            hidden = model.forward(_prefill(prompts), cache)  # [B*S, D]
-            return cache, hidden.view(prompts.shape[0], s.decode_context, -1)[:, -1]
+        def setup(prompts=prompts) -> None:
+            for p in prompts:
+                engine.add_request(p, params)
+            engine.step()  # the prefill, untimed; every sequence samples its first token
 
-        run = lambda state: _decode_steps(model, *state, s.decode_context, s.decode_steps)  # noqa: E731
-        rows.append(BenchRow("moetune", f"decode b={b}", b * s.decode_steps, measure(run, dev, s.runs, setup=setup)))
+        def decode(_) -> None:
+            for _ in range(s.decode_steps):
+                engine.step()
+
+        rows.append(BenchRow("moetune", f"decode b={b}", b * s.decode_steps, measure(decode, dev, s.runs, setup=setup)))
     return rows
 
 
-def _prefill(prompts: torch.Tensor) -> StepBatch:
-    B, S = prompts.shape
-    positions = torch.arange(S, device=prompts.device).repeat(B)
-    return StepBatch(prompts.reshape(-1), positions, [S] * B, [S] * B, list(range(B)))
-
-
-def _decode_steps(model: MoETransformer, cache, last: torch.Tensor, context: int, steps: int) -> None:
-    """Greedy decode `steps` tokens for every sequence; last: [B, D] hidden of each last token."""
-    B = last.shape[0]
-    for step in range(steps):
-        token = model.logits(last).argmax(-1)  # [B]
-        ctx = context + step + 1
-        positions = torch.full((B,), ctx - 1, device=token.device)
-        last = model.forward(StepBatch(token, positions, [1] * B, [ctx] * B, list(range(B))), cache)  # [B, D]
+def _engine(model: MoETransformer, s: BenchSettings) -> Engine:
+    """An engine whose step holds a whole workload: no chunking, no prefix sharing between runs."""
+    B, bs = max(s.decode_batches), EngineConfig().block_size
+    tokens = max(s.prefill_len, B * s.decode_context)
+    blocks = B * -(-(max(s.prefill_len, s.decode_context + s.decode_steps) + 1) // bs)
+    config = EngineConfig(max_num_seqs=B, max_num_batched_tokens=tokens, num_kv_blocks=blocks,
+                          prefix_caching=False, chunked_prefill=False)
+    return Engine(model, None, frozenset(), config)

@@ -72,7 +72,8 @@ def _profile(settings, report: bool) -> None:
 def _overhead(settings) -> None:
     from rich.console import Console
 
-    from moetune.profile.overhead import measure_overhead, overhead_table
+    from moetune.profile.overhead import measure_overhead
+    from moetune.report.overhead import overhead_table
     from moetune.report.terminal import rich_table
 
     console = Console()

@@ -35,7 +35,7 @@ def build_generator(cfg: RunConfig) -> Generator:
     model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend)
     _check_parallel(cfg, model.spec.moe.num_experts)
     tokenizer = load_tokenizer(model_dir)
-    return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids))
+    return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), cfg.engine)
 
 
 def _check_parallel(cfg: RunConfig, num_experts: int) -> None:

@@ -1,21 +1,15 @@
-"""Batched generation: one prefill step over all prompts, then batched decode steps.
-
-Each step is schedule → run model → sample/postprocess. Sequences finish independently; the
-decode batch shrinks as they do. (Continuous batching with a paged cache replaces the schedule.)
-"""
+"""Generator: batch generation and streaming as thin wrappers over `Engine.step()`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Iterator
 
-import torch
-
-from moetune.engine.sampling import SamplingParams, sample
-from moetune.engine.sequence import Sequence
+from moetune.config import EngineConfig
+from moetune.engine.engine import Engine
+from moetune.engine.model_runner import StepObserver
+from moetune.engine.sampling import SamplingParams
 from moetune.errors import RequestError
-from moetune.model.batch import StepBatch
-from moetune.model.kv_cache import KVCache
 from moetune.model.transformer import MoETransformer
 
 
@@ -27,20 +21,27 @@ class Completion:
     finish_reason: str
 
 
-class StepObserver(Protocol):
-    """Told about each step (kind is "prefill" or "decode"); the profiler implements it."""
-
-    def step_begin(self, kind: str, batch: StepBatch) -> None: ...
-
-    def step_end(self, kind: str, batch: StepBatch) -> None: ...
-
-
 class Generator:
-    def __init__(self, model: MoETransformer, tokenizer, eos_ids: frozenset[int]):
+    def __init__(self, model: MoETransformer, tokenizer, eos_ids: frozenset[int], config: EngineConfig = EngineConfig()):
         self.model = model
         self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.observer: StepObserver | None = None
+        self.engine = Engine(model, tokenizer, eos_ids, config)
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.engine.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, value: frozenset[int]) -> None:
+        self.engine.eos_ids = value
+
+    @property
+    def observer(self) -> StepObserver | None:
+        return self.engine.observer
+
+    @observer.setter
+    def observer(self, value: StepObserver | None) -> None:
+        self.engine.observer = value
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)  # BOS as the tokenizer says
@@ -53,75 +54,33 @@ class Generator:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
-        seqs = self._admit(prompts, params)
-        for _ in self._run(seqs):
-            pass
+        """Submit every prompt at once and step until all finish; completions in prompt order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.encode(p) for p in prompts]
+        rids = self._add_all(ids, plist)
+        seqs = [self.engine.sequence(r) for r in rids]
+        while self.engine.has_unfinished():
+            self.engine.step()
         return [Completion(s.prompt_ids, s.output_ids, s.text, s.finish_reason or "length") for s in seqs]
 
     def stream(self, prompt: str | list[int], params: SamplingParams) -> Iterator[str]:
         """Yield the completion text of one prompt piece by piece."""
-        for _, delta in self._run(self._admit([prompt], params)):
-            if delta:
-                yield delta
+        rid = self._add_all([self.encode(prompt)], [params])[0]
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.request_id == rid and out.text_delta:
+                        yield out.text_delta
+        finally:
+            self.engine.abort(rid)  # a consumer that stops early frees the request's blocks
 
-    def _admit(self, prompts, params) -> list[Sequence]:
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        limit = self.model.spec.max_position
-        seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            ids = self.encode(prompt)
-            if len(ids) >= limit:
-                raise RequestError(
-                    f"prompt {i} has {len(ids)} tokens but the model's context is {limit}; shorten the prompt"
-                )
-            max_len = min(limit, len(ids) + p.max_tokens)
-            seqs.append(Sequence(i, ids, p, self.eos_ids, max_len, slot=i))
-        return seqs
-
-    def _run(self, seqs: list[Sequence]) -> Iterator[tuple[Sequence, str]]:
-        cache = self.model.new_cache(len(seqs), max(s.max_len for s in seqs))
-        batch, kind = _prefill_batch(seqs, self.model.device), "prefill"
-        while True:
-            for seq, delta in self._step(batch, kind, seqs_in(batch, seqs), cache):
-                yield seq, delta
-            live = [s for s in seqs if not s.finished]
-            if not live:
-                return
-            batch, kind = _decode_batch(live, self.model.device), "decode"
-
-    def _step(self, batch: StepBatch, kind: str, seqs: list[Sequence], cache: KVCache
-              ) -> list[tuple[Sequence, str]]:
-        if self.observer is not None:
-            self.observer.step_begin(kind, batch)
-        hidden = self.model.forward(batch, cache)  # [T, D]
-        logits = self.model.logits(hidden[batch.last_token_index()])  # [B, V]
-        if self.observer is not None:
-            self.observer.step_end(kind, batch)
-        out = []
-        for row, seq in zip(logits, seqs):
-            token = sample(row, seq.params, seq.generator)
-            out.append((seq, seq.append(token, self.decode)))
-        return out
-
-
-def seqs_in(batch: StepBatch, seqs: list[Sequence]) -> list[Sequence]:
-    by_slot = {s.slot: s for s in seqs}
-    return [by_slot[slot] for slot in batch.slots]
-
-
-def _prefill_batch(seqs: list[Sequence], device: torch.device) -> StepBatch:
-    ids = [t for s in seqs for t in s.prompt_ids]
-    positions = [p for s in seqs for p in range(len(s.prompt_ids))]
-    lens = [len(s.prompt_ids) for s in seqs]
-    return StepBatch(_long(ids, device), _long(positions, device), lens, lens, [s.slot for s in seqs])
-
-
-def _decode_batch(seqs: list[Sequence], device: torch.device) -> StepBatch:
-    ids = [s.output_ids[-1] for s in seqs]
-    positions = [s.num_tokens - 1 for s in seqs]
-    return StepBatch(_long(ids, device), _long(positions, device), [1] * len(seqs),
-                     [s.num_tokens for s in seqs], [s.slot for s in seqs])
-
-
-def _long(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long, device=device)
+    def _add_all(self, ids: list[list[int]], params: list[SamplingParams]) -> list[int]:
+        rids = []
+        try:
+            for i, (prompt, p) in enumerate(zip(ids, params)):
+                rids.append(self.engine.add_request(prompt, p))
+        except RequestError as exc:
+            for rid in rids:
+                self.engine.abort(rid)
+            raise RequestError(f"prompt {i}: {exc}") from None
+        return rids

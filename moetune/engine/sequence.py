@@ -1,12 +1,20 @@
-"""One request being generated: its tokens, its stop conditions and its detokenised text."""
+"""One request being generated: its tokens, its stop conditions, its detokenised text, and where
+the engine stands with it (status, tokens whose KV is computed, its KV blocks)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
 
 from moetune.engine.sampling import SamplingParams, make_generator
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted and to be recomputed)
+    RUNNING = "running"  # owns KV blocks; prefilling or decoding
+    FINISHED = "finished"
 
 
 @dataclass
@@ -15,12 +23,19 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     eos_ids: frozenset[int]
-    max_len: int  # prompt + completion may not exceed this (the KV-cache slot length)
-    slot: int = -1
+    max_len: int  # prompt + completion may not exceed this (the context limit)
+    priority: int = 0  # lower runs first; equal priorities are first come, first served
+    arrival: int = 0  # admission order (the engine's request counter)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # completion text, stop string excluded
-    finish_reason: str | None = None  # "stop" | "length"
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
     generator: torch.Generator | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    in_prefill: bool = True  # computing known tokens (prompt, or all tokens after a preemption)
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache hash of each full, computed block
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
 
     def __post_init__(self):
         self.generator = make_generator(self.params.seed)
@@ -33,6 +48,18 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def num_remaining(self) -> int:
+        """Known tokens whose KV is not computed yet (1 for a decoding sequence)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output."""
+        P = len(self.prompt_ids)
+        if end <= P:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]
+
     def append(self, token: int, decode) -> str:
         """Add a sampled token, update the text, set finish_reason; return the new visible text."""
         self.output_ids.append(token)
@@ -40,7 +67,7 @@ class Sequence:
             self.output_ids.pop()
             self.finish_reason = "stop"
             return ""
-        full = decode(self.output_ids)
+        full = decode(self.output_ids) if decode is not None else ""
         if full.endswith("\ufffd") and len(self.output_ids) < self.params.max_tokens:
             return ""  # an incomplete UTF-8 sequence: wait for the next byte token
         for stop in self.params.stop:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from moetune.errors import CheckpointError
-from moetune.model.spec import GQASpec, LayerSpec, MLASpec, MoESpec, ModelSpec, RopeSpec, RouterSpec
+from moetune.spec import GQASpec, LayerSpec, MLASpec, MoESpec, ModelSpec, RopeSpec, RouterSpec
 
 Cfg = dict[str, Any]
 

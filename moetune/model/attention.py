@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from moetune.model.batch import StepBatch
-from moetune.model.kv_cache import KVCache
+from moetune.model.kv_cache import PagedKVCache
 from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
-from moetune.model.spec import GQASpec
+from moetune.spec import GQASpec
 
 
 @dataclass
@@ -39,7 +39,7 @@ class GQAAttention:
         parts = [self.q, self.k, self.v, self.o, self.q_norm, self.k_norm]
         return [t for part in parts if part is not None for t in part.tensors()]
 
-    def __call__(self, x: torch.Tensor, batch: StepBatch, cache: KVCache, cos, sin) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos, sin) -> torch.Tensor:
         T, s = x.shape[0], self.spec
         q, k, v = self.q(x), self.k(x), self.v(x)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
         if s.qk_norm == "full":
@@ -53,36 +53,45 @@ class GQAAttention:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         cache.write(self.layer, batch, k, v)
-        out = self._attend_decode(q, batch, cache) if batch.is_decode else self._attend_each(q, batch, cache)
+        out = torch.empty_like(q)  # [T, H, Dh]
+        d = batch.num_single
+        if d:
+            out[:d] = self._attend_single(q[:d], batch, cache)
+        for b in range(d, batch.num_seqs):
+            self._attend_seq(q, k, v, b, batch, cache, out)
         return self.o(out.reshape(T, -1))  # [T, D]
 
-    def _attend_each(self, q: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
-        out = torch.empty_like(q)  # [T, H, Dh]
-        for b, start in enumerate(batch.starts()):
-            n, ctx = batch.query_lens[b], batch.context_lens[b]
-            k, v = cache.read(self.layer, batch.slots[b], ctx)  # [ctx, Hkv, Dh] each
-            plain_causal = n == ctx and not (self.spec.sliding_window and ctx > self.spec.sliding_window)
-            mask = None if plain_causal else causal_mask(n, ctx, self.spec.sliding_window, q.device)  # [n, ctx]
-            o = F.scaled_dot_product_attention(
-                q[start : start + n].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                attn_mask=mask, is_causal=plain_causal, scale=self.scale, enable_gqa=True,
-            )  # [H, n, Dh]
-            out[start : start + n] = o.transpose(0, 1)
-        return out
-
-    def _attend_decode(self, q: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
-        S = max(batch.context_lens)
-        k, v = cache.read_batch(self.layer, batch, S)  # [B, S, Hkv, Dh] each
-        ctx = batch.context_tensor()[:, None]  # [B, 1]
+    def _attend_single(self, q: torch.Tensor, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        """The leading sequences with one query token each, batched: q [B1, H, Dh] → [B1, H, Dh]."""
+        B1 = q.shape[0]
+        ctx = batch.context_tensor()[:B1, None]  # [B1, 1]
+        S = max(batch.context_lens[:B1])
+        k, v = cache.gather(self.layer, batch.block_tables[:B1], S)  # [B1, S, Hkv, Dh] each
         cols = torch.arange(S, device=q.device)[None, :]  # [1, S]
-        mask = cols < ctx  # [B, S]
+        mask = cols < ctx  # [B1, S]
         if self.spec.sliding_window:
             mask &= cols >= ctx - self.spec.sliding_window
         o = F.scaled_dot_product_attention(
             q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True,
-        )  # [B, H, 1, Dh]
+        )  # [B1, H, 1, Dh]
         return o[:, :, 0, :]
+
+    def _attend_seq(self, q, k_new, v_new, b: int, batch: StepBatch, cache: PagedKVCache, out) -> None:
+        """Sequence b's n query tokens over its ctx keys: this step's keys when the whole context is
+        new (a fresh prompt), else the cache's."""
+        start, n, ctx = batch.starts()[b], batch.query_lens[b], batch.context_lens[b]
+        if n == ctx:
+            k, v = k_new[start : start + n], v_new[start : start + n]  # [n, Hkv, Dh] each
+        else:
+            k, v = cache.read(self.layer, batch, b, ctx)  # [ctx, Hkv, Dh] each
+        plain_causal = n == ctx and not (self.spec.sliding_window and ctx > self.spec.sliding_window)
+        mask = None if plain_causal else causal_mask(n, ctx, self.spec.sliding_window, q.device)  # [n, ctx]
+        o = F.scaled_dot_product_attention(
+            q[start : start + n].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=mask, is_causal=plain_causal, scale=self.scale, enable_gqa=True,
+        )  # [H, n, Dh]
+        out[start : start + n] = o.transpose(0, 1)
 
 
 def causal_mask(n: int, ctx: int, window: int | None, device: torch.device) -> torch.Tensor:

@@ -1,10 +1,23 @@
-"""StepBatch: what one forward step computes. Tokens of all sequences are flattened to [T]."""
+"""StepBatch: what one forward step computes, as the engine's ModelRunner built it.
+
+Tokens of all sequences are flattened to [T], sequence after sequence; sequences that compute one
+token attending to their cache (decodes) come first, so attention runs them as one batch. The KV
+cache is paged: `slot_mapping` says where each new token's keys/values go, `block_tables` where
+each sequence's earlier tokens are.
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
+
+
+class StepKind(enum.Enum):
+    PREFILL = "prefill"  # every sequence computes prompt tokens (a whole prompt or a chunk)
+    DECODE = "decode"  # every sequence computes the one token it sampled last step
+    MIXED = "mixed"  # prefill chunks beside decodes (chunked prefill)
 
 
 @dataclass
@@ -13,40 +26,29 @@ class StepBatch:
     positions: torch.Tensor  # [T]
     query_lens: list[int]  # new tokens per sequence (sum = T)
     context_lens: list[int]  # tokens in the cache per sequence after this step
-    slots: list[int]  # KV-cache slot per sequence
+    slot_mapping: torch.Tensor  # [T] flat cache row of each new token: block * block_size + offset
+    block_tables: torch.Tensor  # [B, max_blocks] cache blocks of each sequence (padded with 0)
+    kind: StepKind = StepKind.PREFILL
+    num_single: int = 0  # leading sequences with one query token (attention batches them)
     _tensors: dict = field(default_factory=dict, repr=False)  # per-step values built once, shared by layers
 
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens)
 
-    @property
-    def is_decode(self) -> bool:
-        return all(q == 1 for q in self.query_lens)
-
-    def slot_tensor(self) -> torch.Tensor:  # [B]
-        if "slots" not in self._tensors:
-            self._tensors["slots"] = torch.tensor(self.slots, device=self.input_ids.device)
-        return self._tensors["slots"]
-
     def context_tensor(self) -> torch.Tensor:  # [B]
         if "ctx" not in self._tensors:
             self._tensors["ctx"] = torch.tensor(self.context_lens, device=self.input_ids.device)
         return self._tensors["ctx"]
 
-    def slot_range(self) -> range | None:
-        """The slots as a contiguous range (cache reads become views), or None; computed once per step."""
-        if "range" not in self._tensors:
-            span = range(self.slots[0], self.slots[0] + len(self.slots))
-            self._tensors["range"] = span if self.slots == list(span) else None
-        return self._tensors["range"]
-
     def starts(self) -> list[int]:
-        out, acc = [], 0
-        for q in self.query_lens:
-            out.append(acc)
-            acc += q
-        return out
+        if "starts" not in self._tensors:
+            out, acc = [], 0
+            for q in self.query_lens:
+                out.append(acc)
+                acc += q
+            self._tensors["starts"] = out
+        return self._tensors["starts"]
 
     def last_token_index(self) -> torch.Tensor:
         """Index in [T] of each sequence's last token: the rows whose logits sample the next token."""

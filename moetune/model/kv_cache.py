@@ -1,7 +1,8 @@
-"""Contiguous KV cache: one slot per live sequence, `max_len` positions per slot.
+"""Paged KV cache: a pool of fixed-size blocks per layer; sequences own blocks through block tables.
 
-GQA layers keep K and V ([slots, S, H_kv, Dh] each); MLA layers keep the compressed latent
-([slots, S, kv_lora_rank]) and the shared rotary key ([slots, S, rope_dim]) — the point of MLA.
+GQA layers keep K and V ([blocks * block_size, H_kv, Dh] each); MLA layers keep the compressed
+latent ([..., kv_lora_rank]) and the shared rotary key ([..., rope_dim]) — the point of MLA. The
+engine's BlockManager decides which blocks a sequence owns; this class only stores and reads.
 """
 
 from __future__ import annotations
@@ -9,47 +10,49 @@ from __future__ import annotations
 import torch
 
 from moetune.model.batch import StepBatch
-from moetune.model.spec import GQASpec, MLASpec, ModelSpec
+from moetune.spec import GQASpec, MLASpec, ModelSpec
 
 
-class KVCache:
-    def __init__(self, spec: ModelSpec, num_slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
-        self.max_len = max_len
-        self.num_slots = num_slots
-        shapes = _entry_shapes(spec.attention)
+class PagedKVCache:
+    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shapes = entry_shapes(spec.attention)
         self.layers = [
-            tuple(torch.zeros(num_slots, max_len, *shape, device=device, dtype=dtype) for shape in shapes)
+            tuple(torch.zeros(num_blocks * block_size, *shape, device=device, dtype=dtype) for shape in shapes)
             for _ in range(spec.num_layers)
         ]
 
     def write(self, layer: int, batch: StepBatch, *entries: torch.Tensor) -> None:
-        """Store each entry ([T, ...]) at its sequence's positions context_len - query_len ..."""
-        store = self.layers[layer]
-        if batch.is_decode:
-            slots, pos = batch.slot_tensor(), batch.context_tensor() - 1
-            for cache, new in zip(store, entries):
-                cache[slots, pos] = new  # new: [B, ...]
-            return
-        for b, start in enumerate(batch.starts()):
-            q, ctx, slot = batch.query_lens[b], batch.context_lens[b], batch.slots[b]
-            for cache, new in zip(store, entries):
-                cache[slot, ctx - q : ctx] = new[start : start + q]
+        """Store each entry ([T, ...]) at its token's cache row."""
+        for pool, new in zip(self.layers[layer], entries):
+            pool.index_copy_(0, batch.slot_mapping, new.to(pool.dtype))
 
-    def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, ...]:
-        return tuple(cache[slot, :length] for cache in self.layers[layer])
+    def gather(self, layer: int, block_tables: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
+        """[B, length, ...] per entry: the first `length` tokens of each sequence's blocks."""
+        B, bs = block_tables.shape[0], self.block_size
+        blocks = block_tables[:, : (length + bs - 1) // bs]  # [B, nb]
+        out = []
+        for pool in self.layers[layer]:
+            paged = pool.view(self.num_blocks, bs, *pool.shape[1:])  # [N, bs, ...]
+            out.append(paged[blocks].view(B, -1, *pool.shape[1:])[:, :length])  # [B, length, ...]
+        return tuple(out)
 
-    def read_batch(self, layer: int, batch: StepBatch, length: int) -> tuple[torch.Tensor, ...]:
-        """[B, length, ...] per entry: a view when the slots are contiguous, else a gather."""
-        span = batch.slot_range()
-        if span is not None:
-            return tuple(cache[span.start : span.stop, :length] for cache in self.layers[layer])
-        return tuple(cache[:, :length].index_select(0, batch.slot_tensor()) for cache in self.layers[layer])
+    def read(self, layer: int, batch: StepBatch, b: int, length: int) -> tuple[torch.Tensor, ...]:
+        """[length, ...] per entry for sequence b of the batch."""
+        return tuple(t[0] for t in self.gather(layer, batch.block_tables[b : b + 1], length))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for entries in self.layers for t in entries)
 
 
-def _entry_shapes(attention: GQASpec | MLASpec) -> list[tuple[int, ...]]:
+def entry_shapes(attention: GQASpec | MLASpec) -> list[tuple[int, ...]]:
     if isinstance(attention, MLASpec):
         return [(attention.kv_lora_rank,), (attention.qk_rope_head_dim,)]
     return [(attention.num_kv_heads, attention.head_dim)] * 2
+
+
+def bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
+    """KV-cache bytes one token takes over all layers."""
+    per_layer = sum(torch.Size(shape).numel() for shape in entry_shapes(spec.attention))
+    return per_layer * spec.num_layers * torch.empty((), dtype=dtype).element_size()

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from moetune.errors import CheckpointError
-from moetune.experts.store import load_expert_store
+from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.model.adapters import spec_from_config
 from moetune.model.attention import GQAAttention, Linear
 from moetune.model.mla import MLAttention
@@ -16,7 +16,7 @@ from moetune.model.mlp import GatedMLP
 from moetune.model.naming import TensorNames
 from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
-from moetune.model.spec import GQASpec, ModelSpec
+from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
@@ -48,7 +48,7 @@ def load_model(
     spec = read_spec(model_dir)
     source = WeightSource(model_dir, device, dtype)
     names = TensorNames(spec.model_type)
-    experts = load_expert_store(source, spec)
+    experts = ResidentExpertStore({i: _experts(source, names, spec, i) for i in spec.moe_layers})
     rotary = Rotary(spec.rope, torch.device(device))
     layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend) for i in range(spec.num_layers)]
     embed = source.get("model.embed_tokens.weight")
@@ -94,6 +94,21 @@ def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary):
         _linear(source, p + "o_proj"),
         rotary,
     )
+
+
+def _experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int) -> ExpertWeights:
+    """Layer i's routed experts stacked: w13 [E, 2I, D] (gate rows, then up rows), w2 [E, D, I]."""
+    fused_w13, fused_w2 = names.fused_experts(i)
+    if source.has(fused_w13):
+        return ExpertWeights.dense(source.get(fused_w13), source.get(fused_w2))
+    E, I, D = spec.moe.num_experts, spec.moe.intermediate_size, spec.hidden_size
+    w13 = torch.empty(E, 2 * I, D, device=source.device, dtype=source.dtype)
+    w2 = torch.empty(E, D, I, device=source.device, dtype=source.dtype)
+    for e in range(E):
+        w13[e, :I] = source.get(names.expert(i, e, "gate"))  # [I, D]
+        w13[e, I:] = source.get(names.expert(i, e, "up"))  # [I, D]
+        w2[e] = source.get(names.expert(i, e, "down"))  # [D, I]
+    return ExpertWeights.dense(w13, w2)
 
 
 def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend) -> MoELayer:

@@ -12,10 +12,10 @@ import torch
 
 from moetune.model.attention import Linear, causal_mask
 from moetune.model.batch import StepBatch
-from moetune.model.kv_cache import KVCache
+from moetune.model.kv_cache import PagedKVCache
 from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary, softmax_scale_multiplier
-from moetune.model.spec import MLASpec, RopeSpec
+from moetune.spec import MLASpec, RopeSpec
 
 
 class MLAttention:
@@ -35,7 +35,7 @@ class MLAttention:
         parts = [self.q_a, self.q_a_norm, self.q_b, self.kv_a, self.kv_a_norm, self.o]
         return [t for part in parts if part is not None for t in part.tensors()] + [self.w_uk, self.w_uv]
 
-    def __call__(self, x: torch.Tensor, batch: StepBatch, cache: KVCache, cos, sin) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos, sin) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
         q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_a is not None else self.q_b(x)  # [T, H*dqk]
         q = q.view(T, s.num_heads, s.qk_head_dim)
@@ -48,14 +48,35 @@ class MLAttention:
         cache.write(self.layer, batch, latent, k_rot)
         q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)  # [T, H, r]
         out = torch.empty(T, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=x.device)  # [T, H, r]
-        for b, start in enumerate(batch.starts()):
-            n, ctx = batch.query_lens[b], batch.context_lens[b]
-            c_kv, k_r = cache.read(self.layer, batch.slots[b], ctx)  # [ctx, r], [ctx, dr]
-            scores = torch.einsum("thr,sr->hts", q_lat[start : start + n], c_kv)
-            scores = scores + torch.einsum("thd,sd->hts", q_rot[start : start + n], k_r)  # [H, n, ctx]
-            scores = scores.float() * self.scale
-            scores = scores.masked_fill(~causal_mask(n, ctx, None, x.device), float("-inf"))
-            probs = scores.softmax(dim=-1).to(x.dtype)  # [H, n, ctx]
-            out[start : start + n] = torch.einsum("hts,sr->thr", probs, c_kv)
+        d = batch.num_single
+        if d:
+            out[:d] = self._attend_single(q_lat[:d], q_rot[:d], batch, cache)
+        for b in range(d, batch.num_seqs):
+            self._attend_seq(q_lat, q_rot, latent, k_rot, b, batch, cache, out)
         o = torch.einsum("thr,hvr->thv", out, self.w_uv)  # [T, H, dv]
         return self.o(o.reshape(T, -1))  # [T, D]
+
+    def _attend_single(self, q_lat, q_rot, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        """Leading one-token sequences, batched: q_lat [B1, H, r], q_rot [B1, H, dr] → [B1, H, r]."""
+        B1 = q_lat.shape[0]
+        S = max(batch.context_lens[:B1])
+        c_kv, k_r = cache.gather(self.layer, batch.block_tables[:B1], S)  # [B1, S, r], [B1, S, dr]
+        scores = torch.einsum("bhr,bsr->bhs", q_lat, c_kv) + torch.einsum("bhd,bsd->bhs", q_rot, k_r)
+        scores = scores.float() * self.scale  # [B1, H, S]
+        keep = torch.arange(S, device=q_lat.device)[None, :] < batch.context_tensor()[:B1, None]  # [B1, S]
+        probs = scores.masked_fill(~keep[:, None, :], float("-inf")).softmax(dim=-1).to(q_lat.dtype)
+        return torch.einsum("bhs,bsr->bhr", probs, c_kv)
+
+    def _attend_seq(self, q_lat, q_rot, latent, k_rot, b: int, batch: StepBatch, cache: PagedKVCache, out):
+        """Sequence b's n queries over its ctx latents (this step's when all are new, else the cache's)."""
+        start, n, ctx = batch.starts()[b], batch.query_lens[b], batch.context_lens[b]
+        if n == ctx:
+            c_kv, k_r = latent[start : start + n], k_rot[start : start + n]  # [n, r], [n, dr]
+        else:
+            c_kv, k_r = cache.read(self.layer, batch, b, ctx)  # [ctx, r], [ctx, dr]
+        scores = torch.einsum("thr,sr->hts", q_lat[start : start + n], c_kv)
+        scores = scores + torch.einsum("thd,sd->hts", q_rot[start : start + n], k_r)  # [H, n, ctx]
+        scores = scores.float() * self.scale
+        scores = scores.masked_fill(~causal_mask(n, ctx, None, q_lat.device), float("-inf"))
+        probs = scores.softmax(dim=-1).to(q_lat.dtype)  # [H, n, ctx]
+        out[start : start + n] = torch.einsum("hts,sr->thr", probs, c_kv)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from moetune.model.spec import RopeSpec
+from moetune.spec import RopeSpec
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -9,14 +9,14 @@ import torch
 from moetune.experts.store import ExpertStore
 from moetune.model.attention import GQAAttention
 from moetune.model.batch import StepBatch
-from moetune.model.kv_cache import KVCache
+from moetune.model.kv_cache import PagedKVCache
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
-from moetune.model.spec import ModelSpec
+from moetune.spec import ModelSpec
 from moetune.moe.layer import MoELayer
-from moetune.moe.probe import Probe, phase_scope
+from moetune.probe import Probe, phase_scope
 
 
 @dataclass
@@ -30,7 +30,7 @@ class DecoderLayer:
     def tensors(self) -> list[torch.Tensor]:
         return self.attn_norm.tensors() + self.attention.tensors() + self.mlp_norm.tensors() + self.mlp.tensors()
 
-    def __call__(self, h, batch: StepBatch, cache: KVCache, cos, sin, probe: Probe | None):
+    def __call__(self, h, batch: StepBatch, cache: PagedKVCache, cos, sin, probe: Probe | None):
         with phase_scope(probe, self.index, "attention"):
             h = h + self.attention(self.attn_norm(h), batch, cache, cos, sin)
         if isinstance(self.mlp, MoELayer):
@@ -66,7 +66,7 @@ class MoETransformer:
                 layer.mlp.probe = probe
 
     @torch.inference_mode()
-    def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+    def forward(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """Hidden states after the final norm for every token of the step: [T, D]."""
         h = self.embed[batch.input_ids]  # [T, D]
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)  # [T, rot_dim] each
@@ -78,8 +78,8 @@ class MoETransformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return (hidden @ self.lm_head.t()).float()  # [N, V]
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        return KVCache(self.spec, num_slots, max_len, self.device, self.dtype)
+    def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        return PagedKVCache(self.spec, num_blocks, block_size, self.device, self.dtype)
 
     def weight_bytes(self) -> dict[str, int]:
         """Resident weight bytes: routed experts (the ExpertStore) and everything else."""

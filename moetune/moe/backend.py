@@ -1,27 +1,25 @@
 """Kernel backends for the MoE phases: `torch` (plain torch, runs anywhere) and `triton`.
 
-A backend supplies the compute of each phase; `MoELayer` keeps the phase order, the probe hooks
-and the named outputs. `resolve_backend("auto")` picks triton on CUDA and torch elsewhere.
+A backend supplies the compute of each phase; `MoELayer` keeps the phase order, the probe hooks,
+the dispatcher and the named outputs, whose meaning is the same under every backend.
+`resolve_backend("auto")` picks triton on CUDA and torch elsewhere.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from moetune.errors import MoetuneError
 from moetune.experts.store import ExpertWeights
-from moetune.model.spec import MoESpec, RouterSpec
 from moetune.moe.experts import ExpertsOutput, run_experts
 from moetune.moe.permute import PermuteOutput, permute
 from moetune.moe.router import select_experts
 from moetune.moe.unpermute import unpermute
-
-if TYPE_CHECKING:
-    from moetune.kernels.layout import AlignedLayout
+from moetune.spec import RouterSpec
 
 BACKENDS = ("torch", "triton")
 
@@ -32,10 +30,9 @@ class MoEBackend(Protocol):
     def select_experts(self, logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def permute(self, x: torch.Tensor, topk_ids: torch.Tensor, spec: MoESpec) -> PermuteOutput: ...
+    def permute(self, x: torch.Tensor, slot_ids: torch.Tensor, num_slots: int) -> PermuteOutput: ...
 
-    def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights,
-                aligned: "AlignedLayout | None" = None) -> ExpertsOutput: ...
+    def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput: ...
 
     def unpermute(self, y_sorted: torch.Tensor, sorted_copy_ids: torch.Tensor, topk_weights: torch.Tensor,
                   shared: torch.Tensor | None) -> torch.Tensor: ...
@@ -47,10 +44,10 @@ class TorchBackend:
     def select_experts(self, logits, spec, bias):
         return select_experts(logits, spec, bias)
 
-    def permute(self, x, topk_ids, spec):
-        return permute(x, topk_ids, spec.num_experts)
+    def permute(self, x, slot_ids, num_slots):
+        return permute(x, slot_ids, num_slots)
 
-    def experts(self, x, offsets, weights, aligned=None):
+    def experts(self, x, offsets, weights):
         return run_experts(x, offsets, weights)
 
     def unpermute(self, y_sorted, sorted_copy_ids, topk_weights, shared):

@@ -1,11 +1,13 @@
-"""Phases `dispatch` and `combine`: move token copies to the rank that owns their expert and back.
+"""Phases `dispatch` and `combine`: move token copies to the rank that owns their slot, and back.
 
-With one expert-parallel rank (R = 1) both are identities; the all-to-all versions plug in here.
+`MoELayer` is given a `Dispatcher`. With one expert-parallel rank (R = 1) the `LocalDispatcher`
+moves nothing; an all-to-all dispatcher (torch.distributed) implements the same two calls and
+reports the bytes it moved, which the layer hands to the probe.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -13,19 +15,28 @@ from moetune.moe.permute import PermuteOutput
 
 
 class DispatchOutput(NamedTuple):
-    x_local: torch.Tensor  # [N_local, D] rows this rank computes, grouped by local expert
-    offsets: torch.Tensor  # [E_local+1] segment starts of each local expert
+    x: torch.Tensor  # [N, D] rows this rank computes, grouped by local slot
+    offsets: torch.Tensor  # [P_local+1] segment start of each local slot
     bytes_sent: int  # activation bytes that left this rank
+    state: Any = None  # what `combine` needs to send the rows back (e.g. all-to-all split sizes)
 
 
 class CombineOutput(NamedTuple):
-    y_sorted: torch.Tensor  # [T*K, D] expert outputs back on the source rank, in permuted order
+    y_sorted: torch.Tensor  # [T*K, D] expert outputs back on the source rank, in sorted order
     bytes_sent: int
 
 
-def dispatch_local(perm: PermuteOutput) -> DispatchOutput:
-    return DispatchOutput(perm.x_sorted, perm.offsets, 0)
+class Dispatcher(Protocol):
+    def dispatch(self, perm: PermuteOutput) -> DispatchOutput: ...
+
+    def combine(self, y: torch.Tensor, sent: DispatchOutput) -> CombineOutput: ...
 
 
-def combine_local(y_local: torch.Tensor) -> CombineOutput:
-    return CombineOutput(y_local, 0)
+class LocalDispatcher:
+    """R = 1: every slot is local; both phases are identities."""
+
+    def dispatch(self, perm: PermuteOutput) -> DispatchOutput:
+        return DispatchOutput(perm.x_sorted, perm.offsets, 0)
+
+    def combine(self, y: torch.Tensor, sent: DispatchOutput) -> CombineOutput:
+        return CombineOutput(y, 0)

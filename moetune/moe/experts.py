@@ -1,7 +1,7 @@
-"""Phase `experts`: the grouped GEMM w13 → SiLU(gate)·up → w2 over each expert's rows.
+"""Phase `experts`: the grouped GEMM w13 → SiLU(gate)·up → w2 over each slot's rows.
 
-The plain-torch twin of the fused Triton kernel: one pair of GEMMs per non-empty expert, rows
-taken from the expert's contiguous segment.
+The plain-torch twin of the fused Triton kernel: one pair of GEMMs per non-empty slot, rows
+taken from the slot's contiguous segment; quantized slots are dequantised first.
 """
 
 from __future__ import annotations
@@ -12,23 +12,35 @@ import torch
 import torch.nn.functional as F
 
 from moetune.experts.store import ExpertWeights
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat, dequantize
+
+
+DEFAULT_BLOCK_M = 64  # the row block a grouped GEMM kernel would pad to (the twin pads nothing)
 
 
 class ExpertsOutput(NamedTuple):
-    y: torch.Tensor  # [N, D] one output row per input row, same order (triton: [T*K, D] in copy order t*K+k)
-    rows_per_expert: torch.Tensor  # [E] GEMM m-shapes
+    y: torch.Tensor  # [N, D] one output row per input row, same order
+    block_m: int  # row block the kernel padded each slot's segment to (the profiler reports the waste)
 
 
 def run_experts(x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput:
-    """x: [N, D] rows grouped by expert; offsets: [E+1] segment starts."""
-    y = torch.empty(x.shape[0], weights.w2.shape[1], dtype=x.dtype, device=x.device)  # [N, D]
+    """x: [N, D] rows grouped by slot; offsets: [P+1] segment starts."""
+    y = torch.empty(x.shape[0], weights.hidden_size, dtype=x.dtype, device=x.device)  # [N, D]
     bounds = offsets.tolist()
-    intermediate = weights.w2.shape[2]
+    I = weights.intermediate_size
     for e in range(len(bounds) - 1):
         start, end = bounds[e], bounds[e + 1]
         if start == end:
             continue
-        h = x[start:end] @ weights.w13[e].t()  # [n_e, 2I]
-        h = F.silu(h[:, :intermediate]) * h[:, intermediate:]  # [n_e, I]
-        y[start:end] = h @ weights.w2[e].t()  # [n_e, D]
-    return ExpertsOutput(y, offsets[1:] - offsets[:-1])
+        h = x[start:end] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
+        h = F.silu(h[:, :I]) * h[:, I:]  # [n_e, I]
+        y[start:end] = h @ slot_matrix(weights.w2, e, x.dtype).t()  # [n_e, D]
+    return ExpertsOutput(y, DEFAULT_BLOCK_M)
+
+
+def slot_matrix(w: PackedWeight, slot: int, dtype: torch.dtype) -> torch.Tensor:
+    """One slot's weight [N, Kd] in `dtype` (a view when the format is plain)."""
+    if w.fmt == WeightFormat.NONE:
+        return w.data[slot]
+    one = PackedWeight(w.data[slot : slot + 1], w.scale[slot : slot + 1], w.fmt, w.group_size)
+    return dequantize(one, dtype)[0]

@@ -6,18 +6,27 @@ from dataclasses import dataclass
 
 import torch
 
+from typing import Protocol
+
 from moetune.experts.store import ExpertStore
-from moetune.model.mlp import GatedMLP
-from moetune.model.spec import MoESpec
 from moetune.moe.backend import MoEBackend, TorchBackend
-from moetune.moe.dispatch import combine_local, dispatch_local
-from moetune.moe.probe import Probe, phase_scope
+from moetune.moe.dispatch import Dispatcher, LocalDispatcher
 from moetune.moe.router import route
+from moetune.probe import Probe, phase_scope
+from moetune.spec import MoESpec
+
+
+class FeedForward(Protocol):
+    """A dense gated MLP (the model's `GatedMLP`): called on [T, D], lists its weights."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def tensors(self) -> list[torch.Tensor]: ...
 
 
 @dataclass
 class SharedExpert:
-    mlp: GatedMLP
+    mlp: FeedForward
     gate: torch.Tensor | None = None  # [1, D]: qwen2_moe scales the output by sigmoid(x @ gate.T)
 
     def tensors(self) -> list[torch.Tensor]:
@@ -40,6 +49,7 @@ class MoELayer:
         store: ExpertStore,
         shared: SharedExpert | None = None,
         backend: MoEBackend | None = None,
+        dispatcher: Dispatcher | None = None,
     ):
         self.layer = layer
         self.spec = spec
@@ -48,6 +58,7 @@ class MoELayer:
         self.store = store
         self.shared = shared
         self.backend: MoEBackend = backend or TorchBackend()
+        self.dispatcher: Dispatcher = dispatcher or LocalDispatcher()
         self.probe: Probe | None = None
 
     def tensors(self) -> list[torch.Tensor]:
@@ -56,23 +67,27 @@ class MoELayer:
         return own + (self.shared.tensors() if self.shared is not None else [])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D] → [T, D]
-        probe, i = self.probe, self.layer
+        probe, i, backend = self.probe, self.layer, self.backend
         with phase_scope(probe, i, "router"):
-            routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, self.backend.select_experts)
+            routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, backend.select_experts)
+        with phase_scope(probe, i, "offload_wait"):
+            weights = self.store.acquire(i, routed.topk_ids)
+        self.store.prefetch(i, routed.topk_ids)
         with phase_scope(probe, i, "permute"):
-            perm = self.backend.permute(x, routed.topk_ids, self.spec)
+            perm = backend.permute(x, weights.slots.physical(routed.topk_ids), weights.slots.num_slots)
         with phase_scope(probe, i, "dispatch"):
-            sent = dispatch_local(perm)
+            sent = self.dispatcher.dispatch(perm)
         with phase_scope(probe, i, "experts"):
-            computed = self.backend.experts(sent.x_local, sent.offsets, self.store.weights(i), perm.aligned)
+            computed = backend.experts(sent.x, sent.offsets, weights)
         with phase_scope(probe, i, "combine"):
-            back = combine_local(computed.y)
+            back = self.dispatcher.combine(computed.y, sent)
         shared_out = None
         if self.shared is not None:
             with phase_scope(probe, i, "shared_expert"):
                 shared_out = self.shared(x)
         with phase_scope(probe, i, "unpermute"):
-            out = self.backend.unpermute(back.y_sorted, perm.sorted_copy_ids, routed.topk_weights, shared_out)
+            out = backend.unpermute(back.y_sorted, perm.sorted_copy_ids, routed.topk_weights, shared_out)
         if probe is not None:
-            probe.routed(i, routed, perm)
+            probe.routed(i, routed, perm, computed.block_m)
+            probe.moved(i, sent.bytes_sent, back.bytes_sent)
         return out

@@ -14,8 +14,9 @@ import pandas as pd
 from moetune.profile import metrics
 from moetune.profile.rates import phase_rates, phase_work
 from moetune.profile.tables import RunTables
+from moetune.profile.trace import KINDS
 
-KIND_ORDER = ("prefill", "decode")
+KIND_ORDER = KINDS
 
 
 def kinds_in(tables: RunTables) -> list[str]:

@@ -19,7 +19,7 @@ ACTIVATION_FORMULA = "T_max · b · (4·D + E + K·(2·D + 3·I))"
 class MemoryBreakdown:
     dense_weight_bytes: int  # attention, norms, embeddings, dense MLPs, shared experts, router
     expert_weight_bytes: int  # routed experts
-    kv_cache_bytes: int  # largest batch: slots × max_len × per-layer entries
+    kv_cache_bytes: int  # the paged KV pool the engine allocated (blocks × block_size × per-token bytes)
     activation_bytes_estimate: int
     activation_formula: str = ACTIVATION_FORMULA
 
@@ -27,13 +27,10 @@ class MemoryBreakdown:
         return asdict(self)
 
 
-def memory_breakdown(model, batch_size: int, max_len: int, max_tokens_per_step: int) -> MemoryBreakdown:
-    from moetune.model.kv_cache import KVCache
-
+def memory_breakdown(model, kv_cache_bytes: int, max_tokens_per_step: int) -> MemoryBreakdown:
     weights = model.weight_bytes()
-    kv = KVCache(model.spec, batch_size, max_len, torch.device("meta"), model.dtype).nbytes()  # sizes only
     spec = model.spec
     D, E, K, I = spec.hidden_size, spec.moe.num_experts, spec.moe.router.top_k, spec.moe.intermediate_size
     b = torch.empty((), dtype=model.dtype).element_size()
     act = max_tokens_per_step * b * (4 * D + E + K * (2 * D + 3 * I))
-    return MemoryBreakdown(weights["dense"], weights["experts"], kv, act)
+    return MemoryBreakdown(weights["dense"], weights["experts"], kv_cache_bytes, act)

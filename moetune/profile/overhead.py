@@ -75,29 +75,16 @@ def measure_overhead(settings, runs: int = 7) -> OverheadResult:
         profiler.detach(generator)
         profiler.records = type(profiler.records)()
     spec = generator.model.spec
-    scopes = spec.num_layers + len(spec.moe_layers) * 6 + (spec.num_layers - len(spec.moe_layers))
+    scopes = spec.num_layers + len(spec.moe_layers) * 7 + (spec.num_layers - len(spec.moe_layers))
     scopes += len(spec.moe_layers) if spec.moe.shared_intermediate_size else 0
     return OverheadResult(runs, w.measured_steps(), off, on, _null_scope_ns(), scopes)
 
 
 def _null_scope_ns(n: int = 200_000) -> float:
-    from moetune.moe.probe import phase_scope
+    from moetune.probe import phase_scope
 
     def body():
         with phase_scope(None, 0, "router"):
             pass
 
     return min(timeit.repeat(body, number=n, repeat=3)) / n * 1e9
-
-
-def overhead_table(r: OverheadResult):
-    from moetune.report.tables import Table
-
-    rows = [["probes off (median of %d)" % r.runs, f"{r.off_median:.3f} s", f"{1e3 * r.off_median / r.steps:.2f} ms/step"],
-            ["probes on (median of %d)" % r.runs, f"{r.on_median:.3f} s", f"{1e3 * r.on_median / r.steps:.2f} ms/step"],
-            ["probes off / on, fastest run", f"{min(r.off_s):.3f} s / {min(r.on_s):.3f} s", ""],
-            ["overhead on vs off", f"{100 * r.overhead:+.1f}% (medians)", f"{100 * r.overhead_min:+.1f}% (fastest runs)"],
-            ["run-to-run spread, probes off", f"{100 * r.off_spread:.1f}%", "(max − min) / median"],
-            ["probes off: null scope", f"{r.null_scope_ns:.0f} ns × {r.scopes_per_step}/step",
-             f"{100 * r.null_share:.3f}% of a step"]]
-    return Table(f"Profiling overhead ({r.steps} steps per run)", ["", "value", ""], rows)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from moetune.model.batch import StepBatch
+from moetune.profile.metrics import padded_rows
 from moetune.profile.records import Records
 from moetune.profile.timer import ClockedLayer, PhaseTimer
 from moetune.profile.trace import KINDS, RoutingTrace, id_dtype
@@ -30,6 +31,7 @@ class Profiler:
         self.records = Records()
         self._step_ids: dict[int, np.ndarray] = {}
         self._step_moe: dict[int, tuple[np.ndarray, int]] = {}
+        self._moved = [0, 0]  # dispatch, combine bytes of the current step
         self._start = 0.0
         self._range = None
         self._saved_layers = None
@@ -51,19 +53,25 @@ class Profiler:
     def phase(self, layer: int, name: str):
         return self.timer.phase(layer, name)
 
-    def routed(self, layer: int, route, permute) -> None:
+    def routed(self, layer: int, route, permute, block_m: int) -> None:
         if not self.recording:
             return
         start = time.perf_counter()
         ids = route.topk_ids.to("cpu").numpy().astype(id_dtype(self.num_experts))  # [T, K]
+        counts = permute.counts.to("cpu").numpy()  # [P]
         self._step_ids[layer] = ids
-        self._step_moe[layer] = (permute.counts.to("cpu").numpy(), int(permute.padded_rows))
+        self._step_moe[layer] = (counts, padded_rows(counts, block_m))
         self.timer.bookkeeping[layer] += time.perf_counter() - start
+
+    def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
+        self._moved[0] += dispatch_bytes
+        self._moved[1] += combine_bytes
 
     # StepObserver ----------------------------------------------------------------------------
     def step_begin(self, kind: str, batch: StepBatch) -> None:
         self.timer.reset()
         self._step_ids, self._step_moe = {}, {}
+        self._moved = [0, 0]
         if self.annotate:
             self._range = torch.profiler.record_function(kind)
             self._range.__enter__()
@@ -88,6 +96,7 @@ class Profiler:
         rec.steps.append({"step": step, "kind": kind, "batch": batch.num_seqs, "tokens": T,
                           "context_tokens": int(sum(batch.context_lens)),
                           "attn_pairs": attention_pairs(batch.query_lens, batch.context_lens),
+                          "dispatch_bytes": self._moved[0], "combine_bytes": self._moved[1],
                           "seconds": seconds})
         phase_sum = 0.0
         for (layer, name), secs in sorted(self.timer.phases.items()):

@@ -43,7 +43,7 @@ class ModelDims:
 def model_dims(model) -> ModelDims:
     import torch
 
-    from moetune.model.spec import GQASpec
+    from moetune.spec import GQASpec
 
     spec = model.spec
     att = spec.attention

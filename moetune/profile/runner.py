@@ -53,8 +53,8 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     spec = read_spec(model_dir)
     ep, rpn = _parallel(settings)
     layout = contiguous_layout(spec.moe.num_experts, ep, rpn)  # bad --ep-size fails before any loading
-    cfg = parse_config({**settings.config.model_dump(), "parallel": {"ep_size": ep, "ranks_per_node": rpn}},
-                       source="command line")
+    cfg = parse_config({**settings.config.model_dump(), "parallel": {"ep_size": ep, "ranks_per_node": rpn},
+                        "engine": _engine_for(settings.config, w)}, source="command line")
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     writer.check_free()
     generator = build_generator(cfg)
@@ -65,6 +65,14 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     with writer as tmp:
         summary = _profile_into(tmp, settings, cfg, generator, requests, layout, model_dir, on_step)
     return ProfileResult(writer.final, summary)
+
+
+def _engine_for(config: RunConfig, w: Workload) -> dict:
+    """The engine runs each group of `batch_size` requests as one static batch: one prefill step, then
+    decodes; the KV pool holds that batch's full contexts (no more), without prefix sharing."""
+    engine = config.engine.model_dump()
+    return {**engine, "max_num_seqs": max(1, min(w.batch_size, w.num_requests)), "prefix_caching": False,
+            "num_kv_blocks": None}
 
 
 def _parallel(settings: ProfileSettings) -> tuple[int, int]:
@@ -103,7 +111,7 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                     generator.generate(group, greedy_params(w.output_len))
         finally:
             profiler.detach(generator)
-    return _finish(tmp, settings, cfg, profiler, layout, nvml, model_dir, groups)
+    return _finish(tmp, settings, cfg, profiler, layout, nvml, model_dir, generator.engine.runner.cache.nbytes())
 
 
 def greedy_params(max_tokens: int):
@@ -137,7 +145,7 @@ def _torch_trace(root: Path | None, device):
 
 
 def _finish(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
-            groups) -> dict:
+            kv_bytes: int) -> dict:
     import yaml
 
     from moetune.profile.analysis import summarize
@@ -152,7 +160,6 @@ def _finish(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layo
     trace = profiler.trace()
     tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
     summary = summarize(tables, dims, layout.placement, layout.ep_size, settings.capacity_factor)
-    max_len = max(len(r) for g in groups for r in g) + w.output_len
     max_tokens = int(tables.steps.tokens.max()) if len(tables.steps) else 0
     summary.update(
         model={"name": model_dir.name, "model_type": model.spec.model_type, "dtype": str(model.dtype).split(".")[-1],
@@ -160,7 +167,7 @@ def _finish(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layo
         workload={**asdict(w), "prompts": str(prompts_path(w))},
         parallel={"ep_size": layout.ep_size, "ranks_per_node": layout.ranks_per_node, "placement": "contiguous",
                   "placement_experts": layout.placement.tolist(), "token_origin": "token t of a step on rank t % R"},
-        memory=memory_breakdown(model, w.batch_size, max_len, max_tokens).as_dict(),
+        memory=memory_breakdown(model, kv_bytes, max_tokens).as_dict(),
         nvml=nvml.summary(),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )

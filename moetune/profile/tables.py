@@ -16,7 +16,7 @@ TABLES = ("steps", "phases", "layers", "moe", "expert_load", "ep_ranks", "ep_tra
 
 @dataclass
 class RunTables:
-    steps: pd.DataFrame  # step, kind, batch, tokens, context_tokens, attn_pairs, seconds
+    steps: pd.DataFrame  # step, kind, batch, tokens, context_tokens, attn_pairs, dispatch_bytes, combine_bytes, seconds
     phases: pd.DataFrame  # step, kind, layer, phase, seconds   (layer -1: step-level "other")
     layers: pd.DataFrame  # step, kind, layer, seconds          (measured wall time of the layer)
     moe: pd.DataFrame  # step, kind, layer, tokens, rows, padded_rows
@@ -34,7 +34,7 @@ def build_tables(rec: Records, trace: RoutingTrace, layout: EPLayout, row_bytes:
     ranks, traffic = ep_tables(trace, layout, row_bytes)
     return RunTables(
         steps=pd.DataFrame(rec.steps, columns=["step", "kind", "batch", "tokens", "context_tokens",
-                                               "attn_pairs", "seconds"]),
+                                               "attn_pairs", "dispatch_bytes", "combine_bytes", "seconds"]),
         phases=pd.DataFrame(rec.phases, columns=["step", "kind", "layer", "phase", "seconds"]),
         layers=pd.DataFrame(rec.layers, columns=["step", "kind", "layer", "seconds"]),
         moe=pd.DataFrame(rec.moe, columns=["step", "kind", "layer", "tokens", "rows", "padded_rows"]),

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-KINDS = ("prefill", "decode")
+KINDS = ("prefill", "decode", "mixed")  # StepKind values, in their uint8 code order
 
 
 @dataclass
 class RoutingTrace:
     topk_ids: np.ndarray  # [N, Lm, K] uint8 (E <= 256) or uint16
     step_offsets: np.ndarray  # [S+1] int64: tokens of step s are rows step_offsets[s]:step_offsets[s+1]
-    step_kind: np.ndarray  # [S] uint8: 0 = prefill, 1 = decode
+    step_kind: np.ndarray  # [S] uint8: 0 = prefill, 1 = decode, 2 = mixed
     step_index: np.ndarray  # [S] int64: the step ids used by the Parquet tables
     layers: np.ndarray  # [Lm] int16: model layer index of each trace column
     num_experts: int

@@ -7,7 +7,8 @@ import io
 import numpy as np
 import pandas as pd
 
-KINDS = ("prefill", "decode")
+from moetune.profile.trace import KINDS
+
 PHASE_COLORS = {"attention": "#4c72b0", "router": "#dd8452", "permute": "#55a868", "dispatch": "#c44e52",
                 "experts": "#8172b3", "combine": "#937860", "shared_expert": "#da8bc3", "unpermute": "#8c8c8c",
                 "dense_mlp": "#ccb974", "offload_wait": "#64b5cd", "other": "#d0d0d0"}

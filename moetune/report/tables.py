@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KINDS = ("prefill", "decode")
+from moetune.profile.trace import KINDS
 
 
 @dataclass

@@ -52,7 +52,7 @@ def test_fused_experts_on_cuda(fmt):
 def test_router_on_cuda():
     from moetune.kernels.reference import select_experts_ref
     from moetune.kernels.router import select_experts
-    from moetune.model.spec import RouterSpec
+    from moetune.spec import RouterSpec
 
     spec = RouterSpec("sigmoid", 8, True, 8, 4, True, 2.5)
     logits, bias = torch.randn(257, 256, device="cuda"), torch.rand(256, device="cuda") * 0.1

@@ -9,7 +9,7 @@ import torch
 
 from moetune.kernels.reference import select_experts_ref
 from moetune.kernels.router import select_experts
-from moetune.model.spec import RouterSpec
+from moetune.spec import RouterSpec
 
 SPECS = {
     "softmax-renorm": (10, RouterSpec("softmax", 2, True)),

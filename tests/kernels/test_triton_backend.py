@@ -7,7 +7,7 @@ differs only in summation order; a routing flip would show as an O(1) difference
 import pytest
 import torch
 
-from moetune.model.batch import StepBatch
+from moetune.experts.store import ExpertWeights
 from moetune.model.loader import load_model
 from moetune.moe.backend import TorchBackend, resolve_backend
 from moetune.moe.experts import run_experts
@@ -16,14 +16,13 @@ from moetune.moe.permute import permute
 from moetune.moe.router import route
 from moetune.moe.triton_backend import TritonBackend
 from moetune.moe.unpermute import unpermute
+from tests.forward import prompt_hidden
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 
 def _forward(model, ids: torch.Tensor) -> torch.Tensor:
-    T = ids.shape[0]
-    batch = StepBatch(ids, torch.arange(T), [T], [T], [0])
-    return model.forward(batch, model.new_cache(1, T))  # [T, D]
+    return prompt_hidden(model, [ids.tolist()])  # [T, D]
 
 
 def _moe_layers(model) -> list[MoELayer]:
@@ -42,31 +41,35 @@ def test_triton_backend_matches_torch_backend(checkpoint, model_type):
     torch.testing.assert_close(model.logits(out), ref_model.logits(ref), **TOL)
 
 
-def test_one_moe_layer_and_its_permute_output(checkpoint):
+def test_one_moe_layer_under_both_backends(checkpoint):
     model = load_model(checkpoint("qwen3_moe"), kernel_backend="torch")
     layer = _moe_layers(model)[0]
     x = torch.randn(7, model.spec.hidden_size)
     ref = layer(x)
     layer.backend = TritonBackend()
     torch.testing.assert_close(layer(x), ref, **TOL)
-    routed = route(x, layer.gate_weight, layer.spec.router, None)
-    perm_ref = permute(x, routed.topk_ids, layer.spec.num_experts)
-    perm = layer.backend.permute(x, routed.topk_ids, layer.spec)
-    assert torch.equal(perm.sorted_copy_ids, perm_ref.sorted_copy_ids)
-    assert torch.equal(perm.counts, perm_ref.counts) and torch.equal(perm.offsets, perm_ref.offsets)
-    assert perm.padded_rows == int(perm.aligned.num_tokens_post_padded)
 
 
-def test_torch_backend_output_is_the_plain_phase_composition(checkpoint):
-    """The backend protocol change keeps the torch path bit-for-bit."""
-    model = load_model(checkpoint("qwen3_moe"), kernel_backend="torch")
-    layer = _moe_layers(model)[0]
-    assert isinstance(layer.backend, TorchBackend)
-    x = torch.randn(7, model.spec.hidden_size)
-    routed = route(x, layer.gate_weight, layer.spec.router, layer.selection_bias)
-    perm = permute(x, routed.topk_ids, layer.spec.num_experts)
-    y = run_experts(perm.x_sorted, perm.offsets, layer.store.weights(layer.layer)).y
-    assert torch.equal(layer(x), unpermute(y, perm.sorted_copy_ids, routed.topk_weights))
+@pytest.mark.parametrize("case", ["T=1", "odd", "empty expert", "all to one"])
+def test_triton_experts_phase_means_what_the_torch_twin_means(case):
+    """Same rows in (grouped by slot), same rows out, same order: the phase output has one meaning."""
+    gen = torch.Generator().manual_seed(1)
+    E, D, I, K = 5, 24, 20, 2
+    T = {"T=1": 1, "odd": 13, "empty expert": 9, "all to one": 6}[case]
+    pool = torch.tensor([0, 1, 2, 4]) if case == "empty expert" else torch.arange(E)  # expert 3 unused
+    ids = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:K]] for _ in range(T)])  # [T, K]
+    if case == "all to one":
+        ids = torch.tensor([[2, 0]] * T)
+    weights = ExpertWeights.dense(torch.randn(E, 2 * I, D, generator=gen) * 0.2, torch.randn(E, D, I, generator=gen) * 0.2)
+    x = torch.randn(T, D, generator=gen)
+    perm = permute(x, ids, E)
+    torch.testing.assert_close(perm.x_sorted, x[perm.sorted_copy_ids // K])
+    ref = run_experts(perm.x_sorted, perm.offsets, weights).y
+    out = TritonBackend().experts(perm.x_sorted, perm.offsets, weights).y
+    torch.testing.assert_close(out, ref, **TOL)
+    w = torch.rand(T, K, generator=gen)
+    torch.testing.assert_close(TritonBackend().unpermute(out, perm.sorted_copy_ids, w, None),
+                               unpermute(ref, perm.sorted_copy_ids, w), **TOL)
 
 
 def test_auto_picks_torch_on_cpu():

@@ -4,7 +4,7 @@ import pytest
 from moetune.errors import CheckpointError
 from moetune.model.adapters import spec_from_config
 from moetune.model.loader import read_spec
-from moetune.model.spec import GQASpec, MLASpec
+from moetune.spec import GQASpec, MLASpec
 
 
 def test_qwen2_moe_sparse_step_and_mlp_only_layers(checkpoint):

@@ -1,21 +1,20 @@
 import pytest
 import torch
 
-from moetune.model.batch import StepBatch
 from moetune.model.loader import load_model
 from tests.conftest import MODEL_TYPES
+from tests.forward import prompt_hidden
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_bf16_weights_track_fp32_logits(model_type, checkpoint):
     path = checkpoint(model_type)
     prompt = torch.randint(3, 300, (9,), generator=torch.Generator().manual_seed(0))
-    batch = StepBatch(prompt, torch.arange(9), [9], [9], [0])
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = load_model(path, dtype=dtype)
-        assert model.embed.dtype == dtype and model.experts.weights(model.spec.moe_layers[0]).w13.dtype == dtype
-        logits[dtype] = model.logits(model.forward(batch, model.new_cache(1, 9)))
+        assert model.embed.dtype == dtype and model.experts.weights(model.spec.moe_layers[0]).w13.data.dtype == dtype
+        logits[dtype] = model.logits(prompt_hidden(model, [prompt.tolist()]))
     ref = logits[torch.float32]
     err = (logits[torch.bfloat16] - ref).abs().max() / ref.abs().max()
     assert err < 0.05, f"{model_type}: bf16 relative error {err:.3f}"

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from moetune.model.spec import RouterSpec
+from moetune.spec import RouterSpec
 from moetune.moe.router import route, select_experts
 
 

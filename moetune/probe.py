@@ -1,17 +1,13 @@
 """The hook the model calls around each phase. With no probe attached it costs one `is None` test.
 
-`moetune.profile` implements `Probe`; the model only knows this protocol (dependencies point one
-way: profile → engine → moe/model).
+`moetune.profile` implements `Probe`; the model and the MoE layer only know this protocol, which
+lives in this leaf module so that nothing below the profiler imports it (DESIGN §3).
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from moetune.moe.permute import PermuteOutput
-    from moetune.moe.router import RouterOutput
+from typing import Any, Protocol
 
 PHASES = ("router", "permute", "dispatch", "experts", "combine", "unpermute")
 OTHER_PHASES = ("attention", "shared_expert", "dense_mlp", "offload_wait", "other")
@@ -22,7 +18,13 @@ _NULL = nullcontext()
 class Probe(Protocol):
     def phase(self, layer: int, name: str) -> AbstractContextManager: ...
 
-    def routed(self, layer: int, route: "RouterOutput", permute: "PermuteOutput") -> None: ...
+    def routed(self, layer: int, route: Any, permute: Any, block_m: int) -> None:
+        """After a MoE layer: its RouterOutput, PermuteOutput, and the experts kernel's row block."""
+        ...
+
+    def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
+        """Activation bytes the layer's dispatcher sent to other ranks (0 with one rank)."""
+        ...
 
 
 def phase_scope(probe: Probe | None, layer: int, name: str) -> AbstractContextManager:

@@ -1,0 +1,136 @@
+"""Engine: requests in, tokens out, one `step()` at a time — schedule → run → postprocess.
+
+Requests may be added or aborted between any two steps (continuous batching); each step mixes
+decodes of running sequences with (chunks of) new prompts under the scheduler's token budget. The
+KV cache is paged and shared through prefix caching. `Generator` wraps this for batch generation
+and streaming; a server drives `step()` from its own loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from moetune.engine.block_manager import BlockManager
+from moetune.engine.model_runner import ModelRunner, StepObserver
+from moetune.engine.sampling import SamplingParams
+from moetune.engine.scheduler import Scheduler, SchedulerOutput
+from moetune.engine.sequence import Sequence
+from moetune.config import EngineConfig
+from moetune.errors import RequestError
+from moetune.model.kv_cache import bytes_per_token
+from moetune.model.transformer import MoETransformer
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    new_token: int
+    text_delta: str
+    finish_reason: str | None  # None while running
+
+
+@dataclass
+class EngineStats:
+    steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    prefix_cache_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
+    computed_tokens: int = 0  # tokens run through the model, recomputation included
+    preemptions: int = 0
+
+
+class Engine:
+    def __init__(self, model: MoETransformer, tokenizer, eos_ids: frozenset[int], config: EngineConfig = EngineConfig()):
+        self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
+        self.config = config
+        self.max_len = min(model.spec.max_position, config.max_model_len or model.spec.max_position)
+        num_blocks = config.num_kv_blocks or _auto_blocks(model, config, self.max_len)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.stats = EngineStats()
+        self._seqs: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+
+    @property
+    def observer(self) -> StepObserver | None:
+        return self.runner.observer
+
+    @observer.setter
+    def observer(self, value: StepObserver | None) -> None:
+        self.runner.observer = value
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
+        """Queue a request; returns its id. Raises RequestError when it can never run."""
+        max_len = min(self.max_len, len(prompt_ids) + params.max_tokens)
+        self._check(prompt_ids, max_len)
+        rid = next(self._ids)
+        seq = Sequence(rid, list(prompt_ids), params, self.eos_ids, max_len, priority=priority, arrival=rid)
+        self._seqs[rid] = seq
+        self.scheduler.add(seq)
+        self.stats.prompt_tokens += len(prompt_ids)
+        return rid
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a request now and free its KV blocks; False if it is not running or waiting."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        seq.finish_reason = seq.finish_reason or "abort"
+        self.scheduler.finish(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def sequence(self, request_id: int) -> Sequence | None:
+        return self._seqs.get(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.prefix_cache_hit_tokens = self.scheduler.cached_tokens
+        if not sched.entries:
+            return []
+        tokens = self.runner.execute(sched)
+        self.stats.steps[sched.kind.value] += 1
+        self.stats.computed_tokens += sched.num_tokens
+        return self._postprocess(sched, tokens)
+
+    def _postprocess(self, sched: SchedulerOutput, tokens: list[int | None]) -> list[RequestOutput]:
+        out = []
+        for e, token in zip(sched.entries, tokens):
+            seq = e.seq
+            seq.num_computed_tokens += e.num_tokens
+            self.blocks.commit(seq)
+            if token is None:
+                continue
+            seq.in_prefill = False
+            delta = seq.append(token, self._detokenize)
+            out.append(RequestOutput(seq.seq_id, token, delta, seq.finish_reason))
+            if seq.finished:
+                self.scheduler.finish(seq)
+                del self._seqs[seq.seq_id]
+        return out
+
+    def _detokenize(self, ids: list[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _check(self, prompt_ids: list[int], max_len: int) -> None:
+        n = len(prompt_ids)
+        if n >= self.max_len:
+            raise RequestError(f"the prompt has {n} tokens but the context is {self.max_len}; shorten the prompt")
+        if not self.config.chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise RequestError(f"the prompt has {n} tokens, over engine.max_num_batched_tokens="
+                               f"{self.config.max_num_batched_tokens} with chunked prefill off")
+        if self.blocks.blocks_for(max_len) > self.blocks.num_blocks:
+            raise RequestError(f"a request of up to {max_len} tokens needs {self.blocks.blocks_for(max_len)} KV blocks "
+                               f"but the cache has {self.blocks.num_blocks}; raise engine.num_kv_blocks or kv_cache_gb")
+
+
+def _auto_blocks(model: MoETransformer, config: EngineConfig, max_len: int) -> int:
+    """Blocks for max_num_seqs full contexts, capped by kv_cache_gb (at least one full context)."""
+    per_block = bytes_per_token(model.spec, model.dtype) * config.block_size
+    want = config.max_num_seqs * ((max_len + config.block_size - 1) // config.block_size)
+    cap = int(config.kv_cache_gb * 2**30) // per_block
+    return max(min(want, cap), (max_len + config.block_size - 1) // config.block_size)

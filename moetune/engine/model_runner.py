@@ -1,0 +1,103 @@
+"""ModelRunner: a scheduled step → StepBatch (tokens, positions, slot mapping, block tables) → the
+model's forward → logits of the rows that sample → sampled tokens.
+
+Only sequences whose known tokens are all computed after this step sample (decodes, and prompts
+whose last chunk this is); the LM head runs on their rows alone. Greedy rows are sampled with one
+argmax over the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from moetune.engine.sampling import sample
+from moetune.engine.scheduler import SchedulerOutput
+from moetune.model.batch import StepBatch, StepKind
+from moetune.model.kv_cache import PagedKVCache
+from moetune.model.transformer import MoETransformer
+
+
+class StepObserver(Protocol):
+    """Told about each step's forward (kind: "prefill", "decode" or "mixed"); the profiler implements it."""
+
+    def step_begin(self, kind: str, batch: StepBatch) -> None: ...
+
+    def step_end(self, kind: str, batch: StepBatch) -> None: ...
+
+
+class ModelRunner:
+    def __init__(self, model: MoETransformer, num_blocks: int, block_size: int):
+        self.model = model
+        self.block_size = block_size
+        self.cache: PagedKVCache = model.new_cache(num_blocks, block_size)
+        self.observer: StepObserver | None = None
+
+    def execute(self, sched: SchedulerOutput) -> list[int | None]:
+        """Run one scheduled step; the sampled token of each entry (None: prompt not finished yet)."""
+        batch = self.prepare(sched)
+        samplers = [i for i, e in enumerate(sched.entries)
+                    if e.seq.num_computed_tokens + e.num_tokens == e.seq.num_tokens]
+        if self.observer is not None:
+            self.observer.step_begin(batch.kind.value, batch)
+        hidden = self.model.forward(batch, self.cache)  # [T, D]
+        rows = batch.last_token_index()[samplers] if len(samplers) < batch.num_seqs else batch.last_token_index()
+        logits = self.model.logits(hidden[rows])  # [S, V]
+        if self.observer is not None:
+            self.observer.step_end(batch.kind.value, batch)
+        tokens: list[int | None] = [None] * batch.num_seqs
+        for i, token in zip(samplers, self._sample(logits, [sched.entries[i].seq for i in samplers])):
+            tokens[i] = token
+        return tokens
+
+    def prepare(self, sched: SchedulerOutput) -> StepBatch:
+        spans = [(e.seq.token_ids(e.seq.num_computed_tokens, e.seq.num_computed_tokens + e.num_tokens),
+                  e.seq.num_computed_tokens, e.seq.block_table) for e in sched.entries]
+        return self._batch(spans, sched.kind)
+
+    def forward_prompts(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Hidden states [T, D] of every token of fresh prompts, run as one prefill step outside the
+        scheduler (logit checks, routing capture); they occupy the cache's first blocks."""
+        bs, spans, next_block = self.block_size, [], 0
+        for ids in prompts:
+            n = (len(ids) + bs - 1) // bs
+            spans.append((list(ids), 0, list(range(next_block, next_block + n))))
+            next_block += n
+        if next_block > self.cache.num_blocks:
+            raise ValueError(f"{next_block} blocks needed, the cache has {self.cache.num_blocks}")
+        batch = self._batch(spans, StepKind.PREFILL)
+        if self.observer is not None:
+            self.observer.step_begin(batch.kind.value, batch)
+        hidden = self.model.forward(batch, self.cache)
+        if self.observer is not None:
+            self.observer.step_end(batch.kind.value, batch)
+        return hidden
+
+    def _batch(self, spans: list[tuple[list[int], int, list[int]]], kind: StepKind) -> StepBatch:
+        """spans: per sequence (new token ids, position of the first, its block table)."""
+        ids, positions, slots, query_lens, context_lens = [], [], [], [], []
+        bs = self.block_size
+        for tokens, start, table in spans:
+            end = start + len(tokens)
+            ids += tokens
+            positions += range(start, end)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            query_lens.append(len(tokens))
+            context_lens.append(end)
+        width = max(len(table) for _, _, table in spans)
+        tables = [table + [0] * (width - len(table)) for _, _, table in spans]
+        num_single = next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens))
+        dev = self.model.device
+        return StepBatch(_long(ids, dev), _long(positions, dev), query_lens, context_lens, _long(slots, dev),
+                         _long(tables, dev), kind, num_single)
+
+    def _sample(self, logits: torch.Tensor, seqs) -> list[int]:
+        """logits [S, V] → one token per sequence."""
+        if all(s.params.greedy for s in seqs):
+            return logits.argmax(dim=-1).tolist()
+        return [sample(row, s.params, s.generator) for row, s in zip(logits, seqs)]
+
+
+def _long(values: list, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)

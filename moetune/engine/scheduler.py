@@ -1,0 +1,135 @@
+"""Scheduler: which sequences compute how many tokens in the next step.
+
+Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`).
+Running sequences go first, in priority then arrival order: a decode takes one token, a prompt
+being prefilled in chunks takes what is left of the budget. Then waiting sequences are admitted
+(prefix-cache hits first count as computed) while budget, sequence slots and KV blocks last; a
+prompt longer than the remaining budget is split into chunks over several steps (chunked
+prefill), running beside the decodes of other sequences. When a running sequence needs a KV block
+and none is free, the latest-arrived running sequence is preempted: its blocks are freed and it
+waits to be recomputed from its tokens (preemption by recompute); no new sequence is admitted in
+that step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from moetune.config import EngineConfig
+from moetune.engine.block_manager import BlockManager
+from moetune.engine.sequence import SeqStatus, Sequence
+from moetune.model.batch import StepKind
+
+
+@dataclass
+class Scheduled:
+    seq: Sequence
+    num_tokens: int  # tokens computed this step
+
+    @property
+    def is_decode(self) -> bool:
+        return not self.seq.in_prefill
+
+
+@dataclass
+class SchedulerOutput:
+    entries: list[Scheduled]  # decodes first, then prefill chunks
+    kind: StepKind
+    preempted: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.entries)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, blocks: BlockManager):
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.cached_tokens = 0  # tokens admitted sequences found in the prefix cache
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        if seq.priority == 0 or not self.waiting:
+            self.waiting.append(seq)
+            return
+        at = next((i for i, s in enumerate(self.waiting) if s.priority > seq.priority), len(self.waiting))
+        self.waiting.insert(at, seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence from the queues and free its blocks."""
+        if seq.status == SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        entries, preempted = [], []
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status != SeqStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_remaining, budget)
+            if self._make_room(seq, seq.num_computed_tokens + n, preempted):
+                self.blocks.grow(seq, seq.num_computed_tokens + n)
+                entries.append(Scheduled(seq, n))
+                budget -= n
+        if not preempted:
+            budget = self._admit(entries, budget)
+        entries.sort(key=lambda e: not e.is_decode)  # stable: decodes first
+        return SchedulerOutput(entries, _kind(entries), preempted)
+
+    def _admit(self, entries: list[Scheduled], budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            self.blocks.admit(seq)
+            n = min(seq.num_remaining, budget)
+            fits = self.config.chunked_prefill or n == seq.num_remaining
+            if not fits or not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+                self.blocks.free(seq)
+                seq.num_computed_tokens = 0
+                break
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            self.waiting.popleft()
+            self.cached_tokens += seq.num_cached_tokens
+            seq.status, seq.in_prefill = SeqStatus.RUNNING, True
+            self.running.append(seq)
+            entries.append(Scheduled(seq, n))
+            budget -= n
+        return budget
+
+    def _make_room(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        """Free blocks until `seq` can hold num_tokens by preempting the latest running sequences;
+        False when `seq` itself had to go."""
+        while not self.blocks.can_grow(seq, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed_tokens, seq.status, seq.in_prefill = 0, SeqStatus.WAITING, True
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+
+def _kind(entries: list[Scheduled]) -> StepKind:
+    decodes = sum(e.is_decode for e in entries)
+    if decodes == len(entries):
+        return StepKind.DECODE
+    return StepKind.PREFILL if decodes == 0 else StepKind.MIXED
