@@ -47,11 +47,11 @@ def build_tokenizer(out: Path) -> None:
     fast.save_pretrained(str(out))
 
 
-def build_checkpoint(model_type: str, out: Path, shard: bool = True, seed: int = 0) -> Path:
+def build_checkpoint(model_type: str, out: Path, shard: bool = True, seed: int = 0, **overrides) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kwargs = dict(CONFIGS[model_type])
+    kwargs = dict(CONFIGS[model_type], **overrides)
     config = AutoConfig.for_model(model_type, **kwargs)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     if model_type == "deepseek_v3":  # a real selection bias: changes choices, never weights
