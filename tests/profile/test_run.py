@@ -105,3 +105,29 @@ def test_a_failed_write_leaves_nothing(tmp_path):
             (tmp / "summary.json").write_text("{}")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_mixed_steps_are_recorded_as_their_own_kind(checkpoint):
+    """Continuous batching: a prompt arriving while others decode makes a `mixed` step."""
+    from moetune.config import RunConfig
+    from moetune.engine.build import build_generator
+    from moetune.engine.sampling import SamplingParams
+    from moetune.profile.probe import Profiler
+    from moetune.profile.trace import KINDS
+
+    gen = build_generator(RunConfig(model={"path": str(checkpoint("qwen3_moe"))}))
+    profiler = Profiler(gen.model)
+    profiler.attach(gen)
+    try:
+        engine, params = gen.engine, SamplingParams(max_tokens=4, ignore_eos=True)
+        engine.add_request([5, 6, 7], params)
+        engine.step()  # prefill
+        engine.add_request([8, 9, 10, 11], params)
+        while engine.has_unfinished():
+            engine.step()
+    finally:
+        profiler.detach(gen)
+    kinds = [s["kind"] for s in profiler.records.steps]
+    assert kinds[:3] == ["prefill", "mixed", "decode"] and set(kinds) == {"prefill", "mixed", "decode"}
+    assert list(profiler.trace().step_kind[:2]) == [KINDS.index("prefill"), KINDS.index("mixed")]
+    assert all(s["dispatch_bytes"] == 0 for s in profiler.records.steps)  # one rank moves nothing
