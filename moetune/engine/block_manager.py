@@ -6,7 +6,8 @@ block only when everything before it matches too. Blocks are reference-counted: 
 by several sequences is stored once. A freed block keeps its key until it is handed out again
 (free blocks are reused least recently freed first), so a later request with the same prefix
 finds it. The cached prefix never covers a prompt's last token: that token is always computed,
-since its logits sample the first output token.
+since its logits sample the first output token. Block ids run 1..num_blocks (0 is the cache's
+null block); every block handed out by `grow` is listed in `granted` until the runner clears it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = prefix_caching
-        self.ref_counts = [0] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
-        self._key_of: list[BlockKey | None] = [None] * num_blocks
+        self.ref_counts = [0] * (num_blocks + 1)
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks + 1))  # oldest first
+        self._key_of: list[BlockKey | None] = [None] * (num_blocks + 1)
+        self.granted: list[int] = []  # fresh blocks handed out since the last step (to be zeroed)
         self._by_hash: dict[int, int] = {}  # hash(key) → block
 
     @property
@@ -62,6 +64,7 @@ class BlockManager:
             self._forget(block)
             self.ref_counts[block] = 1
             seq.block_table.append(block)
+            self.granted.append(block)
 
     def commit(self, seq: Sequence) -> None:
         """After a step: record the prefix key of every block the sequence has newly filled."""

@@ -36,6 +36,8 @@ class ModelRunner:
 
     def execute(self, sched: SchedulerOutput) -> list[int | None]:
         """Run one scheduled step; the sampled token of each entry (None: prompt not finished yet)."""
+        if sched.new_blocks:
+            self.cache.zero_blocks(sched.new_blocks)
         batch = self.prepare(sched)
         samplers = [i for i, e in enumerate(sched.entries)
                     if e.seq.num_computed_tokens + e.num_tokens == e.seq.num_tokens]
@@ -59,13 +61,14 @@ class ModelRunner:
     def forward_prompts(self, prompts: list[list[int]]) -> torch.Tensor:
         """Hidden states [T, D] of every token of fresh prompts, run as one prefill step outside the
         scheduler (logit checks, routing capture); they occupy the cache's first blocks."""
-        bs, spans, next_block = self.block_size, [], 0
+        bs, spans, next_block = self.block_size, [], 1
         for ids in prompts:
             n = (len(ids) + bs - 1) // bs
             spans.append((list(ids), 0, list(range(next_block, next_block + n))))
             next_block += n
-        if next_block > self.cache.num_blocks:
-            raise ValueError(f"{next_block} blocks needed, the cache has {self.cache.num_blocks}")
+        if next_block - 1 > self.cache.num_blocks:
+            raise ValueError(f"{next_block - 1} blocks needed, the cache has {self.cache.num_blocks}")
+        self.cache.zero_blocks(list(range(1, next_block)))
         batch = self._batch(spans, StepKind.PREFILL)
         if self.observer is not None:
             self.observer.step_begin(batch.kind.value, batch)

@@ -37,6 +37,7 @@ class SchedulerOutput:
     entries: list[Scheduled]  # decodes first, then prefill chunks
     kind: StepKind
     preempted: list[Sequence]
+    new_blocks: list[int]  # KV blocks handed out for this step (the runner zeroes them)
 
     @property
     def num_tokens(self) -> int:
@@ -88,7 +89,8 @@ class Scheduler:
         if not preempted:
             budget = self._admit(entries, budget)
         entries.sort(key=lambda e: not e.is_decode)  # stable: decodes first
-        return SchedulerOutput(entries, _kind(entries), preempted)
+        new_blocks, self.blocks.granted = self.blocks.granted, []
+        return SchedulerOutput(entries, _kind(entries), preempted, new_blocks)
 
     def _admit(self, entries: list[Scheduled], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

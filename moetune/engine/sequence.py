@@ -58,7 +58,9 @@ class Sequence:
         P = len(self.prompt_ids)
         if end <= P:
             return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.output_ids)[start:end]
+        if start >= P:
+            return self.output_ids[start - P : end - P]
+        return self.prompt_ids[start:] + self.output_ids[: end - P]
 
     def append(self, token: int, decode) -> str:
         """Add a sampled token, update the text, set finish_reason; return the new visible text."""

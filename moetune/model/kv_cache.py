@@ -3,6 +3,10 @@
 GQA layers keep K and V ([blocks * block_size, H_kv, Dh] each); MLA layers keep the compressed
 latent ([..., kv_lora_rank]) and the shared rotary key ([..., rope_dim]) — the point of MLA. The
 engine's BlockManager decides which blocks a sequence owns; this class only stores and reads.
+
+Blocks are numbered 1..num_blocks; block 0 is a null block of zeros that pads block tables. The
+pool is allocated uninitialised (on CPU its pages are committed only as they are used) and each
+block is zeroed when it is handed to a sequence, so a masked position never holds a NaN.
 """
 
 from __future__ import annotations
@@ -18,10 +22,17 @@ class PagedKVCache:
                  dtype: torch.dtype):
         self.num_blocks, self.block_size = num_blocks, block_size
         shapes = entry_shapes(spec.attention)
-        self.layers = [
-            tuple(torch.zeros(num_blocks * block_size, *shape, device=device, dtype=dtype) for shape in shapes)
-            for _ in range(spec.num_layers)
-        ]
+        rows = (num_blocks + 1) * block_size  # + the null block 0
+        self.layers = [tuple(torch.empty(rows, *shape, device=device, dtype=dtype) for shape in shapes)
+                       for _ in range(spec.num_layers)]
+        self.zero_blocks([0])
+
+    def zero_blocks(self, blocks: list[int]) -> None:
+        """Clear blocks just handed out (stale or uninitialised contents)."""
+        index = torch.tensor(blocks, device=self.layers[0][0].device)
+        for entries in self.layers:
+            for pool in entries:
+                pool.view(-1, self.block_size, *pool.shape[1:]).index_fill_(0, index, 0)
 
     def write(self, layer: int, batch: StepBatch, *entries: torch.Tensor) -> None:
         """Store each entry ([T, ...]) at its token's cache row."""
@@ -34,7 +45,7 @@ class PagedKVCache:
         blocks = block_tables[:, : (length + bs - 1) // bs]  # [B, nb]
         out = []
         for pool in self.layers[layer]:
-            paged = pool.view(self.num_blocks, bs, *pool.shape[1:])  # [N, bs, ...]
+            paged = pool.view(-1, bs, *pool.shape[1:])  # [N+1, bs, ...]
             out.append(paged[blocks].view(B, -1, *pool.shape[1:])[:, :length])  # [B, length, ...]
         return tuple(out)
 

@@ -134,3 +134,14 @@ def test_a_request_that_can_never_fit_is_refused(model):
     with pytest.raises(RequestError, match="KV blocks"):
         engine.add_request([5] * 40, _greedy(4))
     assert not engine.has_unfinished()
+
+
+def test_uninitialised_cache_memory_never_leaks_into_attention(model, alone):
+    """The pool is allocated uninitialised: fill it with NaN (as recycled GPU memory may hold) and
+    every block handed out must still be clean where attention reads it."""
+    engine = Engine(model, None, frozenset(), EngineConfig(max_num_batched_tokens=64, num_kv_blocks=60))
+    for entries in engine.runner.cache.layers:
+        for pool in entries:
+            pool[engine.runner.cache.block_size:].fill_(float("nan"))  # every block but the null block
+    got = _run(engine, _requests(24)[:8], [0, 0, 1, 1, 2, 3, 5, 8])
+    assert got == alone[:8]
