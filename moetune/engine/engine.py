@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from moetune.config import EngineConfig
 from moetune.engine.block_manager import BlockManager
 from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams
 from moetune.engine.scheduler import Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
-from moetune.config import EngineConfig
 from moetune.errors import RequestError
 from moetune.model.kv_cache import bytes_per_token
 from moetune.model.transformer import MoETransformer
@@ -33,7 +33,7 @@ class RequestOutput:
 @dataclass
 class EngineStats:
     steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
-    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    prompt_tokens: int = 0  # prompt tokens of the requests added
     prefix_cache_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
     computed_tokens: int = 0  # tokens run through the model, recomputation included
     preemptions: int = 0

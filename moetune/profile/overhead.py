@@ -51,12 +51,14 @@ class OverheadResult:
 def measure_overhead(settings, runs: int = 7) -> OverheadResult:
     from moetune.engine.build import build_generator
     from moetune.profile.probe import Profiler
-    from moetune.profile.runner import greedy_params
+    from moetune.config import parse_config
+    from moetune.profile.runner import engine_for, greedy_params
     from moetune.profile.workload import batches, load_prompt_texts, prompts_path, request_tokens
 
     w = settings.workload
     w.check()
-    generator = build_generator(settings.config)
+    config = parse_config({**settings.config.model_dump(), "engine": engine_for(settings.config, w)})
+    generator = build_generator(config)  # the engine `moetune profile` runs: static batches, no prefix cache
     groups = batches(request_tokens(load_prompt_texts(prompts_path(w)), generator.encode, w), w.batch_size)
 
     def workload() -> float:

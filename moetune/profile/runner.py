@@ -54,7 +54,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     ep, rpn = _parallel(settings)
     layout = contiguous_layout(spec.moe.num_experts, ep, rpn)  # bad --ep-size fails before any loading
     cfg = parse_config({**settings.config.model_dump(), "parallel": {"ep_size": ep, "ranks_per_node": rpn},
-                        "engine": _engine_for(settings.config, w)}, source="command line")
+                        "engine": engine_for(settings.config, w)}, source="command line")
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     writer.check_free()
     generator = build_generator(cfg)
@@ -67,7 +67,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     return ProfileResult(writer.final, summary)
 
 
-def _engine_for(config: RunConfig, w: Workload) -> dict:
+def engine_for(config: RunConfig, w: Workload) -> dict:
     """The engine runs each group of `batch_size` requests as one static batch: one prefill step, then
     decodes; the KV pool holds that batch's full contexts (no more), without prefix sharing."""
     engine = config.engine.model_dump()
