@@ -7,7 +7,6 @@ from typing import Iterator
 
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
-from moetune.engine.model_runner import StepObserver
 from moetune.engine.sampling import SamplingParams
 from moetune.errors import RequestError
 from moetune.model.transformer import MoETransformer
@@ -34,14 +33,6 @@ class Generator:
     @eos_ids.setter
     def eos_ids(self, value: frozenset[int]) -> None:
         self.engine.eos_ids = value
-
-    @property
-    def observer(self) -> StepObserver | None:
-        return self.engine.observer
-
-    @observer.setter
-    def observer(self, value: StepObserver | None) -> None:
-        self.engine.observer = value
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)  # BOS as the tokenizer says

@@ -1,4 +1,4 @@
-"""Profiler: the model's Probe (phase clocks, routing) and the Generator's StepObserver in one.
+"""Profiler: the model's Probe (phase clocks, routing) and the engine's StepObserver in one.
 
 Attach with `profiler.attach(generator)`; detach restores the model exactly. While `recording`
 is False (warm-up) steps run through the probes but nothing is kept.
@@ -41,10 +41,10 @@ class Profiler:
         self._saved_layers = self.model.layers
         self.model.layers = [ClockedLayer(layer, self.timer) for layer in self._saved_layers]
         self.model.attach_probe(self)
-        generator.observer = self
+        generator.engine.observer = self
 
     def detach(self, generator) -> None:
-        generator.observer = None
+        generator.engine.observer = None
         self.model.attach_probe(None)
         if self._saved_layers is not None:
             self.model.layers = self._saved_layers
