@@ -18,6 +18,7 @@ from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
 from moetune.model.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
+from moetune.model.validate import check_config, validate_checkpoint
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
 from moetune.moe.layer import MoELayer, SharedExpert
@@ -34,6 +35,9 @@ def read_spec(model_dir: Path) -> ModelSpec:
         cfg = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc}") from None
+    check_config(cfg, config_path)
     return spec_from_config(cfg)
 
 
@@ -46,6 +50,7 @@ def load_model(
     model_dir = Path(model_dir)
     backend = resolve_backend(kernel_backend, torch.device(device))
     spec = read_spec(model_dir)
+    validate_checkpoint(model_dir, spec)  # headers only: shapes, dtypes, truncation, tokenizer files
     source = WeightSource(model_dir, device, dtype)
     names = TensorNames(spec.model_type)
     experts = load_expert_store(source, spec)
