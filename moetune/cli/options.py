@@ -22,3 +22,42 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
     overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend}
     model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
     return parse_config({**cfg.model_dump(), "model": model_section}, source="command line")
+
+
+def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
+                   device: Optional[str] = None, kernel_backend: Optional[str] = None):
+    """`run_config` plus the checks a config needs before anything is loaded (a known device)."""
+    from moetune.cli import checks
+
+    cfg = run_config(model, recipe, dtype, device, kernel_backend)
+    checks.device(cfg.model.device)
+    return cfg
+
+
+class Target:
+    """What a command is about to load, known from config.json and headers alone (no tensor read)."""
+
+    def __init__(self, cfg):
+        from moetune.engine.build import resolve_device, resolve_dtype
+        from moetune.model.loader import read_spec
+        from moetune.model.registry import resolve_model
+
+        self.model_dir = resolve_model(cfg.model.path)
+        self.spec = read_spec(self.model_dir)
+        self.device = resolve_device(cfg.model.device)
+        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        self.dtype_bytes = self.dtype.itemsize
+        self._weights = None
+
+    @property
+    def weight_bytes(self) -> int:
+        from moetune.cli.footprint import weight_bytes
+
+        if self._weights is None:
+            self._weights = weight_bytes(self.model_dir, self.dtype_bytes)
+        return self._weights
+
+    def step_parts(self, slots: int, max_len: int, tokens: int, context: int) -> dict[str, int]:
+        from moetune.cli.footprint import step_parts
+
+        return step_parts(self.spec, self.weight_bytes, slots, max_len, tokens, context, self.dtype_bytes)

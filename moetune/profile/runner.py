@@ -160,7 +160,7 @@ def _finish(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layo
         workload={**asdict(w), "prompts": str(prompts_path(w))},
         parallel={"ep_size": layout.ep_size, "ranks_per_node": layout.ranks_per_node, "placement": "contiguous",
                   "placement_experts": layout.placement.tolist(), "token_origin": "token t of a step on rank t % R"},
-        memory=memory_breakdown(model, w.batch_size, max_len, max_tokens).as_dict(),
+        memory=memory_breakdown(model, max(len(g) for g in groups), max_len, max_tokens).as_dict(),
         nvml=nvml.summary(),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
