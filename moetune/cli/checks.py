@@ -13,7 +13,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from moetune.errors import UsageError
+from moetune.errors import RecipeError, UsageError
 
 GB = 1e9
 
@@ -50,6 +50,22 @@ def text(flag: str, value: str) -> None:
         raw = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"lone surrogate U+{ord(bad):04X}"
         raise UsageError(f"{flag} is not valid UTF-8 text ({raw} at character {exc.start}); "
                          "pass UTF-8 encoded text") from None
+
+
+def recipe_file(path: str) -> None:
+    """A recipe that is a readable UTF-8 file (its YAML and keys are judged by `load_recipe`)."""
+    p = Path(path)
+    if p.is_dir():
+        raise RecipeError(f"recipe '{p}' is a directory; pass a YAML file (recipes/*.yaml)")
+    if not p.exists():
+        return  # load_recipe says so
+    try:
+        p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"recipe '{p}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe '{p}': {exc.strerror}") from None
 
 
 # --- devices -----------------------------------------------------------------------------------

@@ -10,21 +10,14 @@ element of the load dtype, T = tokens in the largest step, C = its context):
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 
 from moetune.model.spec import GQASpec, ModelSpec
 
 
-def weight_bytes(model_dir: Path, dtype_bytes: int) -> int:
-    from moetune.model.validate import checkpoint_tensors
-
-    total = 0
-    for info in checkpoint_tensors(Path(model_dir)).values():
-        numel = 1
-        for d in info.shape:
-            numel *= d
-        total += numel * dtype_bytes
-    return total
+def weight_bytes(tensors: dict, dtype_bytes: int) -> int:
+    """tensors: name → TensorInfo from the headers (`validate.checkpoint_tensors`)."""
+    return sum(math.prod(info.shape) * dtype_bytes for info in tensors.values())
 
 
 def kv_bytes(spec: ModelSpec, slots: int, max_len: int, dtype_bytes: int) -> int:

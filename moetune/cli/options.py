@@ -16,8 +16,11 @@ BackendOpt = typer.Option(None, "--kernel-backend", help="torch | triton (defaul
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                device: Optional[str] = None, kernel_backend: Optional[str] = None):
     """Recipe (or defaults) with command-line flags applied on top."""
+    from moetune.cli.checks import recipe_file
     from moetune.config import RunConfig, load_recipe, parse_config
 
+    if recipe:
+        recipe_file(recipe)
     cfg = load_recipe(recipe) if recipe else RunConfig()
     overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend}
     model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
@@ -41,21 +44,20 @@ class Target:
         from moetune.engine.build import resolve_device, resolve_dtype
         from moetune.model.loader import read_spec
         from moetune.model.registry import resolve_model
+        from moetune.model.validate import validate_checkpoint
 
         self.model_dir = resolve_model(cfg.model.path)
         self.spec = read_spec(self.model_dir)
         self.device = resolve_device(cfg.model.device)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.dtype_bytes = self.dtype.itemsize
-        self._weights = None
+        self.tensors = validate_checkpoint(self.model_dir, self.spec)  # every checkpoint mistake, before loading
 
     @property
     def weight_bytes(self) -> int:
         from moetune.cli.footprint import weight_bytes
 
-        if self._weights is None:
-            self._weights = weight_bytes(self.model_dir, self.dtype_bytes)
-        return self._weights
+        return weight_bytes(self.tensors, self.dtype_bytes)
 
     def step_parts(self, slots: int, max_len: int, tokens: int, context: int) -> dict[str, int]:
         from moetune.cli.footprint import step_parts
