@@ -23,19 +23,20 @@ def bench(
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up."""
     from rich.console import Console
 
-    from moetune.bench.report import bench_table
-    from moetune.bench.throughput import BenchSettings, bench_moetune
     from moetune.cli.options import Target, checked_config
     from moetune.errors import MoetuneError
-    from moetune.model.loader import load_model
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
     cfg = checked_config(model, recipe, dtype, device, kernel_backend)
     target = Target(cfg)
-    model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
-    settings = BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+    settings = _settings(prefill_len, decode_steps, runs)
     _check_fits(target, settings)
+    from moetune.bench.report import bench_table
+    from moetune.bench.throughput import bench_moetune
+    from moetune.model.loader import load_model
+
+    model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
     console = Console(stderr=False)
     ours = load_model(model_dir, torch_dtype, dev, cfg.model.kernel_backend)
     with console.status("moetune ..."):
@@ -48,6 +49,12 @@ def bench(
         with console.status("transformers ..."):
             rows += bench_transformers(load_transformers(model_dir, torch_dtype, dev), vocab, settings, dev)
     console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev}"))
+
+
+def _settings(prefill_len: int, decode_steps: int, runs: int):
+    from moetune.bench.throughput import BenchSettings  # imports torch; only after the argument checks
+
+    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
 
 
 def _check_fits(target, s) -> None:

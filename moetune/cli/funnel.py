@@ -90,6 +90,8 @@ def _on_sigterm(signum, frame) -> None:
 
 def run_cli(app: Callable, commands: list[str]) -> None:
     """Run the typer `app` non-standalone and funnel every failure into one line + exit code."""
+    if not sys.argv[1:]:
+        fail(f"no command given; choose one of: {', '.join(commands)} (see 'moetune --help')", EXIT_USAGE)
     click_errors = _click_exception_types()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

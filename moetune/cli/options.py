@@ -38,28 +38,35 @@ def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[
 
 
 class Target:
-    """What a command is about to load, known from config.json and headers alone (no tensor read)."""
+    """What a command is about to load, judged from config.json and the safetensors headers alone.
+
+    Checkpoint mistakes surface here without importing torch; the device and dtype (which need
+    torch) are resolved only when memory is estimated.
+    """
 
     def __init__(self, cfg):
-        from moetune.engine.build import resolve_device, resolve_dtype
-        from moetune.model.loader import read_spec
         from moetune.model.registry import resolve_model
-        from moetune.model.validate import validate_checkpoint
+        from moetune.model.validate import read_spec, validate_checkpoint
 
+        self.cfg = cfg
         self.model_dir = resolve_model(cfg.model.path)
         self.spec = read_spec(self.model_dir)
-        self.device = resolve_device(cfg.model.device)
-        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
-        self.dtype_bytes = self.dtype.itemsize
         self.tensors = validate_checkpoint(self.model_dir, self.spec)  # every checkpoint mistake, before loading
 
     @property
-    def weight_bytes(self) -> int:
-        from moetune.cli.footprint import weight_bytes
+    def device(self):
+        from moetune.engine.build import resolve_device
 
-        return weight_bytes(self.tensors, self.dtype_bytes)
+        return resolve_device(self.cfg.model.device)
+
+    @property
+    def dtype(self):
+        from moetune.engine.build import resolve_dtype
+
+        return resolve_dtype(self.cfg.model.dtype, self.device)
 
     def step_parts(self, slots: int, max_len: int, tokens: int, context: int) -> dict[str, int]:
-        from moetune.cli.footprint import step_parts
+        from moetune.cli.footprint import step_parts, weight_bytes
 
-        return step_parts(self.spec, self.weight_bytes, slots, max_len, tokens, context, self.dtype_bytes)
+        b = self.dtype.itemsize
+        return step_parts(self.spec, weight_bytes(self.tensors, b), slots, max_len, tokens, context, b)

@@ -60,9 +60,13 @@ def _preflight(settings) -> None:
     from moetune.cli.options import Target
     from moetune.profile.workload import load_prompt_texts, prompts_path
 
+    from moetune.profile.ep import contiguous_layout
+    from moetune.profile.runner import _parallel
+
     w = settings.workload
     texts = load_prompt_texts(prompts_path(w))
     target = Target(settings.config)
+    contiguous_layout(target.spec.moe.num_experts, *_parallel(settings))  # a bad --ep-size, before torch
     limit = target.spec.max_position
     if w.input_len is not None:
         checks.context(f"--input-len {w.input_len} + --output-len {w.output_len}", w.input_len + w.output_len,

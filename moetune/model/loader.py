@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from moetune.errors import CheckpointError
 from moetune.experts.store import load_expert_store
-from moetune.model.adapters import spec_from_config
 from moetune.model.attention import GQAAttention, Linear
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
@@ -18,27 +15,10 @@ from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
 from moetune.model.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
-from moetune.model.validate import check_config, validate_checkpoint
+from moetune.model.validate import read_spec, validate_checkpoint  # read_spec: re-exported, torch-free
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
 from moetune.moe.layer import MoELayer, SharedExpert
-
-
-def read_spec(model_dir: Path) -> ModelSpec:
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise CheckpointError(f"model directory '{model_dir}' does not exist; pass --model DIR or a bundled name")
-    config_path = model_dir / "config.json"
-    if not config_path.exists():
-        raise CheckpointError(f"'{model_dir}' has no config.json; point --model at a Hugging Face checkpoint dir")
-    try:
-        cfg = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except (UnicodeDecodeError, OSError) as exc:
-        raise CheckpointError(f"cannot read {config_path}: {exc}") from None
-    check_config(cfg, config_path)
-    return spec_from_config(cfg)
 
 
 def load_model(

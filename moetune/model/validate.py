@@ -46,6 +46,26 @@ class TensorInfo:
 
 # --- config.json -------------------------------------------------------------------------------
 
+def read_spec(model_dir: Path) -> ModelSpec:
+    """config.json → ModelSpec, every mistake a `CheckpointError` naming the file (no torch needed)."""
+    from moetune.model.adapters import spec_from_config
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"model directory '{model_dir}' does not exist; pass --model DIR or a bundled name")
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"'{model_dir}' has no config.json; point --model at a Hugging Face checkpoint dir")
+    try:
+        cfg = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc}") from None
+    check_config(cfg, config_path)
+    return spec_from_config(cfg)
+
+
 def check_config(cfg: object, path: Path) -> None:
     """Raw config.json values: a mapping, numbers where numbers belong, in range."""
     if not isinstance(cfg, dict):
