@@ -10,6 +10,7 @@ run directory. A `prep(d, src)` function builds the damaged inputs inside {d} fi
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import struct
 from dataclasses import dataclass, field
@@ -382,8 +383,8 @@ def markdown(results: dict[str, tuple[int, str]] | None = None) -> str:
     """The table as markdown; `results` (id → exit code, stderr line) fills in the real messages."""
     lines = ["| # | kind | case | example | exit | message |", "|---|---|---|---|---|---|"]
     for n, case in enumerate(CASES, 1):
-        example = " ".join(a.decode("utf-8", "backslashreplace") if isinstance(a, bytes) else a
-                           for a in ("moetune",) + case.args)
+        example = shlex.join(a.decode("utf-8", "backslashreplace") if isinstance(a, bytes) else a
+                             for a in ("moetune",) + case.args)
         example = example.replace("\n", "\\n")
         if len(example) > 90:
             example = example[:87] + "..."

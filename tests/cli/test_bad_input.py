@@ -133,3 +133,9 @@ def test_bad_input_is_one_line(case: Case, outcomes):
     if not case.stdout_ok:
         assert got.stdout == "", got.stdout
     assert got.after == got.before, f"left behind: {sorted(got.after - got.before)}"
+
+
+def test_docs_list_every_case():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "bad-input.md").read_text()
+    missing = [c.id for c in CASES if f"| {c.id} |" not in doc]
+    assert not missing, f"regenerate docs/bad-input.md (python -m tests.cli.write_bad_input_doc): {missing}"
