@@ -1,7 +1,7 @@
 """User-facing errors: one line that says what is wrong and what to do.
 
-The CLI catches `MoetuneError` and prints its message without a traceback; anything else is a bug
-and keeps its traceback.
+The CLI (`moetune.cli.funnel`) catches `MoetuneError` and prints its message without a traceback
+(exit 1); anything else is a bug and keeps its traceback.
 """
 
 
@@ -19,3 +19,18 @@ class RecipeError(MoetuneError):
 
 class RequestError(MoetuneError):
     """A generation request cannot be served (e.g. longer than the context)."""
+
+
+class UsageError(MoetuneError):
+    """A flag value that cannot work (not finite, out of range, unwritable path, too large to fit)."""
+
+
+class RunDirError(MoetuneError):
+    """A run directory file is missing, corrupt or written by an incompatible schema version."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler, so `with` blocks and `finally` clean up.
+
+    A BaseException (like KeyboardInterrupt) so that no `except Exception` swallows it.
+    """

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
 
 
 def bench(
@@ -23,20 +23,20 @@ def bench(
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up."""
     from rich.console import Console
 
-    from moetune.bench.report import bench_table
-    from moetune.bench.throughput import BenchSettings, bench_moetune
-    from moetune.engine.build import resolve_device, resolve_dtype
+    from moetune.cli.options import Target, checked_config
     from moetune.errors import MoetuneError
-    from moetune.model.loader import load_model
-    from moetune.model.registry import resolve_model
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
-    cfg = run_config(model, recipe, dtype, device, kernel_backend)
-    model_dir = resolve_model(cfg.model.path)
-    dev = resolve_device(cfg.model.device)
-    torch_dtype = resolve_dtype(cfg.model.dtype, dev)
-    settings = BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    target = Target(cfg)
+    settings = _settings(prefill_len, decode_steps, runs)
+    _check_fits(target, settings)
+    from moetune.bench.report import bench_table
+    from moetune.bench.throughput import bench_moetune
+    from moetune.model.loader import load_model
+
+    model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
     console = Console(stderr=False)
     ours = load_model(model_dir, torch_dtype, dev, cfg.model.kernel_backend)
     with console.status("moetune ..."):
@@ -49,3 +49,26 @@ def bench(
         with console.status("transformers ..."):
             rows += bench_transformers(load_transformers(model_dir, torch_dtype, dev), vocab, settings, dev)
     console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev}"))
+
+
+def _settings(prefill_len: int, decode_steps: int, runs: int):
+    from moetune.bench.throughput import BenchSettings  # imports torch; only after the argument checks
+
+    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+
+
+def _check_fits(target, s) -> None:
+    """Every bench workload within the context and, by estimate, the device's memory."""
+    from moetune.cli import checks
+
+    limit = target.spec.max_position
+    checks.context(f"--prefill-len {s.prefill_len}", s.prefill_len, limit, f"choose --prefill-len <= {limit}")
+    decode_len = s.decode_context + s.decode_steps
+    checks.context(f"--decode-steps {s.decode_steps} (after a {s.decode_context}-token context)", decode_len, limit,
+                   f"choose --decode-steps <= {limit - s.decode_context}")
+    prefill = target.step_parts(1, s.prefill_len, s.prefill_len, s.prefill_len)
+    b = max(s.decode_batches)
+    decode = target.step_parts(b, decode_len, b * s.decode_context, s.decode_context)
+    worst, what = max((prefill, f"--prefill-len {s.prefill_len}"), (decode, f"decode at batch {b}"),
+                      key=lambda p: sum(p[0].values()))
+    checks.fits(f"bench {what}", worst, target.device, "lower --prefill-len / --decode-steps")

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
 
 
 def generate(
@@ -27,12 +27,25 @@ def generate(
     kernel_backend: Optional[str] = BackendOpt,
 ) -> None:
     """Generate a completion for one prompt, streamed to stdout."""
+    from moetune.cli import checks
+    from moetune.cli.options import Target, checked_config
+
+    checks.sampling(max_tokens, temperature, top_p, top_k, seed)
+    checks.text("--prompt", prompt)
+    for s in stop:
+        checks.text("--stop", s)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    target = Target(cfg)
+    limit = target.spec.max_position
+    prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
+    checks.fits("generate", target.step_parts(1, min(prompt_tokens + max_tokens, limit), prompt_tokens,
+                                              prompt_tokens), target.device, "use a smaller model or --dtype bf16")
     from moetune.engine.build import build_generator
     from moetune.engine.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=tuple(stop), ignore_eos=ignore_eos)
-    generator = build_generator(run_config(model, recipe, dtype, device, kernel_backend))
+    generator = build_generator(cfg)
     if chat:
         from moetune.engine.tokenizer import apply_chat_template
 

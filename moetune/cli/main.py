@@ -1,11 +1,10 @@
 """The `moetune` command: a table of contents of subcommands, each in its own module.
 
-User mistakes (`MoetuneError`) print one line on stderr and exit 1; nothing else is swallowed.
+Every failure goes through one funnel (`cli/funnel.py`): one line on stderr and an exit code
+(2 usage, 1 user mistake, 130 Ctrl-C, 143 SIGTERM); bugs keep their traceback.
 """
 
 from __future__ import annotations
-
-import sys
 
 import typer
 
@@ -15,6 +14,8 @@ from moetune.cli.models import models
 from moetune.cli.profile import profile
 from moetune.cli.report import report
 from moetune.cli.tune_kernels import tune_kernels
+
+COMMANDS = ["generate", "bench", "models", "profile", "report", "tune-kernels"]
 
 app = typer.Typer(
     help="Profile, tune and serve Mixture-of-Experts models.",
@@ -31,22 +32,6 @@ app.command(name="tune-kernels")(tune_kernels)
 
 
 def main() -> None:
-    from moetune.errors import MoetuneError
+    from moetune.cli.funnel import run_cli
 
-    try:
-        app(standalone_mode=False)
-    except MoetuneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except (typer.Abort, KeyboardInterrupt):
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    run_cli(app, COMMANDS)

@@ -16,9 +16,57 @@ BackendOpt = typer.Option(None, "--kernel-backend", help="torch | triton (defaul
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                device: Optional[str] = None, kernel_backend: Optional[str] = None):
     """Recipe (or defaults) with command-line flags applied on top."""
+    from moetune.cli.checks import recipe_file
     from moetune.config import RunConfig, load_recipe, parse_config
 
+    if recipe:
+        recipe_file(recipe)
     cfg = load_recipe(recipe) if recipe else RunConfig()
     overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend}
     model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
     return parse_config({**cfg.model_dump(), "model": model_section}, source="command line")
+
+
+def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
+                   device: Optional[str] = None, kernel_backend: Optional[str] = None):
+    """`run_config` plus the checks a config needs before anything is loaded (a known device)."""
+    from moetune.cli import checks
+
+    cfg = run_config(model, recipe, dtype, device, kernel_backend)
+    checks.device(cfg.model.device)
+    return cfg
+
+
+class Target:
+    """What a command is about to load, judged from config.json and the safetensors headers alone.
+
+    Checkpoint mistakes surface here without importing torch; the device and dtype (which need
+    torch) are resolved only when memory is estimated.
+    """
+
+    def __init__(self, cfg):
+        from moetune.model.registry import resolve_model
+        from moetune.model.validate import read_spec, validate_checkpoint
+
+        self.cfg = cfg
+        self.model_dir = resolve_model(cfg.model.path)
+        self.spec = read_spec(self.model_dir)
+        self.tensors = validate_checkpoint(self.model_dir, self.spec)  # every checkpoint mistake, before loading
+
+    @property
+    def device(self):
+        from moetune.engine.build import resolve_device
+
+        return resolve_device(self.cfg.model.device)
+
+    @property
+    def dtype(self):
+        from moetune.engine.build import resolve_dtype
+
+        return resolve_dtype(self.cfg.model.dtype, self.device)
+
+    def step_parts(self, slots: int, max_len: int, tokens: int, context: int) -> dict[str, int]:
+        from moetune.cli.footprint import step_parts, weight_bytes
+
+        b = self.dtype.itemsize
+        return step_parts(self.spec, weight_bytes(self.tensors, b), slots, max_len, tokens, context, b)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
 
 
 def profile(
@@ -34,15 +34,54 @@ def profile(
     """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
     from pathlib import Path
 
+    from moetune.cli import checks
+    from moetune.cli.options import checked_config
     from moetune.profile.runner import ProfileSettings
     from moetune.profile.workload import Workload
 
     workload = Workload(prompts, num_requests, batch_size, input_len, output_len, warmup_steps)
-    settings = ProfileSettings(run_config(model, recipe, dtype, device, kernel_backend), workload, ep_size,
-                               ranks_per_node, capacity_factor, trace, Path(out) if out else None)
+    workload.check()
+    checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    settings = ProfileSettings(cfg, workload, ep_size, ranks_per_node, capacity_factor, trace,
+                               Path(out) if out else None)
+    if not overhead:
+        checks.output_dir("--out", settings.out or settings.runs_root)
+    _preflight(settings)
     if overhead:
         return _overhead(settings)
     _profile(settings, report)
+
+
+def _preflight(settings) -> None:
+    """Prompts readable, workload within the context and (by estimate) memory: before any loading."""
+    from moetune.cli import checks
+    from moetune.cli.footprint import profile_host_bytes
+    from moetune.cli.options import Target
+    from moetune.profile.workload import load_prompt_texts, prompts_path
+
+    from moetune.profile.ep import contiguous_layout
+    from moetune.profile.runner import _parallel
+
+    w = settings.workload
+    texts = load_prompt_texts(prompts_path(w))
+    target = Target(settings.config)
+    contiguous_layout(target.spec.moe.num_experts, *_parallel(settings))  # a bad --ep-size, before torch
+    limit = target.spec.max_position
+    if w.input_len is not None:
+        checks.context(f"--input-len {w.input_len} + --output-len {w.output_len}", w.input_len + w.output_len,
+                       limit, "lower --input-len or --output-len")
+        prompt_len = w.input_len
+    else:  # an upper bound before tokenizing: at most one token per byte, plus specials
+        prompt_len = min(max(len(t.encode("utf-8")) + 2 for t in texts[: w.num_requests]), limit)
+    batch = w.real_batch_size
+    max_len = min(prompt_len + w.output_len, limit)
+    checks.fits(f"profile at batch {batch} (of --batch-size {w.batch_size}, --num-requests {w.num_requests})",
+                target.step_parts(batch, max_len, batch * prompt_len, prompt_len), target.device,
+                "lower --batch-size, --input-len or --output-len")
+    host = profile_host_bytes(target.spec, w.num_requests, prompt_len + w.output_len, w.measured_steps())
+    checks.fits(f"profile --num-requests {w.num_requests}", {"routing trace and tables": host}, None,
+                "lower --num-requests or --output-len")
 
 
 def _profile(settings, report: bool) -> None:
@@ -54,7 +93,8 @@ def _profile(settings, report: bool) -> None:
     from moetune.report.terminal import rich_table
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+    err = Console(stderr=True)
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("loading model", total=None)
         result = run_profile(settings, on_start=lambda n: progress.update(task, total=n, description="steps"),
                              on_step=lambda kind: progress.update(task, advance=1, description=kind))

@@ -15,7 +15,15 @@ def report(
     """Render a profile run as markdown (plots saved beside it) or a single HTML file."""
     from pathlib import Path
 
-    from moetune.report.build import write_report
+    from moetune.cli import checks
+    from moetune.errors import MoetuneError
+    from moetune.profile.reader import RunReader
+    from moetune.report.build import FORMATS, default_report_path, write_report
 
+    if format not in FORMATS:
+        raise MoetuneError(f"--format '{format}' is not supported; choose md or html")
+    RunReader(Path(run_dir))  # the run dir exists before its output path is judged
+    target = Path(out) if out else default_report_path(Path(run_dir), format)
+    checks.output_file("--out" if out else "report file", target)
     path = write_report(Path(run_dir), format, Path(out) if out else None)
     print(path)

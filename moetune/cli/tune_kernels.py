@@ -17,8 +17,15 @@ def tune_kernels(
     search: str = typer.Option("small", "--search", help="small | full config space"),
 ) -> None:
     """Write vLLM-style `E=..,N=..,device_name=..json` configs for the w13 and w2 GEMMs."""
-    from moetune.bench.kernel_tuning import DEFAULT_BATCH_SIZES, tune_kernels as run
+    from pathlib import Path
 
+    from moetune.bench.kernel_tuning import DEFAULT_BATCH_SIZES, tune_kernels as run
+    from moetune.cli import checks
+
+    for b in batch_sizes:
+        checks.number("--batch-size", b, 1)
+    if out is not None:
+        checks.output_dir("--out", Path(out))
     paths = run(model, tuple(batch_sizes) or DEFAULT_BATCH_SIZES, out, dtype, search)
     for path in paths:
         typer.echo(str(path))

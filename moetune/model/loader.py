@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from moetune.errors import CheckpointError
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
-from moetune.model.adapters import spec_from_config
 from moetune.model.attention import GQAAttention, Linear
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
@@ -18,23 +15,10 @@ from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
 from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
+from moetune.model.validate import read_spec, validate_checkpoint  # read_spec: re-exported, torch-free
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
 from moetune.moe.layer import MoELayer, SharedExpert
-
-
-def read_spec(model_dir: Path) -> ModelSpec:
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise CheckpointError(f"model directory '{model_dir}' does not exist; pass --model DIR or a bundled name")
-    config_path = model_dir / "config.json"
-    if not config_path.exists():
-        raise CheckpointError(f"'{model_dir}' has no config.json; point --model at a Hugging Face checkpoint dir")
-    try:
-        cfg = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    return spec_from_config(cfg)
 
 
 def load_model(
@@ -46,6 +30,7 @@ def load_model(
     model_dir = Path(model_dir)
     backend = resolve_backend(kernel_backend, torch.device(device))
     spec = read_spec(model_dir)
+    validate_checkpoint(model_dir, spec)  # headers only: shapes, dtypes, truncation, tokenizer files
     source = WeightSource(model_dir, device, dtype)
     names = TensorNames(spec.model_type)
     experts = ResidentExpertStore({i: _experts(source, names, spec, i) for i in spec.moe_layers})

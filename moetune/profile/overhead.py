@@ -50,6 +50,8 @@ class OverheadResult:
 
 def measure_overhead(settings, runs: int = 7) -> OverheadResult:
     from moetune.engine.build import build_generator
+    from moetune.model.loader import read_spec
+    from moetune.model.registry import resolve_model
     from moetune.profile.probe import Profiler
     from moetune.config import parse_config
     from moetune.profile.runner import engine_for, greedy_params
@@ -57,9 +59,11 @@ def measure_overhead(settings, runs: int = 7) -> OverheadResult:
 
     w = settings.workload
     w.check()
-    config = parse_config({**settings.config.model_dump(), "engine": engine_for(settings.config, w)})
-    generator = build_generator(config)  # the engine `moetune profile` runs: static batches, no prefix cache
-    groups = batches(request_tokens(load_prompt_texts(prompts_path(w)), generator.encode, w), w.batch_size)
+    texts = load_prompt_texts(prompts_path(w))
+    generator = build_generator(parse_config({**settings.config.model_dump(), "engine": engine_for(
+        settings.config, w, texts, read_spec(resolve_model(settings.config.model.path)).max_position)}))
+    # ^ the engine `moetune profile` runs: static batches, no prefix cache
+    groups = batches(request_tokens(texts, generator.encode, w), w.batch_size)
 
     def workload() -> float:
         start = time.perf_counter()

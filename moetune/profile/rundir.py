@@ -12,9 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from moetune.errors import MoetuneError
+from moetune.profile.reader import SCHEMA_VERSION, RunReader
 from moetune.profile.tables import TABLES, RunTables
 from moetune.profile.trace import RoutingTrace
 
@@ -54,7 +53,8 @@ def write_contents(root: Path, recipe_yaml: str, env: dict, summary: dict, table
                    trace: RoutingTrace) -> None:
     (root / "recipe.yaml").write_text(recipe_yaml)
     (root / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
-    (root / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
+    versioned = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in summary.items() if k != "schema_version"}}
+    (root / "summary.json").write_text(json.dumps(versioned, indent=2, default=_jsonable) + "\n")
     for name, df in tables.items():
         df.to_parquet(root / f"{name}.parquet", index=False)
     trace.save(root / TRACE_FILE)
@@ -77,13 +77,10 @@ class RunData:
 
 
 def read_run(path: Path) -> RunData:
-    path = Path(path)
-    required = ["recipe.yaml", "env.json", "summary.json", TRACE_FILE] + [f"{t}.parquet" for t in TABLES]
-    if not path.is_dir():
-        raise MoetuneError(f"run directory '{path}' does not exist; pass a directory written by `moetune profile`")
-    missing = [name for name in required if not (path / name).is_file()]
-    if missing:
-        raise MoetuneError(f"'{path}' is not a complete run directory (missing {', '.join(missing)})")
-    tables = RunTables(**{name: pd.read_parquet(path / f"{name}.parquet") for name in TABLES})
-    return RunData(path, (path / "recipe.yaml").read_text(), json.loads((path / "env.json").read_text()),
-                   json.loads((path / "summary.json").read_text()), tables, RoutingTrace.load(path / TRACE_FILE))
+    """Every file through one `RunReader`: a missing, corrupt or other-version file is one line."""
+    reader = RunReader(path)
+    reader.require(["recipe.yaml", "env.json", "summary.json", TRACE_FILE] + [f"{t}.parquet" for t in TABLES])
+    summary = reader.summary()  # schema version first: another version is refused, not misread
+    tables = RunTables(**{name: reader.table(name) for name in TABLES})
+    return RunData(reader.path, reader.text("recipe.yaml"), reader.json("env.json"), summary, tables,
+                   reader.trace(TRACE_FILE))

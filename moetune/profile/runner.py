@@ -54,7 +54,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     ep, rpn = _parallel(settings)
     layout = contiguous_layout(spec.moe.num_experts, ep, rpn)  # bad --ep-size fails before any loading
     cfg = parse_config({**settings.config.model_dump(), "parallel": {"ep_size": ep, "ranks_per_node": rpn},
-                        "engine": engine_for(settings.config, w)}, source="command line")
+                        "engine": engine_for(settings.config, w, texts, spec.max_position)}, source="command line")
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     writer.check_free()
     generator = build_generator(cfg)
@@ -67,12 +67,16 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     return ProfileResult(writer.final, summary)
 
 
-def engine_for(config: RunConfig, w: Workload) -> dict:
+def engine_for(config: RunConfig, w: Workload, texts: list[str], context: int) -> dict:
     """The engine runs each group of `batch_size` requests as one static batch: one prefill step, then
-    decodes; the KV pool holds that batch's full contexts (no more), without prefix sharing."""
+    decodes, without prefix sharing. The KV pool holds that batch's sequences and no more: each at
+    most prompt + output tokens, a prompt's tokens bounded (before tokenizing) by its UTF-8 bytes + 2."""
     engine = config.engine.model_dump()
-    return {**engine, "max_num_seqs": max(1, min(w.batch_size, w.num_requests)), "prefix_caching": False,
-            "num_kv_blocks": None}
+    batch = w.real_batch_size
+    prompt = w.input_len or max(len(t.encode("utf-8")) + 2 for t in texts[: w.num_requests])
+    per_seq = -(-min(prompt + w.output_len, context) // engine["block_size"])
+    return {**engine, "max_num_seqs": batch, "prefix_caching": False, "num_kv_blocks": batch * per_seq,
+            "max_num_batched_tokens": max(engine["max_num_batched_tokens"], batch * min(prompt, context))}
 
 
 def _parallel(settings: ProfileSettings) -> tuple[int, int]:

@@ -25,6 +25,11 @@ class Workload:
     output_len: int = 64  # tokens generated per request (EOS ignored, so exactly this many)
     warmup_steps: int = 2  # steps run before measuring, on the first batch, excluded from figures
 
+    @property
+    def real_batch_size(self) -> int:
+        """The largest batch actually run: never more than there are requests."""
+        return min(self.batch_size, self.num_requests)
+
     def num_batches(self) -> int:
         return -(-self.num_requests // self.batch_size)
 
@@ -69,6 +74,11 @@ def _jsonl_prompt(path: Path, lineno: int, line: str) -> str:
         raise MoetuneError(f"prompts file '{path}' line {lineno} is not JSON: {exc.msg}") from None
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise MoetuneError(f"prompts file '{path}' line {lineno} has no string field 'prompt'")
+    try:
+        record["prompt"].encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MoetuneError(f"prompts file '{path}' line {lineno}: 'prompt' holds a lone surrogate "
+                           f"(\\u{ord(record['prompt'][exc.start]):04x}), which is not text") from None
     return record["prompt"]
 
 
