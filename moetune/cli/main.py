@@ -14,6 +14,7 @@ from moetune.cli.generate import generate
 from moetune.cli.models import models
 from moetune.cli.profile import profile
 from moetune.cli.report import report
+from moetune.cli.serve import serve
 from moetune.cli.tune_kernels import tune_kernels
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.command()(models)
 app.command()(profile)
 app.command()(report)
 app.command(name="tune-kernels")(tune_kernels)
+app.command()(serve)
 
 
 def main() -> None:
