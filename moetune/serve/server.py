@@ -6,10 +6,15 @@ finish, cancels the rest; the app's shutdown aborts what the engine still holds;
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
+import threading
 from dataclasses import dataclass
+
+import uvicorn
 
 from moetune.config import RunConfig
 from moetune.errors import MoetuneError
@@ -77,8 +82,6 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
-    import uvicorn
-
     sock = bind(cfg.serve.host, cfg.serve.port)  # a taken port fails before the model loads
     server = build_server(cfg, api_key)
     host, port = sock.getsockname()[:2]
@@ -86,4 +89,21 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app, log_level="info", access_log=False,
                             timeout_graceful_shutdown=max(int(cfg.serve.drain_timeout_s), 1))
-    uvicorn.Server(config).run(sockets=[sock])
+    CleanExitServer(config).run(sockets=[sock])
+
+
+class CleanExitServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process would die of the
+    signal; a server asked to stop that stopped cleanly exits 0 instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
