@@ -10,6 +10,7 @@ import sys
 import typer
 
 from moetune.cli.bench import bench
+from moetune.cli.bench_serve import bench_serve
 from moetune.cli.generate import generate
 from moetune.cli.models import models
 from moetune.cli.profile import profile
@@ -30,6 +31,7 @@ app.command()(profile)
 app.command()(report)
 app.command(name="tune-kernels")(tune_kernels)
 app.command()(serve)
+app.command(name="bench-serve")(bench_serve)
 
 
 def main() -> None:
