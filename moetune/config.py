@@ -47,6 +47,7 @@ class TenantConfig(_Section):
 
     tokens_per_s: float | None = Field(None, gt=0)  # prompt + completion tokens per second; None = no limit
     burst_tokens: int | None = Field(None, ge=1)  # bucket size; None = one second of tokens_per_s
+    expert_share: float | None = Field(None, gt=0, le=1)  # of each expert's capacity per step; None = no cap
 
 
 class ServeConfig(_Section):
@@ -62,6 +63,7 @@ class ServeConfig(_Section):
     metrics_window_steps: int = Field(256, ge=1)  # sliding window of the live expert-load metrics
     record_dir: str = "runs"  # where /v1/expert_distribution/dump writes run directories
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)  # by X-Tenant value; others: no limit
+    expert_capacity_factor: float = Field(1.0, gt=0)  # an expert's capacity per step: ceil(cf · decodes · K / E)
 
 
 # Sections the recipe format reserves for features not built yet: setting one is an error, not a no-op.

@@ -26,6 +26,7 @@ def test_defaults_are_complete():
     ({"parallel": {"ep_size": 0}}, "parallel.ep_size"),
     ({"serve": {"port": 70000}}, "serve.port"),
     ({"serve": {"max_qeue": 3}}, "unknown key 'serve.max_qeue'"),
+    ({"serve": {"tenants": {"a": {"expert_share": 1.5}}}}, "serve.tenants.a.expert_share"),
     ({"quant": {"experts": "int8"}}, "section 'quant'"),
     ({"offload": {}}, "section 'offload'"),
     ({"engine": {"max_batch_size": 16}}, "unknown key 'engine.max_batch_size'"),

@@ -26,16 +26,19 @@ class ExpertLoadWindow:
         self._buf = torch.zeros(window_steps, len(self.layers), self.num_experts, dtype=torch.long,
                                 device=model.device)  # [W, Lm, E]
         self._pos = 0
+        self.last_ids: list = [None] * len(self.layers)  # per MoE layer [T, K] of the latest step (device)
 
     # the engine thread -----------------------------------------------------------------------
     def begin_step(self) -> None:
         self._pos = (self._pos + 1) % self._buf.shape[0]
         self._buf[self._pos].zero_()
+        self.last_ids = [None] * len(self.layers)
 
     def phase(self, layer: int, name: str):
         return _NULL
 
     def routed(self, layer: int, route, permute, block_m: int) -> None:
+        self.last_ids[self._row[layer]] = route.topk_ids  # [T, K]
         ids = route.topk_ids.reshape(-1)  # [T*K]
         self._buf[self._pos, self._row[layer]].index_add_(0, ids, torch.ones_like(ids))
 

@@ -41,7 +41,7 @@ class Job:
         self.state, self.shape, self.tenant, self.reserved = state, shape, tenant, reserved_tokens
         self.id = f"{shape.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.stream = Stream(prompts, params, asyncio.get_running_loop())
+        self.stream = Stream(prompts, params, asyncio.get_running_loop(), tenant=tenant)
         self.choices = [Choice() for _ in params]
         self.prompt_tokens = sum(len(p) for p in _distinct(prompts))
         self.stream_usage = False  # a last chunk with `usage` (stream_options.include_usage)

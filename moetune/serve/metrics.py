@@ -28,6 +28,8 @@ class ServeMetrics:
                                     "completion tokens, 6·D·I per token copy)", ["tenant"], registry=r)
         self.aborted = Counter("moetune_aborted_sequences", "Sequences aborted before finishing, by reason",
                                ["reason"], registry=r)
+        self.deferred = Counter("moetune_qos_deferred_decodes", "Decodes held back a step because their tenant "
+                                "was over its share of an expert's capacity", ["tenant"], registry=r)
         self.ttft = Histogram("moetune_time_to_first_token_seconds", "Arrival to first token",
                               buckets=_LATENCY, registry=r)
         self.itl = Histogram("moetune_inter_token_latency_seconds", "Time between two tokens of a sequence",

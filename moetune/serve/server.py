@@ -43,12 +43,23 @@ def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     model = generator.model
     window = ExpertLoadWindow(model, cfg.serve.metrics_window_steps)
     model.attach_probe(window)
-    worker = EngineWorker(generator.engine, before_step=window.begin_step)
     spec = model.spec
+    shares = {name: t.expert_share for name, t in cfg.serve.tenants.items() if t.expert_share is not None}
+    qos = None
+    if shares:
+        from moetune.serve.qos import ExpertQoS
+
+        qos = ExpertQoS(shares, len(spec.moe_layers), spec.moe.num_experts, spec.moe.router.top_k,
+                        cfg.serve.expert_capacity_factor)
+    worker = EngineWorker(generator.engine, before_step=window.begin_step,
+                          after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos)
     flops_per_token = len(spec.moe_layers) * spec.moe.router.top_k * 6 * spec.hidden_size * spec.moe.intermediate_size
+    metrics = ServeMetrics(worker.snapshot, window)
+    if qos is not None:
+        qos.on_defer = lambda tenant: metrics.deferred.labels(tenant).inc()
     state = ServerState(
         config=cfg, generator=generator, worker=worker, window=window,
-        metrics=ServeMetrics(worker.snapshot, window), recorder=Recorder(cfg, worker, window, model_dir),
+        metrics=metrics, recorder=Recorder(cfg, worker, window, model_dir),
         tenants=TenantLimiter(cfg.serve.tenants), model_name=cfg.serve.model_name or model_dir.name,
         api_key=resolve_api_key(cfg, api_key), expert_flops_per_token=flops_per_token,
     )

@@ -36,6 +36,7 @@ class Stream:
     params: list[SamplingParams]  # per choice
     loop: asyncio.AbstractEventLoop
     priority: int = 0
+    tenant: str = ""
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     rids: list[int] = field(default_factory=list)  # engine request ids, set on the engine thread
     arrival: float = field(default_factory=time.monotonic)
@@ -63,9 +64,14 @@ class WorkerSnapshot:
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None):
+    def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None,
+                 after_step: Callable[[], None] | None = None, qos=None):
         self.engine = engine
         self.before_step = before_step  # e.g. the live expert-load window advancing
+        self.after_step = after_step  # e.g. the QoS policy reading the step's routing
+        self.qos = qos  # moetune.serve.qos.ExpertQoS (the scheduler's policy) or None
+        if qos is not None:
+            engine.scheduler.policy = qos
         self.snapshot = WorkerSnapshot(kv_blocks_total=engine.blocks.num_blocks)
         self._cmds: deque = deque()
         self._wake = threading.Event()
@@ -120,6 +126,7 @@ class EngineWorker:
                 for rid in cmd[1].rids:
                     if self._routes.pop(rid, None) is not None:
                         self.engine.abort(rid)
+                        self._forget(rid)
             elif cmd[0] == "call":
                 _, fn, fut = cmd
                 try:
@@ -141,6 +148,8 @@ class EngineWorker:
             return
         for i, rid in enumerate(stream.rids):
             self._routes[rid] = (stream, i)
+            if self.qos is not None:
+                self.qos.track(rid, stream.tenant)
         stream.post("admitted", None)
 
     def _step(self) -> None:
@@ -152,6 +161,8 @@ class EngineWorker:
             log.exception("engine step failed; aborting the running requests")
             self._abort_all("internal error in the engine step")
             return
+        if self.after_step is not None:
+            self.after_step()
         now = time.monotonic()
         by_stream: dict[int, tuple[Stream, list]] = {}
         for out in outs:
@@ -162,6 +173,7 @@ class EngineWorker:
             by_stream.setdefault(id(stream), (stream, []))[1].append((index, out))
             if out.finish_reason is not None:
                 del self._routes[out.request_id]
+                self._forget(out.request_id)
         for stream, items in by_stream.values():
             stream.post("out", items, now)
         self._refresh()
@@ -170,10 +182,15 @@ class EngineWorker:
         streams = {id(s): s for s, _ in self._routes.values()}
         for rid in list(self._routes):
             self.engine.abort(rid)
+            self._forget(rid)
         self._routes.clear()
         for stream in streams.values():
             stream.post("aborted", reason)
         self._refresh()
+
+    def _forget(self, rid: int) -> None:
+        if self.qos is not None:
+            self.qos.forget(rid)
 
     def _refresh(self) -> None:
         e, snap = self.engine, self.snapshot
