@@ -53,6 +53,9 @@ class Job:
         s, n = self.state, len(self.choices)
         if s.draining:
             raise APIError(503, "the server is shutting down", "server_error")
+        if n > s.capacity:
+            raise APIError(400, f"the request asks for {n} sequences but the server holds at most {s.capacity} "
+                           "(max_num_seqs + max_queue); lower n or send fewer prompts", param="n")
         if s.inflight + n > s.capacity:
             raise APIError(429, f"the server is at capacity ({s.capacity} sequences running or queued); retry "
                            "later", "rate_limit_error", headers={"Retry-After": str(s.retry_after_s())})

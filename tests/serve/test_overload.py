@@ -57,3 +57,9 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(small):
     assert engine.stats.steps["decode"] < 1000  # stopped long before its 1500 tokens
     metrics = httpx.get(f"{small.url}/metrics").text
     assert 'moetune_aborted_sequences_total{reason="client_gone"} 1.0' in metrics
+
+
+def test_more_sequences_than_the_server_can_ever_hold_is_400(small):
+    r = httpx.post(f"{small.url}/v1/completions", json={"prompt": ["a", "b"], "n": 3, "max_tokens": 2}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert small.state.inflight == 0
