@@ -42,11 +42,34 @@ class EngineConfig(_Section):
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
 
 
+class TenantConfig(_Section):
+    """One tenant of `moetune serve` (chosen by the X-Tenant header): a token-rate limit."""
+
+    tokens_per_s: float | None = Field(None, gt=0)  # prompt + completion tokens per second; None = no limit
+    burst_tokens: int | None = Field(None, ge=1)  # bucket size; None = one second of tokens_per_s
+    expert_share: float | None = Field(None, gt=0, le=1)  # of each expert's capacity per step; None = no cap
+
+
+class ServeConfig(_Section):
+    """`moetune serve`: HTTP front, admission control, recording; the engine settings live in `engine`."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)  # 0: any free port
+    model_name: str | None = None  # name in /v1/models and responses; None = the checkpoint directory's name
+    api_key_env: str | None = None  # name of an environment variable holding the API key (--api-key wins)
+    max_queue: int = Field(256, ge=0)  # sequences waiting beyond engine.max_num_seqs; more get 429
+    max_body_bytes: int = Field(1 << 20, ge=1024)  # request bodies over this get 413
+    drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM: time given to in-flight requests, then aborted
+    metrics_window_steps: int = Field(256, ge=1)  # sliding window of the live expert-load metrics
+    record_dir: str = "runs"  # where /v1/expert_distribution/dump writes run directories
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)  # by X-Tenant value; others: no limit
+    expert_capacity_factor: float = Field(1.0, gt=0)  # an expert's capacity per step: ceil(cf · decodes · K / E)
+
+
 # Sections the recipe format reserves for features not built yet: setting one is an error, not a no-op.
 NOT_YET = {
     "quant": "per-expert quantization",
     "offload": "expert offloading",
-    "serve": "moetune serve",
 }
 
 
@@ -55,6 +78,7 @@ class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     parallel: ParallelConfig = ParallelConfig()
     engine: EngineConfig = EngineConfig()
+    serve: ServeConfig = ServeConfig()
 
     @model_validator(mode="before")
     @classmethod

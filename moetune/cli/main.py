@@ -9,10 +9,12 @@ from __future__ import annotations
 import typer
 
 from moetune.cli.bench import bench
+from moetune.cli.bench_serve import bench_serve
 from moetune.cli.generate import generate
 from moetune.cli.models import models
 from moetune.cli.profile import profile
 from moetune.cli.report import report
+from moetune.cli.serve import serve
 from moetune.cli.tune_kernels import tune_kernels
 
 COMMANDS = ["generate", "bench", "models", "profile", "report", "tune-kernels"]
@@ -29,6 +31,8 @@ app.command()(models)
 app.command()(profile)
 app.command()(report)
 app.command(name="tune-kernels")(tune_kernels)
+app.command()(serve)
+app.command(name="bench-serve")(bench_serve)
 
 
 def main() -> None:

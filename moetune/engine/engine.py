@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from moetune.config import EngineConfig
 from moetune.engine.block_manager import BlockManager
 from moetune.engine.model_runner import ModelRunner, StepObserver
-from moetune.engine.sampling import SamplingParams
+from moetune.engine.sampling import SamplingParams, TokenLogprobs
 from moetune.engine.scheduler import Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
 from moetune.errors import RequestError
@@ -28,6 +28,7 @@ class RequestOutput:
     new_token: int
     text_delta: str
     finish_reason: str | None  # None while running
+    logprobs: TokenLogprobs | None = None  # when the request's params ask for them
 
 
 @dataclass
@@ -107,7 +108,8 @@ class Engine:
                 continue
             seq.in_prefill = False
             delta = seq.append(token, self._detokenize)
-            out.append(RequestOutput(seq.seq_id, token, delta, seq.finish_reason))
+            out.append(RequestOutput(seq.seq_id, token, delta, seq.finish_reason,
+                                     self.runner.logprobs.get(seq.seq_id)))
             if seq.finished:
                 self.scheduler.finish(seq)
                 del self._seqs[seq.seq_id]

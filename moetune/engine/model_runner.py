@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from moetune.engine.sampling import sample
+from moetune.engine.sampling import TokenLogprobs, sample, token_logprobs
 from moetune.engine.scheduler import SchedulerOutput
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
@@ -33,6 +33,7 @@ class ModelRunner:
         self.block_size = block_size
         self.cache: PagedKVCache = model.new_cache(num_blocks, block_size)
         self.observer: StepObserver | None = None
+        self.logprobs: dict[int, TokenLogprobs] = {}  # seq_id → of the last execute(), for seqs that asked
 
     def execute(self, sched: SchedulerOutput) -> list[int | None]:
         """Run one scheduled step; the sampled token of each entry (None: prompt not finished yet)."""
@@ -49,8 +50,11 @@ class ModelRunner:
         if self.observer is not None:
             self.observer.step_end(batch.kind.value, batch)
         tokens: list[int | None] = [None] * batch.num_seqs
-        for i, token in zip(samplers, self._sample(logits, [sched.entries[i].seq for i in samplers])):
+        seqs = [sched.entries[i].seq for i in samplers]
+        sampled = self._sample(logits, seqs)
+        for i, token in zip(samplers, sampled):
             tokens[i] = token
+        self.logprobs = self._logprobs(logits, seqs, sampled)
         return tokens
 
     def prepare(self, sched: SchedulerOutput) -> StepBatch:
@@ -94,6 +98,13 @@ class ModelRunner:
         dev = self.model.device
         return StepBatch(_long(ids, dev), _long(positions, dev), query_lens, context_lens, _long(slots, dev),
                          _long(tables, dev), kind, num_single)
+
+    def _logprobs(self, logits: torch.Tensor, seqs, sampled: list[int]) -> dict[int, TokenLogprobs]:
+        want = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]
+        if not want:
+            return {}
+        rows = token_logprobs(logits[want], [sampled[j] for j in want], [seqs[j].params.logprobs for j in want])
+        return {seqs[j].seq_id: r for j, r in zip(want, rows)}
 
     def _sample(self, logits: torch.Tensor, seqs) -> list[int]:
         """logits [S, V] → one token per sequence."""

@@ -9,6 +9,17 @@ import torch
 from moetune.errors import RequestError
 
 
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities under the model's distribution (before temperature / top-k / top-p)."""
+
+    logprob: float  # of the sampled token
+    top: list[tuple[int, float]]  # the k most likely (token id, logprob), most likely first
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 64
@@ -18,6 +29,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; k = the sampled token's logprob and the k most likely (k <= 20)
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -28,6 +40,8 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -63,3 +77,12 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     return gen
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list[TokenLogprobs]:
+    """logits [S, V], the token sampled in each row, and how many alternatives each row wants."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [S, V]
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device).unsqueeze(1)).squeeze(1).tolist()  # [S]
+    top = torch.topk(logp, max(max(ks), 1), dim=-1)  # [S, kmax]
+    values, ids = top.values.tolist(), top.indices.tolist()
+    return [TokenLogprobs(c, list(zip(i[:k], v[:k]))) for c, i, v, k in zip(chosen, ids, values, ks)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from moetune.config import EngineConfig
 from moetune.engine.block_manager import BlockManager
@@ -44,10 +45,23 @@ class SchedulerOutput:
         return sum(e.num_tokens for e in self.entries)
 
 
+class StepPolicy(Protocol):
+    """Told about each step's schedule and may hold a running sequence's decode back for a step
+    (serve's per-tenant expert-capacity QoS plugs in here). It must let at least one decode through
+    when any is asked for, or the engine would stop making progress."""
+
+    def begin(self, running: list[Sequence]) -> None: ...
+
+    def allow_decode(self, seq: Sequence) -> bool: ...
+
+    def scheduled(self, out: "SchedulerOutput") -> None: ...
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, blocks: BlockManager):
         self.config = config
         self.blocks = blocks
+        self.policy: StepPolicy | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -76,11 +90,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         entries, preempted = [], []
+        if self.policy is not None:
+            self.policy.begin(self.running)
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.status != SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            if self.policy is not None and not seq.in_prefill and not self.policy.allow_decode(seq):
+                continue  # held back this step; keeps its blocks
             n = min(seq.num_remaining, budget)
             if self._make_room(seq, seq.num_computed_tokens + n, preempted):
                 self.blocks.grow(seq, seq.num_computed_tokens + n)
@@ -90,7 +108,10 @@ class Scheduler:
             budget = self._admit(entries, budget)
         entries.sort(key=lambda e: not e.is_decode)  # stable: decodes first
         new_blocks, self.blocks.granted = self.blocks.granted, []
-        return SchedulerOutput(entries, _kind(entries), preempted, new_blocks)
+        out = SchedulerOutput(entries, _kind(entries), preempted, new_blocks)
+        if self.policy is not None:
+            self.policy.scheduled(out)
+        return out
 
     def _admit(self, entries: list[Scheduled], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

@@ -76,9 +76,9 @@ def measure_overhead(settings, runs: int = 7) -> OverheadResult:
     off, on = [], []
     for _ in range(runs):
         off.append(workload())
-        profiler.attach(generator)
+        profiler.attach(generator.engine)
         on.append(workload())
-        profiler.detach(generator)
+        profiler.detach(generator.engine)
         profiler.records = type(profiler.records)()
     spec = generator.model.spec
     scopes = spec.num_layers + len(spec.moe_layers) * 7 + (spec.num_layers - len(spec.moe_layers))

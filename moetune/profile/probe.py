@@ -1,6 +1,6 @@
 """Profiler: the model's Probe (phase clocks, routing) and the engine's StepObserver in one.
 
-Attach with `profiler.attach(generator)`; detach restores the model exactly. While `recording`
+Attach with `profiler.attach(engine)`; detach restores the model exactly. While `recording`
 is False (warm-up) steps run through the probes but nothing is kept.
 """
 
@@ -37,14 +37,14 @@ class Profiler:
         self._saved_layers = None
 
     # attach / detach -------------------------------------------------------------------------
-    def attach(self, generator) -> None:
+    def attach(self, engine) -> None:
         self._saved_layers = self.model.layers
         self.model.layers = [ClockedLayer(layer, self.timer) for layer in self._saved_layers]
         self.model.attach_probe(self)
-        generator.engine.observer = self
+        engine.observer = self
 
-    def detach(self, generator) -> None:
-        generator.engine.observer = None
+    def detach(self, engine) -> None:
+        engine.observer = None
         self.model.attach_probe(None)
         if self._saved_layers is not None:
             self.model.layers = self._saved_layers

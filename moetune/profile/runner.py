@@ -104,7 +104,7 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
     profiler = Profiler(model, annotate=settings.trace, on_step=on_step)
     groups = batches(requests, w.batch_size)
     with NvmlSampler(_cuda_index(model.device)) as nvml:
-        profiler.attach(generator)
+        profiler.attach(generator.engine)
         try:
             if w.warmup_steps:
                 profiler.recording = False
@@ -114,8 +114,8 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                 for group in groups:
                     generator.generate(group, greedy_params(w.output_len))
         finally:
-            profiler.detach(generator)
-    return _finish(tmp, settings, cfg, profiler, layout, nvml, model_dir, generator.engine.runner.cache.nbytes())
+            profiler.detach(generator.engine)
+    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, generator.engine.runner.cache.nbytes())
 
 
 def greedy_params(max_tokens: int):
@@ -148,8 +148,9 @@ def _torch_trace(root: Path | None, device):
             shutil.copyfile(written[-1], root / "trace.json")
 
 
-def _finish(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
-            kv_bytes: int) -> dict:
+def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
+               kv_bytes: int) -> dict:
+    """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
     import yaml
 
     from moetune.profile.analysis import summarize

@@ -12,5 +12,5 @@ def test_the_cli_imports_no_torch_or_transformers():
 def test_help_lists_the_commands():
     out = subprocess.run([sys.executable, "-m", "moetune", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
-    for command in ("generate", "bench", "models"):
+    for command in ("generate", "bench", "models", "serve", "bench-serve"):
         assert command in out.stdout

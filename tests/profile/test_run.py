@@ -117,7 +117,7 @@ def test_mixed_steps_are_recorded_as_their_own_kind(checkpoint):
 
     gen = build_generator(RunConfig(model={"path": str(checkpoint("qwen3_moe"))}))
     profiler = Profiler(gen.model)
-    profiler.attach(gen)
+    profiler.attach(gen.engine)
     try:
         engine, params = gen.engine, SamplingParams(max_tokens=4, ignore_eos=True)
         engine.add_request([5, 6, 7], params)
@@ -126,7 +126,7 @@ def test_mixed_steps_are_recorded_as_their_own_kind(checkpoint):
         while engine.has_unfinished():
             engine.step()
     finally:
-        profiler.detach(gen)
+        profiler.detach(gen.engine)
     kinds = [s["kind"] for s in profiler.records.steps]
     assert kinds[:3] == ["prefill", "mixed", "decode"] and set(kinds) == {"prefill", "mixed", "decode"}
     assert list(profiler.trace().step_kind[:2]) == [KINDS.index("prefill"), KINDS.index("mixed")]

@@ -1,0 +1,37 @@
+"""`moetune serve`: an OpenAI-compatible HTTP server on the engine (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+
+
+def serve(
+    model: Optional[str] = ModelOpt,
+    recipe: Optional[str] = RecipeOpt,
+    host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default: recipe, else 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port (default: recipe, else 8000; 0 = any free port)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),
+    max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Sequences queued beyond --max-num-seqs; "
+                                                                      "more get 429 (default: recipe, else 256)."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Sequences running at once."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens",
+                                                         help="Tokens computed per engine step."),
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    kernel_backend: Optional[str] = BackendOpt,
+) -> None:
+    """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
+    from moetune.config import parse_config
+    from moetune.serve.server import run_server
+
+    cfg = run_config(model, recipe, dtype, device, kernel_backend)
+    serve_over = {"host": host, "port": port, "max_queue": max_queue}
+    engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    data = cfg.model_dump()
+    data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
+    data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
+    run_server(parse_config(data, source="command line"), api_key)

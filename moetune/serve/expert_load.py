@@ -1,0 +1,72 @@
+"""ExpertLoadWindow: live per-layer expert load over the last W engine steps, for /metrics.
+
+A `Probe` (moetune.probe) that only listens to `routed`: each MoE layer's top-k ids are counted
+per expert on the device (a scatter-add, no host sync) into row `step % W` of a ring buffer
+[W, Lm, E]; the host reads it only when /metrics is scraped. While a recording runs, the Profiler
+owns the model's probe slot and `Tee` forwards routing to both.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from moetune.profile.metrics import LoadStats, per_layer_stats
+
+_NULL = nullcontext()
+
+
+class ExpertLoadWindow:
+    def __init__(self, model, window_steps: int):
+        self.layers = list(model.spec.moe_layers)  # [Lm] model layer index of each row
+        self.num_experts = model.spec.moe.num_experts
+        self._row = {layer: j for j, layer in enumerate(self.layers)}
+        self._buf = torch.zeros(window_steps, len(self.layers), self.num_experts, dtype=torch.long,
+                                device=model.device)  # [W, Lm, E]
+        self._pos = 0
+        self.last_ids: list = [None] * len(self.layers)  # per MoE layer [T, K] of the latest step (device)
+
+    # the engine thread -----------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self._pos = (self._pos + 1) % self._buf.shape[0]
+        self._buf[self._pos].zero_()
+        self.last_ids = [None] * len(self.layers)
+
+    def phase(self, layer: int, name: str):
+        return _NULL
+
+    def routed(self, layer: int, route, permute, block_m: int) -> None:
+        self.last_ids[self._row[layer]] = route.topk_ids  # [T, K]
+        ids = route.topk_ids.reshape(-1)  # [T*K]
+        self._buf[self._pos, self._row[layer]].index_add_(0, ids, torch.ones_like(ids))
+
+    def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
+        pass
+
+    # any thread ------------------------------------------------------------------------------
+    def counts(self) -> np.ndarray:
+        """[Lm, E] token copies per layer and expert over the window."""
+        return self._buf.sum(0).cpu().numpy()
+
+    def stats(self) -> list[tuple[int, np.ndarray, LoadStats]]:
+        counts = self.counts()
+        return list(zip(self.layers, counts, per_layer_stats(counts)))
+
+
+class Tee:
+    """The Profiler's probe (phase clocks, routing record) plus the live window's routing count."""
+
+    def __init__(self, profiler, window: ExpertLoadWindow):
+        self.profiler, self.window = profiler, window
+
+    def phase(self, layer: int, name: str):
+        return self.profiler.phase(layer, name)
+
+    def routed(self, layer: int, route, permute, block_m: int) -> None:
+        self.profiler.routed(layer, route, permute, block_m)
+        self.window.routed(layer, route, permute, block_m)
+
+    def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
+        self.profiler.moved(layer, dispatch_bytes, combine_bytes)

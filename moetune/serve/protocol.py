@@ -1,0 +1,146 @@
+"""The OpenAI wire format: request bodies (pydantic) and the error object.
+
+Fields moetune does not implement are refused with 400 when set to anything but their neutral
+value (a silently ignored `logit_bias` would be a wrong answer); unknown fields are ignored, as
+OpenAI-compatible servers do. `top_k` and `ignore_eos` are accepted as extensions (vLLM's names).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_N = 64
+MAX_STOPS = 16
+
+
+class APIError(Exception):
+    """An error answered as {"error": {...}} with this status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+# field → its neutral value; anything else is refused
+_UNSUPPORTED = {"echo": False, "suffix": None, "logit_bias": None, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0, "tools": None, "functions": None, "response_format": None}
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings")
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self):
+        extra = self.model_extra or {}
+        for name, neutral in _UNSUPPORTED.items():
+            value = extra.get(name, neutral)
+            if value not in (neutral, None, {}, []) and not (name == "response_format" and value == {"type": "text"}):
+                raise ValueError(f"'{name}' is not supported by moetune serve")
+        best_of = extra.get("best_of")
+        if best_of not in (None, 1, self.n):
+            raise ValueError("'best_of' is not supported by moetune serve")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("prompt")
+    @classmethod
+    def _nonempty(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be an empty list")
+        return value
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)  # None: up to the context
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class RecordRequest(BaseModel):
+    """Body of /v1/expert_distribution/dump (optional): the run directory's name under serve.record_dir."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """A pydantic / FastAPI validation error → (one-line message, the offending parameter)."""
+    err = errors[0]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")
+    if err.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if err.get("type") == "missing":
+        return f"'{param}' is required", param
+    return (f"'{param}': {msg}" if param else msg), param

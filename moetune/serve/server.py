@@ -1,0 +1,120 @@
+"""`moetune serve`: load the model, wire engine worker + metrics + recorder into the app, run uvicorn.
+
+SIGTERM (or Ctrl-C): uvicorn stops accepting, gives in-flight requests serve.drain_timeout_s to
+finish, cancels the rest; the app's shutdown aborts what the engine still holds; exit status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+
+import uvicorn
+
+from moetune.config import RunConfig
+from moetune.errors import MoetuneError
+
+
+@dataclass
+class Server:
+    app: object  # FastAPI
+    state: object  # ServerState
+
+
+def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
+    from moetune.engine.build import build_generator
+    from moetune.engine.tokenizer import load_tokenizer
+    from moetune.model.registry import resolve_model
+    from moetune.serve.app import build_app
+    from moetune.serve.expert_load import ExpertLoadWindow
+    from moetune.serve.metrics import ServeMetrics
+    from moetune.serve.recording import Recorder
+    from moetune.serve.state import ServerState
+    from moetune.serve.tenants import TenantLimiter
+    from moetune.serve.worker import EngineWorker
+
+    model_dir = resolve_model(cfg.model.path)
+    generator = build_generator(cfg)
+    model = generator.model
+    window = ExpertLoadWindow(model, cfg.serve.metrics_window_steps)
+    model.attach_probe(window)
+    spec = model.spec
+    shares = {name: t.expert_share for name, t in cfg.serve.tenants.items() if t.expert_share is not None}
+    qos = None
+    if shares:
+        from moetune.serve.qos import ExpertQoS
+
+        qos = ExpertQoS(shares, len(spec.moe_layers), spec.moe.num_experts, spec.moe.router.top_k,
+                        cfg.serve.expert_capacity_factor)
+    worker = EngineWorker(generator.engine, before_step=window.begin_step,
+                          after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos)
+    flops_per_token = len(spec.moe_layers) * spec.moe.router.top_k * 6 * spec.hidden_size * spec.moe.intermediate_size
+    metrics = ServeMetrics(worker.snapshot, window)
+    if qos is not None:
+        qos.on_defer = lambda tenant: metrics.deferred.labels(tenant).inc()
+    state = ServerState(
+        config=cfg, generator=generator, worker=worker, window=window,
+        metrics=metrics, recorder=Recorder(cfg, worker, window, model_dir),
+        tenants=TenantLimiter(cfg.serve.tenants), model_name=cfg.serve.model_name or model_dir.name,
+        api_key=resolve_api_key(cfg, api_key), expert_flops_per_token=flops_per_token,
+    )
+    return Server(build_app(state, load_tokenizer(model_dir)), state)
+
+
+def resolve_api_key(cfg: RunConfig, flag: str | None) -> str | None:
+    if flag is not None:
+        if not flag:
+            raise MoetuneError("--api-key must not be empty")
+        return flag
+    name = cfg.serve.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise MoetuneError(f"serve.api_key_env names ${name}, which is unset or empty; export it or pass --api-key")
+    return key
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise MoetuneError(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port or --host") from None
+    return sock
+
+
+def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
+    sock = bind(cfg.serve.host, cfg.serve.port)  # a taken port fails before the model loads
+    server = build_server(cfg, api_key)
+    host, port = sock.getsockname()[:2]
+    print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
+          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(server.app, log_level="info", access_log=False,
+                            timeout_graceful_shutdown=max(int(cfg.serve.drain_timeout_s), 1))
+    CleanExitServer(config).run(sockets=[sock])
+
+
+class CleanExitServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process would die of the
+    signal; a server asked to stop that stopped cleanly exits 0 instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)

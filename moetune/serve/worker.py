@@ -1,0 +1,203 @@
+"""EngineWorker: the one thread that owns the Engine; asyncio handlers talk to it through commands.
+
+The engine is not thread-safe, so every call on it (add, abort, step, attaching a profiler) runs
+on this thread, between two steps. Handlers submit a `Stream` (one HTTP request, n sequences) and
+read events from its asyncio queue; outputs are handed over once per step per stream with
+`loop.call_soon_threadsafe`. With nothing to run, the thread sleeps on an event.
+
+Events a stream receives, in order: ("admitted", None) or ("error", RequestError) first, then
+("out", [(choice, RequestOutput), ...], t) per step, and ("aborted", reason) if the server stops
+or the engine fails under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+from moetune.engine.engine import Engine
+from moetune.engine.sampling import SamplingParams
+from moetune.errors import RequestError
+
+log = logging.getLogger("moetune.serve")
+
+
+@dataclass
+class Stream:
+    """One HTTP request: its sequences' prompts and params, and the queue its events arrive on."""
+
+    prompts: list[list[int]]  # per choice
+    params: list[SamplingParams]  # per choice
+    loop: asyncio.AbstractEventLoop
+    priority: int = 0
+    tenant: str = ""
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    rids: list[int] = field(default_factory=list)  # engine request ids, set on the engine thread
+    arrival: float = field(default_factory=time.monotonic)
+
+    def post(self, *event) -> None:
+        """From the engine thread: put an event on the queue (on the loop's thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass
+class WorkerSnapshot:
+    """Engine state after the latest step, read by /metrics from other threads (plain ints)."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    steps: int = 0
+    preemptions: int = 0
+    prefix_cache_hit_tokens: int = 0
+    computed_tokens: int = 0
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None,
+                 after_step: Callable[[], None] | None = None, qos=None):
+        self.engine = engine
+        self.before_step = before_step  # e.g. the live expert-load window advancing
+        self.after_step = after_step  # e.g. the QoS policy reading the step's routing
+        self.qos = qos  # moetune.serve.qos.ExpertQoS (the scheduler's policy) or None
+        if qos is not None:
+            engine.scheduler.policy = qos
+        self.snapshot = WorkerSnapshot(kv_blocks_total=engine.blocks.num_blocks)
+        self._cmds: deque = deque()
+        self._wake = threading.Event()
+        self._routes: dict[int, tuple[Stream, int]] = {}  # rid → (stream, choice index); engine thread only
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="moetune-engine", daemon=True)
+
+    # called from any thread -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, stream: Stream) -> None:
+        self._send(("add", stream))
+
+    def abort(self, stream: Stream) -> None:
+        self._send(("abort", stream))
+
+    def call(self, fn: Callable[[Engine], object]) -> Future:
+        """Run fn(engine) on the engine thread between two steps; its result as a Future."""
+        fut: Future = Future()
+        self._send(("call", fn, fut))
+        return fut
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever still runs, then end the thread."""
+        self._send(("stop",))
+        self._thread.join(timeout)
+
+    def _send(self, cmd: tuple) -> None:
+        self._cmds.append(cmd)
+        self._wake.set()
+
+    # the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            self._drain()
+            if self._stopping:
+                break
+            if not self.engine.has_unfinished():
+                self._wake.wait(1.0)
+                continue
+            self._step()
+        self._abort_all("server shutting down")
+
+    def _drain(self) -> None:
+        while self._cmds:
+            cmd = self._cmds.popleft()
+            if cmd[0] == "add":
+                self._add(cmd[1])
+            elif cmd[0] == "abort":
+                for rid in cmd[1].rids:
+                    if self._routes.pop(rid, None) is not None:
+                        self.engine.abort(rid)
+                        self._forget(rid)
+            elif cmd[0] == "call":
+                _, fn, fut = cmd
+                try:
+                    fut.set_result(fn(self.engine))
+                except Exception as exc:  # handed to the caller, who decides
+                    fut.set_exception(exc)
+            elif cmd[0] == "stop":
+                self._stopping = True
+        self._refresh()
+
+    def _add(self, stream: Stream) -> None:
+        try:
+            for prompt, params in zip(stream.prompts, stream.params):
+                stream.rids.append(self.engine.add_request(prompt, params, priority=stream.priority))
+        except RequestError as exc:
+            for rid in stream.rids:
+                self.engine.abort(rid)
+            stream.post("error", exc)
+            return
+        for i, rid in enumerate(stream.rids):
+            self._routes[rid] = (stream, i)
+            if self.qos is not None:
+                self.qos.track(rid, stream.tenant)
+        stream.post("admitted", None)
+
+    def _step(self) -> None:
+        if self.before_step is not None:
+            self.before_step()
+        try:
+            outs = self.engine.step()
+        except Exception:  # a bug in the engine: fail what runs, keep serving
+            log.exception("engine step failed; aborting the running requests")
+            self._abort_all("internal error in the engine step")
+            return
+        if self.after_step is not None:
+            self.after_step()
+        now = time.monotonic()
+        by_stream: dict[int, tuple[Stream, list]] = {}
+        for out in outs:
+            route = self._routes.get(out.request_id)
+            if route is None:
+                continue
+            stream, index = route
+            by_stream.setdefault(id(stream), (stream, []))[1].append((index, out))
+            if out.finish_reason is not None:
+                del self._routes[out.request_id]
+                self._forget(out.request_id)
+        for stream, items in by_stream.values():
+            stream.post("out", items, now)
+        self._refresh()
+
+    def _abort_all(self, reason: str) -> None:
+        streams = {id(s): s for s, _ in self._routes.values()}
+        for rid in list(self._routes):
+            self.engine.abort(rid)
+            self._forget(rid)
+        self._routes.clear()
+        for stream in streams.values():
+            stream.post("aborted", reason)
+        self._refresh()
+
+    def _forget(self, rid: int) -> None:
+        if self.qos is not None:
+            self.qos.forget(rid)
+
+    def _refresh(self) -> None:
+        e, snap = self.engine, self.snapshot
+        snap.waiting = len(e.scheduler.waiting)
+        snap.running = len(e.scheduler.running)
+        snap.kv_blocks_used = e.blocks.num_blocks - e.blocks.num_free
+        snap.steps = sum(e.stats.steps.values())
+        snap.preemptions = e.stats.preemptions
+        snap.prefix_cache_hit_tokens = e.stats.prefix_cache_hit_tokens
+        snap.computed_tokens = e.stats.computed_tokens
