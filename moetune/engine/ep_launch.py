@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
 import threading
@@ -275,4 +276,5 @@ def _exit_text(code: int) -> str:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__
+    line = re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(exc).__name__  # gloo's source location
+    return line[:120]

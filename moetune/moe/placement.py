@@ -204,9 +204,21 @@ def write_placement(p: Placement, path: Path, loads: np.ndarray | None = None, n
     sglang = path.with_name(path.stem + ".sglang.json")
     for target, data in ((path, placement_json(p, loads)), (sglang, sglang_json(p, num_layers))):
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.write_text(_dumps(data))
         tmp.replace(target)
     return sglang
+
+
+def _dumps(data: dict) -> str:
+    """Top-level keys one per line, each layer (or map row) on one line."""
+    items = []
+    for key, value in data.items():
+        if isinstance(value, list) and value and isinstance(value[0], (dict, list)):
+            rows = ",\n".join("  " + json.dumps(v) for v in value)
+            items.append(f" {json.dumps(key)}: [\n{rows}\n ]")
+        else:
+            items.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(items) + "\n}\n"
 
 
 def read_placement(path: Path | str) -> Placement:
