@@ -144,7 +144,7 @@ def make_placement(policy: str, num_experts: int, ep_size: int, layers: list[int
         if loads is None:
             raise PlacementError("placement policy 'eplb' needs expert loads: a run directory or --loads FILE")
         _check_groups(num_experts, ep_size, num_groups, num_nodes)
-        rows = [eplb_layer(loads[j], P, num_groups, num_nodes, ep_size) for j in range(len(layers))]
+        rows = [_eplb_or_local(loads[j], num_experts, P, num_groups, num_nodes, ep_size) for j in range(len(layers))]
     else:
         rows = [_simple_row(policy, num_experts, P, ep_size, None if loads is None else loads[j])
                 for j in range(len(layers))]
@@ -161,6 +161,27 @@ def _simple_row(policy: str, E: int, P: int, R: int, loads: np.ndarray | None) -
         return experts
     per_rank = P // R
     return experts.reshape(per_rank, R).T.reshape(-1)  # list slot i → rank i mod R, position i // R
+
+
+def _eplb_or_local(loads: np.ndarray, E: int, P: int, groups: int, nodes: int, R: int) -> np.ndarray:
+    """EPLB's row, unless its most loaded rank carries more than under the contiguous placement without
+    replicas (greedy packing is a heuristic: it happens on small, tied loads). Then the contiguous
+    experts stay put and each rank's extra slots replicate its own hottest experts, which never
+    raises a rank's load."""
+    row = eplb_layer(loads, P, groups, nodes, R)
+    if E % R:
+        return row
+    per_rank = P // R
+    if _peak_rank_load(row, loads, R) <= loads.reshape(R, E // R).sum(1).max() + 1e-9:
+        return row
+    own = [np.sort(replicate(loads[r * (E // R) : (r + 1) * (E // R)], per_rank)[0]) + r * (E // R) for r in range(R)]
+    return np.concatenate(own)
+
+
+def _peak_rank_load(row: np.ndarray, loads: np.ndarray, R: int) -> float:
+    """row [P] slot → expert; a replicated expert's load split evenly over its replicas."""
+    replicas = np.bincount(row, minlength=loads.shape[0])  # [E]
+    return float((loads[row] / replicas[row]).reshape(R, -1).sum(1).max())
 
 
 def _check_groups(E: int, R: int, groups: int, nodes: int) -> None:
