@@ -44,6 +44,8 @@ class AllToAllDispatcher:
     def reset_stats(self) -> None:
         self.wait_s = 0.0  # in the split-size exchange: waiting for the slowest rank
         self.transfer_s = 0.0  # in the row all-to-alls (dispatch + combine)
+        self.bytes_sent = 0  # rows that left this rank (dispatch + combine)
+        self.calls = 0  # MoE layers dispatched
 
     def dispatch(self, perm: PermuteOutput) -> DispatchOutput:
         R, Pl = self.ep_size, self.slots_per_rank
@@ -61,6 +63,8 @@ class AllToAllDispatcher:
         offsets = torch.zeros(Pl + 1, dtype=torch.long, device=recv.device)
         offsets[1:] = torch.cumsum(recv_counts.sum(0), 0)  # [P_local+1]
         moved = (sum(send_splits) - send_splits[self.rank]) * self._row_bytes(perm.x_sorted)
+        self.bytes_sent += moved
+        self.calls += 1
         return DispatchOutput(recv.index_select(0, order), offsets, moved, _Sent(send_splits, recv_splits, order))
 
     def combine(self, y: torch.Tensor, sent: DispatchOutput) -> CombineOutput:
@@ -68,6 +72,7 @@ class AllToAllDispatcher:
         by_source = torch.empty_like(y).index_copy_(0, s.order, y)  # [N, D] back in received order
         back = self._exchange(by_source, s.recv_splits, s.send_splits)  # [T*K, D] in sorted order
         moved = (sum(s.recv_splits) - s.recv_splits[self.rank]) * self._row_bytes(y)
+        self.bytes_sent += moved
         return CombineOutput(back, moved)
 
     def _exchange(self, rows: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
