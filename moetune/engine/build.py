@@ -43,8 +43,19 @@ def build_generator(cfg: RunConfig, rank: int = 0, dispatcher: Dispatcher | None
     placement = resolve_placement(cfg.parallel, read_spec(model_dir))
     model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend,
                        placement, rank, dispatcher)
+    if cfg.parallel.capacity_policy != "none":
+        set_capacity(model, cfg.parallel.capacity_factor, cfg.parallel.capacity_policy)
     tokenizer = load_tokenizer(model_dir)
     return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), cfg.engine)
+
+
+def set_capacity(model, factor: float | None, policy: str) -> None:
+    """Per-expert capacity on every MoE layer (None / "none": dropless)."""
+    from moetune.moe.layer import MoELayer
+
+    for layer in model.layers:
+        if isinstance(layer.mlp, MoELayer):
+            layer.mlp.capacity = None if factor is None or policy == "none" else (factor, policy)
 
 
 def resolve_placement(par: ParallelConfig, spec: ModelSpec) -> Placement | None:
