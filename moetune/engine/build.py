@@ -41,6 +41,9 @@ def build_generator(cfg: RunConfig, rank: int = 0, dispatcher: Dispatcher | None
     model_dir = resolve_model(cfg.model.path)
     device = device or resolve_device(cfg.model.device)
     placement = resolve_placement(cfg.parallel, read_spec(model_dir))
+    if placement is not None and placement.ep_size > 1 and dispatcher is None:
+        raise MoetuneError(f"parallel.ep_size={placement.ep_size} runs on {placement.ep_size} ranks: start it through "
+                           "moetune.engine.distributed.run_ranks (the CLI commands do), not build_generator")
     model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend,
                        placement, rank, dispatcher)
     if cfg.parallel.capacity_policy != "none":
