@@ -25,8 +25,22 @@ class ModelConfig(_Section):
 
 
 class ParallelConfig(_Section):
+    """Expert parallelism (DESIGN §2: R ranks hold P = E + N physical slots, P / R each)."""
+
     ep_size: int = Field(1, ge=1)  # R: expert-parallel ranks
     ranks_per_node: int = Field(1, ge=1)
+    placement: str = "contiguous"  # a policy (contiguous | round_robin) or a placement JSON (moetune placement)
+    redundant_experts: int = Field(0, ge=0)  # N extra slots for hot-expert replicas (policy placements)
+    capacity_factor: float | None = Field(None, gt=0)  # per-expert capacity ceil(cf·T·K/E) per rank's step
+    capacity_policy: Literal["none", "drop", "reroute"] = "none"  # overflow copies: kept / dropped / next-best
+    dispatch_dtype: Literal["auto", "bf16", "fp16"] = "auto"  # all-to-all rows: auto = the model dtype
+    timeout_s: float = Field(120.0, gt=0)  # a collective waiting longer fails (a rank died or hangs)
+
+    @model_validator(mode="after")
+    def _capacity(self) -> "ParallelConfig":
+        if self.capacity_policy != "none" and self.capacity_factor is None:
+            raise ValueError(f"capacity_policy '{self.capacity_policy}' needs parallel.capacity_factor")
+        return self
 
 
 class EngineConfig(_Section):

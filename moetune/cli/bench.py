@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt, RedundantOpt
 
 
 def bench(
@@ -19,6 +19,9 @@ def bench(
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
+    ep_size: Optional[int] = EpSizeOpt,
+    placement: Optional[str] = PlacementOpt,
+    redundant_experts: Optional[int] = RedundantOpt,
 ) -> None:
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up."""
     from rich.console import Console
@@ -28,10 +31,14 @@ def bench(
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts)
     target = Target(cfg)
     settings = _settings(prefill_len, decode_steps, runs)
     _check_fits(target, settings)
+    if cfg.parallel.ep_size > 1:
+        if against:
+            raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1")
+        return _bench_ep(cfg, settings)
     from moetune.bench.report import bench_table
     from moetune.bench.throughput import bench_moetune
     from moetune.model.loader import load_model
@@ -72,3 +79,32 @@ def _check_fits(target, s) -> None:
     worst, what = max((prefill, f"--prefill-len {s.prefill_len}"), (decode, f"decode at batch {b}"),
                       key=lambda p: sum(p[0].values()))
     checks.fits(f"bench {what}", worst, target.device, "lower --prefill-len / --decode-steps")
+
+
+def _bench_ep(cfg, settings) -> None:
+    import functools
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from moetune.bench.ep_throughput import bench_engine_config
+    from moetune.config import parse_config
+    from moetune.engine.distributed import run_ranks
+
+    R = cfg.parallel.ep_size
+    cfg = parse_config({**cfg.model_dump(), "engine": bench_engine_config(settings, R).model_dump()}, "command line")
+    rows = run_ranks(cfg, functools.partial(_bench_rank, settings))
+    table = Table(title=f"{R} expert-parallel ranks (data-parallel attention) · rank 0's view")
+    for col in ("workload", "tok/s (min–max)", "all-to-all share", "of which waiting", "bytes/step"):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for r in rows:
+        lo, hi = r.tokens / r.timing.max_s, r.tokens / r.timing.min_s
+        table.add_row(r.workload, f"{r.tokens_per_s:,.1f} ({lo:,.0f}–{hi:,.0f})", f"{r.a2a_share:.1%}",
+                      f"{r.wait_share:.1%}", f"{r.bytes_per_step:,.0f}")
+    Console().print(table)
+
+
+def _bench_rank(settings, dp):
+    from moetune.bench.ep_throughput import bench_ep
+
+    return bench_ep(dp, settings)

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt, RedundantOpt
 
 
 def generate(
@@ -25,8 +25,13 @@ def generate(
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
+    ep_size: Optional[int] = EpSizeOpt,
+    placement: Optional[str] = PlacementOpt,
+    redundant_experts: Optional[int] = RedundantOpt,
 ) -> None:
     """Generate a completion for one prompt, streamed to stdout."""
+    import functools
+
     from moetune.cli import checks
     from moetune.cli.options import Target, checked_config
 
@@ -34,7 +39,7 @@ def generate(
     checks.text("--prompt", prompt)
     for s in stop:
         checks.text("--stop", s)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts)
     target = Target(cfg)
     limit = target.spec.max_position
     prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
@@ -45,12 +50,35 @@ def generate(
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=tuple(stop), ignore_eos=ignore_eos)
-    generator = build_generator(cfg)
-    if chat:
-        from moetune.engine.tokenizer import apply_chat_template
+    if cfg.parallel.ep_size > 1:
+        from moetune.engine.distributed import run_ranks
 
-        prompt = apply_chat_template(generator.tokenizer, [{"role": "user", "content": prompt}])
-    for piece in generator.stream(prompt, params):
+        run_ranks(cfg, functools.partial(_stream_rank, prompt, params, chat))
+        return
+    generator = build_generator(cfg)
+    _print(generator.stream(_prompt(generator, prompt, chat), params))
+
+
+def _stream_rank(prompt: str, params, chat: bool, dp) -> None:
+    """Every rank steps; rank 0 serves the one request and alone prints."""
+    pieces = dp.stream(_prompt(dp.generator, prompt, chat), params)
+    if dp.rank == 0:
+        _print(pieces)
+    else:
+        for _ in pieces:
+            pass
+
+
+def _prompt(generator, prompt: str, chat: bool) -> str:
+    if not chat:
+        return prompt
+    from moetune.engine.tokenizer import apply_chat_template
+
+    return apply_chat_template(generator.tokenizer, [{"role": "user", "content": prompt}])
+
+
+def _print(pieces) -> None:
+    for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

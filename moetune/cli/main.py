@@ -12,6 +12,7 @@ from moetune.cli.bench import bench
 from moetune.cli.bench_serve import bench_serve
 from moetune.cli.generate import generate
 from moetune.cli.models import models
+from moetune.cli.placement import placement
 from moetune.cli.profile import profile
 from moetune.cli.report import report
 from moetune.cli.serve import serve
@@ -29,6 +30,7 @@ app.command()(generate)
 app.command()(bench)
 app.command()(models)
 app.command()(profile)
+app.command()(placement)
 app.command()(report)
 app.command(name="tune-kernels")(tune_kernels)
 app.command()(serve)

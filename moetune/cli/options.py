@@ -12,9 +12,15 @@ DtypeOpt = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16 (default: fp32
 DeviceOpt = typer.Option(None, "--device", help="cpu | cuda | cuda:N (default: cuda if present).")
 BackendOpt = typer.Option(None, "--kernel-backend", help="torch | triton (default: triton on CUDA, torch elsewhere).")
 
+EpSizeOpt = typer.Option(None, "--ep-size", help="Expert-parallel ranks R (default: recipe, else 1); spawns R "
+                                                 "processes, or joins torchrun's group.")
+PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
+RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")
+
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
-               device: Optional[str] = None, kernel_backend: Optional[str] = None):
+               device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
+               placement: Optional[str] = None, redundant_experts: Optional[int] = None):
     """Recipe (or defaults) with command-line flags applied on top."""
     from moetune.cli.checks import recipe_file
     from moetune.config import RunConfig, load_recipe, parse_config
@@ -24,15 +30,18 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
     cfg = load_recipe(recipe) if recipe else RunConfig()
     overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend}
     model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
-    return parse_config({**cfg.model_dump(), "model": model_section}, source="command line")
+    par = {"ep_size": ep_size, "placement": placement, "redundant_experts": redundant_experts}
+    parallel = {**cfg.parallel.model_dump(), **{k: v for k, v in par.items() if v is not None}}
+    return parse_config({**cfg.model_dump(), "model": model_section, "parallel": parallel}, source="command line")
 
 
 def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
-                   device: Optional[str] = None, kernel_backend: Optional[str] = None):
+                   device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
+                   placement: Optional[str] = None, redundant_experts: Optional[int] = None):
     """`run_config` plus the checks a config needs before anything is loaded (a known device)."""
     from moetune.cli import checks
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts)
     checks.device(cfg.model.device)
     return cfg
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from moetune.config import RunConfig
+from pathlib import Path
+
+from moetune.config import ParallelConfig, RunConfig
 from moetune.engine.generate import Generator
 from moetune.engine.tokenizer import eos_ids, load_tokenizer
 from moetune.errors import MoetuneError
-from moetune.model.loader import load_model
+from moetune.model.loader import load_model, read_spec
 from moetune.model.registry import resolve_model
+from moetune.moe.dispatch import Dispatcher
+from moetune.moe.placement import Placement, PlacementError, check_ep, make_placement, read_placement
+from moetune.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -29,18 +34,47 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def build_generator(cfg: RunConfig) -> Generator:
+def build_generator(cfg: RunConfig, rank: int = 0, dispatcher: Dispatcher | None = None,
+                    device: torch.device | None = None) -> Generator:
+    """One rank's generator: with parallel.ep_size R > 1 (or replicas) the store holds this rank's
+    slots of the placement and `dispatcher` moves token copies between ranks (engine/distributed.py)."""
     model_dir = resolve_model(cfg.model.path)
-    device = resolve_device(cfg.model.device)
-    model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend)
-    _check_parallel(cfg, model.spec.moe.num_experts)
+    device = device or resolve_device(cfg.model.device)
+    placement = resolve_placement(cfg.parallel, read_spec(model_dir))
+    if placement is not None and placement.ep_size > 1 and dispatcher is None:
+        raise MoetuneError(f"parallel.ep_size={placement.ep_size} runs on {placement.ep_size} ranks: start it through "
+                           "moetune.engine.distributed.run_ranks (the CLI commands do), not build_generator")
+    model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend,
+                       placement, rank, dispatcher)
+    if cfg.parallel.capacity_policy != "none":
+        set_capacity(model, cfg.parallel.capacity_factor, cfg.parallel.capacity_policy)
     tokenizer = load_tokenizer(model_dir)
     return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), cfg.engine)
 
 
-def _check_parallel(cfg: RunConfig, num_experts: int) -> None:
-    if num_experts % cfg.parallel.ep_size:
-        raise MoetuneError(
-            f"parallel.ep_size={cfg.parallel.ep_size} does not divide the model's {num_experts} experts; "
-            "choose a divisor"
-        )
+def set_capacity(model, factor: float | None, policy: str) -> None:
+    """Per-expert capacity on every MoE layer (None / "none": dropless)."""
+    from moetune.moe.layer import MoELayer
+
+    for layer in model.layers:
+        if isinstance(layer.mlp, MoELayer):
+            layer.mlp.capacity = None if factor is None or policy == "none" else (factor, policy)
+
+
+def resolve_placement(par: ParallelConfig, spec: ModelSpec) -> Placement | None:
+    """parallel.placement (a policy or a file) for this model; None when every expert is local once."""
+    E, R = spec.moe.num_experts, par.ep_size
+    if Path(par.placement).suffix == ".json" or Path(par.placement).exists():
+        if par.redundant_experts:
+            raise PlacementError("parallel.redundant_experts applies to a policy placement; a placement file "
+                                 "fixes its own replicas (remove one of the two)")
+        placement = read_placement(par.placement)
+        placement.check_for(E, spec.moe_layers, R, spec.model_type, f"placement file '{par.placement}'")
+        return placement
+    check_ep(E, R, par.redundant_experts, par.ranks_per_node)
+    if par.placement not in ("contiguous", "round_robin"):
+        raise PlacementError(f"parallel.placement '{par.placement}' is neither contiguous, round_robin nor a "
+                             "placement JSON file (eplb placements come from moetune placement --out FILE)")
+    if R == 1 and not par.redundant_experts:
+        return None
+    return make_placement(par.placement, E, R, spec.moe_layers, par.redundant_experts, model_type=spec.model_type)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
+from moetune.kernels.quant_formats import plain
 from moetune.model.attention import GQAAttention, Linear
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
@@ -18,7 +19,9 @@ from moetune.model.transformer import DecoderLayer, MoETransformer
 from moetune.model.validate import read_spec, validate_checkpoint  # read_spec: re-exported, torch-free
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
+from moetune.moe.dispatch import Dispatcher
 from moetune.moe.layer import MoELayer, SharedExpert
+from moetune.moe.placement import Placement
 
 
 def load_model(
@@ -26,16 +29,25 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     kernel_backend: str = "auto",
+    placement: Placement | None = None,
+    rank: int = 0,
+    dispatcher: Dispatcher | None = None,
 ) -> MoETransformer:
+    """With a `placement`, this process is expert-parallel rank `rank`: its store holds only the
+    rank's physical slots (a replica is a copy of its logical expert's weights) and every MoE layer
+    sends token copies through `dispatcher`. Without one, every expert is local (R = 1)."""
     model_dir = Path(model_dir)
     backend = resolve_backend(kernel_backend, torch.device(device))
     spec = read_spec(model_dir)
     validate_checkpoint(model_dir, spec)  # headers only: shapes, dtypes, truncation, tokenizer files
+    if placement is not None:
+        placement.check_for(spec.moe.num_experts, spec.moe_layers, placement.ep_size, spec.model_type)
     source = WeightSource(model_dir, device, dtype)
     names = TensorNames(spec.model_type)
-    experts = ResidentExpertStore({i: _experts(source, names, spec, i) for i in spec.moe_layers})
+    experts = ResidentExpertStore({i: _experts(source, names, spec, i, placement, rank) for i in spec.moe_layers})
     rotary = Rotary(spec.rope, torch.device(device))
-    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend) for i in range(spec.num_layers)]
+    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher)
+              for i in range(spec.num_layers)]
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps)
@@ -81,35 +93,45 @@ def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary):
     )
 
 
-def _experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int) -> ExpertWeights:
-    """Layer i's routed experts stacked: w13 [E, 2I, D] (gate rows, then up rows), w2 [E, D, I]."""
+def _experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int,
+             placement: Placement | None = None, rank: int = 0) -> ExpertWeights:
+    """Layer i's routed experts stacked over this rank's slots: w13 [P_local, 2I, D] (gate rows, then
+    up rows), w2 [P_local, D, I]; all E in logical order without a placement."""
+    held = list(range(spec.moe.num_experts)) if placement is None else placement.rank_experts(i, rank)
     fused_w13, fused_w2 = names.fused_experts(i)
     if source.has(fused_w13):
-        return ExpertWeights.dense(source.get(fused_w13), source.get(fused_w2))
-    E, I, D = spec.moe.num_experts, spec.moe.intermediate_size, spec.hidden_size
-    w13 = torch.empty(E, 2 * I, D, device=source.device, dtype=source.dtype)
-    w2 = torch.empty(E, D, I, device=source.device, dtype=source.dtype)
-    for e in range(E):
-        w13[e, :I] = source.get(names.expert(i, e, "gate"))  # [I, D]
-        w13[e, I:] = source.get(names.expert(i, e, "up"))  # [I, D]
-        w2[e] = source.get(names.expert(i, e, "down"))  # [D, I]
-    return ExpertWeights.dense(w13, w2)
+        w13, w2 = source.get(fused_w13), source.get(fused_w2)
+        if placement is not None:
+            index = torch.tensor(held, device=w13.device)
+            w13, w2 = w13.index_select(0, index), w2.index_select(0, index)  # [P_local, ...] copies
+    else:
+        I, D = spec.moe.intermediate_size, spec.hidden_size
+        w13 = torch.empty(len(held), 2 * I, D, device=source.device, dtype=source.dtype)
+        w2 = torch.empty(len(held), D, I, device=source.device, dtype=source.dtype)
+        for slot, e in enumerate(held):
+            w13[slot, :I] = source.get(names.expert(i, e, "gate"))  # [I, D]
+            w13[slot, I:] = source.get(names.expert(i, e, "up"))  # [I, D]
+            w2[slot] = source.get(names.expert(i, e, "down"))  # [D, I]
+    if placement is None:
+        return ExpertWeights.dense(w13, w2)
+    return ExpertWeights(plain(w13), plain(w2), placement.slot_map(i, source.device))
 
 
-def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend) -> MoELayer:
+def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend, dispatcher
+         ) -> MoELayer:
     shared = None
     if spec.moe.shared_intermediate_size:
         gate = source.get(names.shared_gate(i)) if spec.moe.shared_gate else None
         shared = SharedExpert(_gated_mlp(source, names.shared(i)), gate)
     bias = source.get(names.router_bias(i), torch.float32) if spec.moe.router.has_selection_bias else None
     gate = source.get(names.router_weight(i), torch.float32)
-    return MoELayer(i, spec.moe, gate, bias, experts, shared, backend)
+    return MoELayer(i, spec.moe, gate, bias, experts, shared, backend, dispatcher)
 
 
-def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: Rotary, experts, backend
-                   ) -> DecoderLayer:
+def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: Rotary, experts, backend,
+                   dispatcher=None) -> DecoderLayer:
     p = names.layer(i)
-    mlp = _moe(source, names, spec, i, experts, backend) if spec.layers[i].is_moe else _gated_mlp(source, names.dense_mlp(i))
+    mlp = _moe(source, names, spec, i, experts, backend, dispatcher) if spec.layers[i].is_moe else _gated_mlp(source, names.dense_mlp(i))
     return DecoderLayer(
         index=i,
         attn_norm=_norm(source, p + "input_layernorm.weight", spec.rms_norm_eps),

@@ -75,6 +75,15 @@ class MoETransformer:
         return self.norm(h)
 
     @torch.inference_mode()
+    def idle_forward(self) -> None:
+        """Run every MoE layer on zero tokens: an idle data-parallel rank takes part in each layer's
+        all-to-all with the ranks that have work (attention and dense layers have nothing to do)."""
+        x = self.embed.new_zeros(0, self.spec.hidden_size)  # [0, D]
+        for layer in self.layers:
+            if isinstance(layer.mlp, MoELayer):
+                layer.mlp(x)
+
+    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return (hidden @ self.lm_head.t()).float()  # [N, V]
 

@@ -11,7 +11,8 @@ from typing import Protocol
 from moetune.experts.store import ExpertStore
 from moetune.moe.backend import MoEBackend, TorchBackend
 from moetune.moe.dispatch import Dispatcher, LocalDispatcher
-from moetune.moe.router import route
+from moetune.moe.capacity import apply_capacity, capacity_of
+from moetune.moe.router import RouterOutput, route
 from moetune.probe import Probe, phase_scope
 from moetune.spec import MoESpec
 
@@ -60,16 +61,29 @@ class MoELayer:
         self.backend: MoEBackend = backend or TorchBackend()
         self.dispatcher: Dispatcher = dispatcher or LocalDispatcher()
         self.probe: Probe | None = None
+        self.capacity: tuple[float, str] | None = None  # (factor, "drop" | "reroute"), see moe/capacity.py
+        self.dropped = self.rerouted = 0  # copies, counted while a capacity is set
 
     def tensors(self) -> list[torch.Tensor]:
         """Router and shared-expert weights; the routed experts belong to the ExpertStore."""
         own = [self.gate_weight] + ([self.selection_bias] if self.selection_bias is not None else [])
         return own + (self.shared.tensors() if self.shared is not None else [])
 
+    def _limit(self, routed: RouterOutput) -> RouterOutput:
+        factor, policy = self.capacity
+        T, K = routed.topk_ids.shape
+        cap = capacity_of(factor, T, K, self.spec.num_experts)
+        out = apply_capacity(routed.topk_ids, routed.topk_weights, routed.logits, cap, policy)
+        self.dropped += out.dropped
+        self.rerouted += out.rerouted
+        return RouterOutput(out.topk_weights, out.topk_ids, routed.logits)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D] → [T, D]
         probe, i, backend = self.probe, self.layer, self.backend
         with phase_scope(probe, i, "router"):
             routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, backend.select_experts)
+            if self.capacity is not None:
+                routed = self._limit(routed)
         with phase_scope(probe, i, "offload_wait"):
             weights = self.store.acquire(i, routed.topk_ids)
         self.store.prefetch(i, routed.topk_ids)

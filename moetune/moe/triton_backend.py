@@ -63,7 +63,7 @@ class TritonBackend:
     def unpermute(self, y_sorted: torch.Tensor, sorted_copy_ids: torch.Tensor, topk_weights: torch.Tensor,
                   shared: torch.Tensor | None) -> torch.Tensor:
         T, K = topk_weights.shape
-        out = combine(copy_order(y_sorted, sorted_copy_ids).view(T, K, -1), topk_weights)  # [T, D]
+        out = combine(copy_order(y_sorted, sorted_copy_ids).view(T, K, y_sorted.shape[-1]), topk_weights)  # [T, D]
         return out if shared is None else out + shared
 
     def gemm_configs(self, device: torch.device, E: int, N: int, M: int, K: int,

@@ -14,7 +14,7 @@ def unpermute(
     """y_sorted: [T*K, D] in sorted order; sorted_copy_ids: [T*K]; topk_weights: [T, K] → [T, D]."""
     T, K = topk_weights.shape
     y = copy_order(y_sorted, sorted_copy_ids)  # [T*K, D]
-    out = (y.view(T, K, -1) * topk_weights.to(y.dtype)[:, :, None]).sum(dim=1)  # [T, D]
+    out = (y.view(T, K, y.shape[-1]) * topk_weights.to(y.dtype)[:, :, None]).sum(dim=1)  # [T, D]
     return out if shared is None else out + shared
 
 

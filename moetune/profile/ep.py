@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moetune.errors import MoetuneError
+from moetune.moe.placement import check_ep
 
 
 @dataclass(frozen=True)
@@ -30,19 +30,9 @@ class EPLayout:
 
 
 def contiguous_layout(num_experts: int, ep_size: int, ranks_per_node: int) -> EPLayout:
-    check_ep(num_experts, ep_size, ranks_per_node)
+    check_ep(num_experts, ep_size, ranks_per_node=ranks_per_node)
     placement = np.arange(num_experts) // (num_experts // ep_size)  # [E]
     return EPLayout(num_experts, ep_size, ranks_per_node, placement)
-
-
-def check_ep(num_experts: int, ep_size: int, ranks_per_node: int) -> None:
-    if ep_size < 1 or num_experts % ep_size:
-        divisors = ", ".join(str(d) for d in range(1, num_experts + 1) if num_experts % d == 0)
-        raise MoetuneError(f"--ep-size {ep_size} does not divide the model's {num_experts} experts; "
-                           f"choose one of {divisors}")
-    if ranks_per_node < 1 or (ep_size % ranks_per_node and ranks_per_node % ep_size):
-        raise MoetuneError(f"--ranks-per-node {ranks_per_node} does not tile --ep-size {ep_size}; "
-                           "choose a divisor or a multiple of it")
 
 
 @dataclass(frozen=True)

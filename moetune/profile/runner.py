@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from moetune.config import RunConfig, parse_config
+from moetune.config import ParallelConfig, RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.profile.ep import contiguous_layout
 from moetune.profile.workload import Workload, batches, load_prompt_texts, prompts_path, request_tokens
@@ -57,7 +57,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
                         "engine": engine_for(settings.config, w, texts, spec.max_position)}, source="command line")
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     writer.check_free()
-    generator = build_generator(cfg)
+    generator = build_generator(cfg.model_copy(update={"parallel": ParallelConfig()}))  # one rank; EP is computed
     requests = request_tokens(texts, generator.encode, w)
     _check_lengths(requests, w, spec.max_position)
     if on_start is not None:

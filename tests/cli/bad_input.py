@@ -305,7 +305,7 @@ CASES: list[Case] = [
     Case("bench-damaged-checkpoint", "checkpoint", ("bench", "-m", "{d}/ck"), 1, ("model.layers.1.mlp.gate.weight",),
          prep=ck(tensors(_gate_rows))),
     Case("ep-size-recipe-not-divisor", "checkpoint", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
-         ("ep_size=2", "7 experts"), prep=write("r.yaml", "parallel:\n  ep_size: 2\n")),
+         ("--ep-size 2", "7 experts"), prep=write("r.yaml", "parallel:\n  ep_size: 2\n")),
     # output paths (checked before the model loads)
     Case("out-below-a-file", "output", (*P, "-m", "{ck}", "--out", "{d}/f/run"), 1, ("--out", "is a file"),
          prep=write("f", "x"), issue="--out below a regular file"),

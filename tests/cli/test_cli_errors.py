@@ -49,7 +49,7 @@ def test_an_impossible_recipe_value_is_named(tmp_path):
 def test_an_ep_size_that_does_not_divide_the_experts(tmp_path, checkpoint):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"model:\n  path: {checkpoint('mixtral')}\nparallel:\n  ep_size: 2\n")
-    assert_one_line_error(moetune("generate", "--recipe", str(recipe), "--prompt", "x"), "ep_size=2", "5 experts")
+    assert_one_line_error(moetune("generate", "--recipe", str(recipe), "--prompt", "x"), "--ep-size 2", "5 experts")
 
 
 def test_generate_streams_only_the_completion_to_stdout(checkpoint):

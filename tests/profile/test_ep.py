@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from moetune.errors import MoetuneError
-from moetune.profile.ep import check_ep, contiguous_layout, step_traffic
+from moetune.moe.placement import check_ep
+from moetune.profile.ep import contiguous_layout, step_traffic
 
 # E=4 on R=2: experts 0,1 on rank 0; 2,3 on rank 1. Tokens 0,2 start on rank 0; 1,3 on rank 1.
 TOPK = np.array([[0, 2], [1, 3], [2, 3], [0, 1]])  # [T=4, K=2]
@@ -45,4 +46,4 @@ def test_a_skewed_rank_receives_more():
 @pytest.mark.parametrize("ep, rpn, fragment", [(3, 1, "--ep-size 3"), (0, 1, "--ep-size 0"), (4, 3, "--ranks-per-node 3")])
 def test_bad_parallel_sizes_are_user_errors(ep, rpn, fragment):
     with pytest.raises(MoetuneError, match=fragment):
-        check_ep(16, ep, rpn)
+        check_ep(16, ep, ranks_per_node=rpn)

@@ -1,0 +1,154 @@
+"""Data-parallel attention with expert parallelism: each rank runs its own Engine over its share of
+the requests (request i on rank i mod R), and all ranks step together.
+
+One lock-step = an all-reduce of "anything left?" (all ranks stop together), then a forward on
+every rank: the engine's step where it has work, an empty forward (`idle_forward`, T = 0)
+where it has none, so every rank enters each MoE layer's all-to-all. Request errors are agreed on
+before the first step, so one rank's bad request fails every rank the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterator, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from moetune.config import RunConfig
+from moetune.engine.build import DTYPES, build_generator, resolve_device, resolve_placement
+from moetune.engine.engine import Engine, RequestOutput
+from moetune.engine.ep_launch import RankContext, launch
+from moetune.engine.generate import Completion, Generator
+from moetune.engine.sampling import SamplingParams
+from moetune.errors import MoetuneError, RequestError
+from moetune.model.loader import read_spec
+from moetune.model.registry import resolve_model
+from moetune.moe.all_to_all import AllToAllDispatcher
+
+T = TypeVar("T")
+
+
+class DPGenerator:
+    """One rank's generator in a group of R; every rank calls the same methods with the same arguments."""
+
+    def __init__(self, generator: Generator, ctx: RankContext):
+        self.generator, self.ctx = generator, ctx
+        self.rank, self.world = ctx.rank, ctx.world
+        self.steps = 0  # lock-steps taken (idle ones included)
+        self.idle_steps = 0  # of which this rank ran the empty forward
+
+    @property
+    def engine(self) -> Engine:
+        return self.generator.engine
+
+    @property
+    def model(self):
+        return self.generator.model
+
+    def mine(self, n: int) -> list[int]:
+        """Indices of the n requests this rank serves."""
+        return list(range(self.rank, n, self.world))
+
+    def generate(self, prompts: list, params: SamplingParams | list[SamplingParams]) -> list[Completion] | None:
+        """Completions in prompt order on rank 0; None on the other ranks."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        mine = self.mine(len(prompts))
+        rids = self._add([self.generator.encode(prompts[i]) for i in mine], [plist[i] for i in mine], mine)
+        seqs = [self.engine.sequence(r) for r in rids]
+        while self.step() is not None:
+            pass
+        done = [(i, Completion(s.prompt_ids, s.output_ids, s.text, s.finish_reason or "length"))
+                for i, s in zip(mine, seqs)]
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, done, group=self.ctx.group)
+        if self.rank != 0:
+            return None
+        return [c for _, c in sorted((pair for part in gathered for pair in part), key=lambda p: p[0])]
+
+    def stream(self, prompt, params: SamplingParams) -> Iterator[str]:
+        """The completion of one prompt (served by rank 0), piece by piece on rank 0; nothing elsewhere."""
+        rids = self._add([self.generator.encode(prompt)] if self.rank == 0 else [], [params], [0])
+        while (outputs := self.step()) is not None:
+            for out in outputs:
+                if rids and out.request_id == rids[0] and out.text_delta:
+                    yield out.text_delta
+
+    def prompt_logits(self, prompts: list[list[int]]) -> list[torch.Tensor] | None:
+        """Logits [len, V] of every token of each prompt, computed as one prefill lock-step outside
+        the scheduler (parity checks); on rank 0 in prompt order, None elsewhere."""
+        mine = self.mine(len(prompts))
+        runner = self.engine.runner
+        if mine:
+            hidden = runner.forward_prompts([prompts[i] for i in mine])  # [T, D]
+            rows = self.model.logits(hidden).cpu().split([len(prompts[i]) for i in mine])
+        else:
+            self.model.idle_forward()
+            rows = []
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, list(zip(mine, rows)), group=self.ctx.group)
+        if self.rank != 0:
+            return None
+        return [t for _, t in sorted((pair for part in gathered for pair in part), key=lambda p: p[0])]
+
+    def step(self) -> list[RequestOutput] | None:
+        """One lock-step of every rank; None once no rank has work left."""
+        busy = torch.tensor([int(self.engine.has_unfinished())], device=self.ctx.device)
+        dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=self.ctx.group)
+        if not busy.item():
+            return None
+        self.steps += 1
+        outputs: list[RequestOutput] = []
+        ran = sum(self.engine.stats.steps.values())
+        if self.engine.has_unfinished():
+            outputs = self.engine.step()
+        if sum(self.engine.stats.steps.values()) == ran:  # nothing to compute here this step
+            self.idle_steps += 1
+            self.model.idle_forward()
+        return outputs
+
+    def _add(self, ids: list[list[int]], params: list[SamplingParams], index: list[int]) -> list[int]:
+        """Queue this rank's requests; a request error on any rank is raised on every rank."""
+        error, rids = "", []
+        try:
+            rids = self.generator._add_all(ids, params)
+        except RequestError as exc:
+            error = str(exc)
+            if error.startswith("prompt ") and index:  # renumber from this rank's share to the caller's list
+                local, _, rest = error.removeprefix("prompt ").partition(":")
+                if local.isdigit() and int(local) < len(index):
+                    error = f"prompt {index[int(local)]}:{rest}"
+        errors: list = [None] * self.world
+        dist.all_gather_object(errors, error, group=self.ctx.group)
+        first = next((e for e in errors if e), "")
+        if first:
+            for rid in rids:
+                self.engine.abort(rid)
+            raise RequestError(first)
+        return rids
+
+
+def check_parallel(cfg: RunConfig) -> None:
+    """Every user mistake in `parallel` raised before any rank starts (placement, sizes, files)."""
+    resolve_placement(cfg.parallel, read_spec(resolve_model(cfg.model.path)))
+
+
+def run_ranks(cfg: RunConfig, job: Callable[[DPGenerator], T]) -> T | None:
+    """Build a DPGenerator on each of parallel.ep_size ranks and call `job` on each (a picklable
+    callable: spawned ranks receive it); rank 0's result, None in other ranks' processes."""
+    check_parallel(cfg)
+    device = resolve_device(cfg.model.device)
+    return launch(functools.partial(_rank_main, cfg, job), cfg.parallel.ep_size, device, cfg.parallel.timeout_s)
+
+
+def _rank_main(cfg: RunConfig, job: Callable[[DPGenerator], T], ctx: RankContext) -> T:
+    return job(build_rank(cfg, ctx))
+
+
+def build_rank(cfg: RunConfig, ctx: RankContext) -> DPGenerator:
+    placement = resolve_placement(cfg.parallel, read_spec(resolve_model(cfg.model.path)))
+    if placement is None:
+        raise MoetuneError("expert parallelism needs parallel.ep_size > 1")
+    wire = None if cfg.parallel.dispatch_dtype == "auto" else DTYPES[cfg.parallel.dispatch_dtype]
+    dispatcher = AllToAllDispatcher(ctx.world, ctx.rank, placement.slots_per_rank, ctx.group, wire)
+    return DPGenerator(build_generator(cfg, ctx.rank, dispatcher, ctx.device), ctx)

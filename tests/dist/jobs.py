@@ -1,0 +1,51 @@
+"""Jobs run on every rank by the distributed tests (module level: spawned ranks unpickle them)."""
+
+from __future__ import annotations
+
+import os
+
+from moetune.engine.sampling import SamplingParams
+
+
+def parity(prompts: list[list[int]], max_tokens: list[int], dp):
+    """Prompt logits and greedy completions; rank 0 returns them (the others None)."""
+    logits = dp.prompt_logits(prompts)
+    done = dp.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
+    if dp.rank != 0:
+        return None
+    return logits, [c.token_ids for c in done], dp.idle_steps
+
+
+def die_on(rank: int, prompts: list[list[int]], dp):
+    """Rank `rank` exits abruptly after its first lock-step; the others go on."""
+    dp.step()
+    if dp.rank == rank:
+        os._exit(3)
+    return dp.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+
+
+def dispatch_roundtrip(slot_ids: list[list[list[int]]], num_slots: int, ctx):
+    """Hand-made routing (slot_ids[rank] = that rank's [T, K] physical slots) through the
+    AllToAllDispatcher; the "expert" of slot p multiplies by p + 1. Every rank's observations."""
+    import torch
+    import torch.distributed as dist
+
+    from moetune.moe.all_to_all import AllToAllDispatcher
+    from moetune.moe.permute import permute
+
+    R, D = ctx.world, 4
+    per_rank = num_slots // R
+    ids = torch.tensor(slot_ids[ctx.rank], dtype=torch.long).view(-1, 2)  # [T, K]
+    x = torch.randn(ids.shape[0], D, generator=torch.Generator().manual_seed(ctx.rank))  # [T, D]
+    perm = permute(x, ids, num_slots)
+    dispatcher = AllToAllDispatcher(R, ctx.rank, per_rank)
+    sent = dispatcher.dispatch(perm)
+    local = torch.repeat_interleave(torch.arange(per_rank), sent.offsets.diff())  # [N] local slot of each row
+    back = dispatcher.combine(sent.x * (ctx.rank * per_rank + local + 1)[:, None].float(), sent)
+    sorted_slot = ids.reshape(-1)[perm.sorted_copy_ids]  # [T*K] slot of each sorted copy
+    expected = perm.x_sorted * (sorted_slot + 1)[:, None].float()
+    mine = {"received": int(sent.x.shape[0]), "offsets": sent.offsets.tolist(), "exact": torch.equal(back.y_sorted, expected),
+            "dispatch_bytes": sent.bytes_sent, "combine_bytes": back.bytes_sent}
+    every: list = [None] * R
+    dist.all_gather_object(every, mine)
+    return every

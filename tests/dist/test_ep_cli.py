@@ -1,0 +1,93 @@
+"""Expert parallelism through the real CLI: bad input (one line each) and dead ranks (no hang)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moetune.moe.placement import make_placement, write_placement
+from tests.checkpoints import build_checkpoint
+from tests.cli_run import assert_one_line_error, moetune
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):  # 5 experts, 3 MoE layers
+    return str(build_checkpoint("mixtral", tmp_path_factory.mktemp("mixtral"), shard=False))
+
+
+def gen(model, *args):
+    return moetune("generate", "-p", "def f", "--max-tokens", "3", "--model", model, "--device", "cpu", *args)
+
+
+def test_ep_size_must_divide_experts_plus_redundant(mixtral):
+    assert_one_line_error(gen(mixtral, "--ep-size", "2"), "--ep-size 2 does not divide the model's 5 experts")
+    assert_one_line_error(gen(mixtral, "--ep-size", "4", "--redundant-experts", "2"), "5 experts + 2 redundant")
+
+
+def test_ep_size_over_the_slots(mixtral):
+    assert_one_line_error(gen(mixtral, "--ep-size", "8", "--redundant-experts", "1"), "larger than the 6 physical")
+
+
+def test_placement_file_for_another_model_or_ep_size(mixtral, tmp_path):
+    other = tmp_path / "qwen.json"
+    write_placement(make_placement("contiguous", 6, 2, [1], model_type="qwen2_moe"), other)
+    assert_one_line_error(gen(mixtral, "--ep-size", "2", "--placement", str(other)), "qwen2_moe")
+    mine = tmp_path / "mixtral.json"
+    write_placement(make_placement("contiguous", 5, 2, [0, 1, 2], 1, model_type="mixtral"), mine)
+    assert_one_line_error(gen(mixtral, "--ep-size", "3", "--placement", str(mine)), "--ep-size 2, not 3")
+    assert_one_line_error(gen(mixtral, "--ep-size", "2", "--placement", str(tmp_path / "nope.json")), "does not exist")
+
+
+def test_generate_with_two_ranks_prints_what_one_rank_prints(mixtral):
+    one, two = gen(mixtral), gen(mixtral, "--ep-size", "2", "--redundant-experts", "1")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert one.stdout == two.stdout
+
+
+def _spawned_ranks(parent: int, want: int, within_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+        ranks = [int(p) for p in found if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="ignore")]
+        if len(ranks) == want:
+            return ranks
+        time.sleep(0.2)
+    raise AssertionError("the ranks did not start")
+
+
+def _long_run(model):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "moetune", "generate", "-p", "def f", "--max-tokens", "200",
+                             "--ignore-eos", "--model", model, "--device", "cpu", "--ep-size", "2",
+                             "--redundant-experts", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def test_a_killed_rank_is_named_and_nobody_hangs(mixtral):
+    proc = _long_run(mixtral)
+    (child,) = _spawned_ranks(proc.pid, 1)
+    proc.stdout.read(1)  # the first streamed piece: both ranks are inside the step loop
+    os.kill(child, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "rank 1" in lines[0] and "SIGKILL" in lines[0], err
+
+
+def test_killing_rank_zero_stops_the_others(mixtral):
+    proc = _long_run(mixtral)
+    (child,) = _spawned_ranks(proc.pid, 1)
+    proc.stdout.read(1)  # inside the step loop
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break  # exited; a zombie until its dead parent is reaped
+        time.sleep(0.2)
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z", "rank 1 still runs after rank 0 died"

@@ -1,0 +1,86 @@
+"""R expert-parallel ranks (gloo, one thread each) compute what one rank computes: prompt logits and
+greedy tokens, for every placement policy, with replicas, with idle ranks (fewer requests than ranks)
+and ranks that finish early (requests of different lengths)."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from moetune.config import parse_config
+from moetune.engine.build import build_generator
+from moetune.engine.distributed import run_ranks
+from moetune.engine.sampling import SamplingParams
+from moetune.model.loader import read_spec
+from moetune.moe.placement import make_placement, write_placement
+from tests.checkpoints import build_checkpoint
+from tests.dist import jobs
+
+MAX_TOKENS = [6, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {m: build_checkpoint(m, tmp_path_factory.mktemp(m), shard=False)
+            for m in ("mixtral", "qwen2_moe", "deepseek_v3")}
+
+
+def prompts():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (7, 4, 11)]
+
+
+def reference(path, parallel=None):
+    cfg = parse_config({"model": {"path": str(path), "device": "cpu"}, "parallel": parallel or {}})
+    gen = build_generator(cfg)
+    logits = [gen.model.logits(gen.engine.runner.forward_prompts([p])) for p in prompts()]
+    gen = build_generator(cfg)
+    done = gen.generate(prompts(), [SamplingParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS])
+    return logits, [c.token_ids for c in done]
+
+
+def eplb_file(path, tmp_path, ep_size, redundant, groups=1, nodes=1):
+    spec = read_spec(path)
+    loads = np.random.default_rng(0).integers(1, 100, (len(spec.moe_layers), spec.moe.num_experts))
+    placed = make_placement("eplb", spec.moe.num_experts, ep_size, spec.moe_layers, redundant, loads.astype(float),
+                            groups, nodes, spec.model_type)
+    out = tmp_path / "placement.json"
+    write_placement(placed, out, loads)
+    return str(out)
+
+
+CASES = [  # model, R, placement, redundant
+    ("mixtral", 2, "contiguous", 1),
+    ("mixtral", 4, "round_robin", 3),
+    ("qwen2_moe", 2, "round_robin", 0),
+    ("qwen2_moe", 4, "eplb", 2),
+    ("deepseek_v3", 2, "eplb", 2),
+    ("deepseek_v3", 4, "contiguous", 0),
+]
+
+
+@pytest.mark.parametrize("model, R, policy, redundant", CASES)
+def test_ranks_equal_one_rank(checkpoints, tmp_path, model, R, policy, redundant):
+    path = checkpoints[model]
+    ref_logits, ref_tokens = reference(path)
+    if policy == "eplb":  # deepseek_v3 has 4 expert groups: the hierarchical policy over 2 nodes
+        groups, nodes = (4, 2) if model == "deepseek_v3" else (1, 1)
+        parallel = {"ep_size": R, "placement": eplb_file(path, tmp_path, R, redundant, groups, nodes)}
+    else:
+        parallel = {"ep_size": R, "placement": policy, "redundant_experts": redundant}
+    cfg = parse_config({"model": {"path": str(path), "device": "cpu"}, "parallel": {**parallel, "timeout_s": 60}})
+    logits, tokens, _ = run_ranks(cfg, functools.partial(jobs.parity, prompts(), MAX_TOKENS))
+    assert tokens == ref_tokens
+    for got, want in zip(logits, ref_logits):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["contiguous", "round_robin"])
+def test_replicas_on_one_rank_change_nothing(checkpoints, policy):
+    path = checkpoints["qwen2_moe"]
+    ref_logits, ref_tokens = reference(path)
+    logits, tokens = reference(path, {"placement": policy, "redundant_experts": 5})
+    assert tokens == ref_tokens
+    for got, want in zip(logits, ref_logits):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
