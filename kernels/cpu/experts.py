@@ -1,0 +1,99 @@
+"""The MoE `experts` phase on CPU: one grouped pass over rows already sorted by expert.
+
+  x [N, D] rows of expert e = x[offsets[e]:offsets[e+1]]
+    ── w13[e] [2I, D] ──► gate, up [n_e, I] ── silu(gate)·up ──► a [n_e, I] ── w2[e] [D, I] ──► y [N, D]
+
+Each expert's weights are read once per call for all its rows. The work is split into
+(non-empty expert, block of output rows) items, so a decode step with two active experts still
+keeps every core reading; the gate and up rows of one block are computed together, so the
+activation is written directly (no [N, 2I] buffer). Weights: fp32, int8 or int4 (`formats`), the
+same format for w13 and w2. Fast while rows per expert are few (decode); for long prefills the
+engine should keep torch's big GEMMs. Rows outside every segment come back as 0.
+Twin: `fused_experts_cpu_ref` (the per-expert torch loop).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features
+from moetune.kernels.cpu.linear import split_int4_input
+from moetune.kernels.cpu.runtime import jit, numpy_view, set_threads
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
+
+BLOCK_13 = 16  # gate/up row pairs per work item
+BLOCK_2 = 8  # w2 rows per work item
+
+
+def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: PackedWeight) -> None:
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"x_sorted must be a 2-D fp32 CPU tensor [N, D]; got {tuple(x.shape)} {x.dtype}")
+    if w13.fmt != w2.fmt or w13.fmt not in (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4):
+        raise ValueError(f"w13 and w2 must share one format of fp32/int8/int4; got {w13.fmt.name}, {w2.fmt.name}")
+    if w13.data.dim() != 3 or w2.data.dim() != 3:
+        raise ValueError("w13 must be [E, 2I, D] and w2 [E, D, I]")
+    E, D, I = w13.data.shape[0], x.shape[1], in_features(w2)
+    if tuple(w13.data.shape[:2]) != (E, 2 * I) or in_features(w13) != D or tuple(w2.data.shape[:2]) != (E, D):
+        raise ValueError(f"w13 must be [E, 2I, D] and w2 [E, D, I] with D={D}; got w13 data "
+                         f"{tuple(w13.data.shape)}, w2 data {tuple(w2.data.shape)} ({w13.fmt.name})")
+    if offsets.dim() != 1 or offsets.numel() != E + 1:
+        raise ValueError(f"offsets must be [E+1] = [{E + 1}], got {tuple(offsets.shape)}")
+    if w13.fmt == WeightFormat.INT4:
+        check_int4_group(D, w13.group_size)
+        check_int4_group(I, w2.group_size)
+
+
+def _segments(offsets: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets as int64, ids of the non-empty experts), after checking the segments fit x."""
+    off = offsets.to(torch.int64).contiguous()  # [E+1]
+    counts = off[1:] - off[:-1]  # [E]
+    if int(off[0]) < 0 or bool((counts < 0).any()) or int(off[-1]) > n_rows:
+        raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
+    return off, (counts > 0).nonzero().flatten()  # [E+1], [A]
+
+
+def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
+                      w2: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+    """x_sorted [N, D] fp32, offsets [E+1], w13 [E, 2I, D], w2 [E, D, I] → y [N, D] fp32."""
+    w13, w2 = as_packed(w13), as_packed(w2)
+    _check(x_sorted, offsets, w13, w2)
+    N, D, I = x_sorted.shape[0], x_sorted.shape[1], in_features(w2)
+    off, active = _segments(offsets, N)
+    y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
+    if active.numel() == 0 or D == 0 or I == 0:
+        return y
+    set_threads(threads)
+    k, off_np, act_np = jit(), off.numpy(), active.numpy()
+    if w13.fmt == WeightFormat.INT4:
+        xe, xo, xs = split_int4_input(x_sorted, w13.group_size)
+        ae, ao = torch.empty(N, I // 2), torch.empty(N, I // 2)  # [N, I/2] even / odd activation columns
+        asum = torch.empty(N, I // w2.group_size)  # [N, I/group]
+        k.experts_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), off_np, act_np,
+                       numpy_view(w13.data), numpy_view(w13.scale.float()), numpy_view(w2.data),
+                       numpy_view(w2.scale.float()), ae.numpy(), ao.numpy(), asum.numpy(), y.numpy(),
+                       BLOCK_13, BLOCK_2)
+        return y
+    E = w13.data.shape[0]
+    s13 = torch.ones(E, 2 * I) if w13.scale is None else w13.scale.float()  # [E, 2I]
+    s2 = torch.ones(E, D) if w2.scale is None else w2.scale.float()  # [E, D]
+    a = torch.empty(N, I)  # [N, I]
+    k.experts_dense(numpy_view(x_sorted), off_np, act_np, numpy_view(w13.data), numpy_view(s13),
+                    numpy_view(w2.data), numpy_view(s2), a.numpy(), y.numpy(), BLOCK_13, BLOCK_2)
+    return y
+
+
+def fused_experts_cpu_ref(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
+                          w2: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+    """Twin of `fused_experts_cpu`: dequantise, then the per-expert torch loop of `run_experts`."""
+    w13, w2 = as_packed(w13), as_packed(w2)
+    _check(x_sorted, offsets, w13, w2)
+    off, active = _segments(offsets, x_sorted.shape[0])
+    w13f, w2f = dequantize(w13), dequantize(w2)  # [E, 2I, D], [E, D, I]
+    I = w2f.shape[2]
+    y = torch.zeros(x_sorted.shape[0], x_sorted.shape[1])  # [N, D]
+    for e in active.tolist():
+        start, end = int(off[e]), int(off[e + 1])
+        h = x_sorted[start:end] @ w13f[e].t()  # [n_e, 2I]
+        y[start:end] = (F.silu(h[:, :I]) * h[:, I:]) @ w2f[e].t()  # [n_e, D]
+    return y
