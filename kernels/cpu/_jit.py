@@ -8,9 +8,14 @@ four at a time against one weight row (each weight element is loaded once per fo
 weight block stays in L1/L2 while the next x chunk reuses it).
 
 Dense rows (fp32 or int8) share one code path: `w[n, k]` widened to fp32, the row's scale applied
-once after the reduction (ones for fp32). Int4 rows take x split into even / odd columns and the
-per-group sums of x, so that `sum x·(q - 8) = sum x·q - 8·sum x` and the loop over the bytes of a
-group is two plain vector FMAs.
+once after the reduction (ones for fp32). Int4 rows are viewed as [N, G, group/2] bytes and take x
+split into even / odd columns, viewed the same way, plus the per-group sums of x, so that
+`Σ x·(q - 8) = Σ x·q - 8·Σ x`; a byte b is widened to fp32 once and split there
+(hi = floor(b/16), lo = b - 16·hi), which vectorises on AVX2 (integer nibble ops did not).
+
+Two rules keep LLVM vectorising the k loops (each broke it 10-20× when ignored): every inner loop
+index runs from 0 (numba adds a negative-index wraparound check to other indices), and no array
+view is made per row inside a parallel loop (its reference count is shared by all threads).
 """
 
 from __future__ import annotations
@@ -20,74 +25,71 @@ from numba import njit, prange
 
 _OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 M_CHUNK = 16
+F0, F8, F16, F1_16 = np.float32(0.0), np.float32(8.0), np.float32(16.0), np.float32(0.0625)
 
 
 # --- one weight row against x rows [m0, m1) ------------------------------------------------------
 
 @njit(**_OPTS)
-def _dense_row(x, m0, m1, wr, s, y, col):
-    """y[m, col] = s · Σ_k x[m, k]·wr[k] for m in [m0, m1); wr is fp32 or int8 [K]."""
-    K = wr.shape[0]
+def _dense_row(x, m0, m1, w, n, s, y, ym0, col):
+    """y[ym0 + m - m0, col] = s · Σ_k x[m, k]·w[n, k] for m in [m0, m1); w fp32 or int8 [N, K]."""
+    K = w.shape[1]
     m = m0
     while m + 4 <= m1:
-        x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
-        a0 = a1 = a2 = a3 = np.float32(0.0)
+        a0 = a1 = a2 = a3 = F0
         for k in range(K):
-            wk = np.float32(wr[k])
-            a0 += x0[k] * wk
-            a1 += x1[k] * wk
-            a2 += x2[k] * wk
-            a3 += x3[k] * wk
-        y[m, col], y[m + 1, col], y[m + 2, col], y[m + 3, col] = a0 * s, a1 * s, a2 * s, a3 * s
+            wk = np.float32(w[n, k])
+            a0 += x[m, k] * wk
+            a1 += x[m + 1, k] * wk
+            a2 += x[m + 2, k] * wk
+            a3 += x[m + 3, k] * wk
+        r = ym0 + m - m0
+        y[r, col], y[r + 1, col], y[r + 2, col], y[r + 3, col] = a0 * s, a1 * s, a2 * s, a3 * s
         m += 4
     while m < m1:
-        x0 = x[m]
-        a0 = np.float32(0.0)
+        a0 = F0
         for k in range(K):
-            a0 += x0[k] * np.float32(wr[k])
-        y[m, col] = a0 * s
+            a0 += x[m, k] * np.float32(w[n, k])
+        y[ym0 + m - m0, col] = a0 * s
         m += 1
 
 
 @njit(**_OPTS)
-def _int4_group(xe, xo, wq, j0, j1):
-    a = np.float32(0.0)
-    for j in range(j0, j1):
-        b = wq[j]
-        a += xe[j] * np.float32(b & 15) + xo[j] * np.float32(b >> 4)
-    return a
-
-
-@njit(**_OPTS)
-def _int4_row(xe, xo, xs, m0, m1, wq, ws, half, y, col):
-    """y[m, col] = Σ_g ws[g] · Σ_{k in g} x[m, k]·(q[k] - 8); wq [K/2] packed, `half` = group/2 bytes."""
-    G = ws.shape[0]
+def _int4_row(xe, xo, xs, m0, m1, w, n, s, y, ym0, col):
+    """y[ym0 + m - m0, col] = Σ_g s[n, g] · Σ_{k in g} x[m, k]·(q[n, k] - 8); w [N, G, group/2] u8,
+    xe / xo [M, G, group/2] the even / odd columns of x, xs [M, G] its group sums."""
+    G, H = w.shape[1], w.shape[2]
     m = m0
     while m + 4 <= m1:
-        t0 = t1 = t2 = t3 = np.float32(0.0)
+        t0 = t1 = t2 = t3 = F0
         for g in range(G):
-            j0 = g * half
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for j in range(j0, j0 + half):
-                b = wq[j]
-                lo, hi = np.float32(b & 15), np.float32(b >> 4)
-                a0 += xe[m, j] * lo + xo[m, j] * hi
-                a1 += xe[m + 1, j] * lo + xo[m + 1, j] * hi
-                a2 += xe[m + 2, j] * lo + xo[m + 2, j] * hi
-                a3 += xe[m + 3, j] * lo + xo[m + 3, j] * hi
-            s = ws[g]
-            t0 += s * (a0 - 8.0 * xs[m, g])
-            t1 += s * (a1 - 8.0 * xs[m + 1, g])
-            t2 += s * (a2 - 8.0 * xs[m + 2, g])
-            t3 += s * (a3 - 8.0 * xs[m + 3, g])
-        y[m, col], y[m + 1, col], y[m + 2, col], y[m + 3, col] = t0, t1, t2, t3
+            a0 = a1 = a2 = a3 = F0
+            for j in range(H):
+                f = np.float32(w[n, g, j])
+                hi = np.floor(f * F1_16)
+                lo = f - F16 * hi
+                a0 += xe[m, g, j] * lo + xo[m, g, j] * hi
+                a1 += xe[m + 1, g, j] * lo + xo[m + 1, g, j] * hi
+                a2 += xe[m + 2, g, j] * lo + xo[m + 2, g, j] * hi
+                a3 += xe[m + 3, g, j] * lo + xo[m + 3, g, j] * hi
+            sg = s[n, g]
+            t0 += sg * (a0 - F8 * xs[m, g])
+            t1 += sg * (a1 - F8 * xs[m + 1, g])
+            t2 += sg * (a2 - F8 * xs[m + 2, g])
+            t3 += sg * (a3 - F8 * xs[m + 3, g])
+        r = ym0 + m - m0
+        y[r, col], y[r + 1, col], y[r + 2, col], y[r + 3, col] = t0, t1, t2, t3
         m += 4
     while m < m1:
-        t0 = np.float32(0.0)
+        t0 = F0
         for g in range(G):
-            a0 = _int4_group(xe[m], xo[m], wq, g * half, g * half + half)
-            t0 += ws[g] * (a0 - 8.0 * xs[m, g])
-        y[m, col] = t0
+            a0 = F0
+            for j in range(H):
+                f = np.float32(w[n, g, j])
+                hi = np.floor(f * F1_16)
+                a0 += xe[m, g, j] * (f - F16 * hi) + xo[m, g, j] * hi
+            t0 += s[n, g] * (a0 - F8 * xs[m, g])
+        y[ym0 + m - m0, col] = t0
         m += 1
 
 
@@ -101,29 +103,25 @@ def linear_dense(x, w, scale, y, block):
         n1 = min(N, (b + 1) * block)
         for mc in range(0, M, M_CHUNK):
             for n in range(b * block, n1):
-                _dense_row(x, mc, min(M, mc + M_CHUNK), w[n], scale[n], y, n)
+                _dense_row(x, mc, min(M, mc + M_CHUNK), w, n, scale[n], y, mc, n)
 
 
 @njit(parallel=True, **_OPTS)
 def linear_int4(xe, xo, xs, w, scale, y, block):
-    """xe/xo [M, K/2] even/odd columns of x, xs [M, G] group sums; w [N, K/2] u8, scale [N, G]."""
+    """xe / xo [M, G, group/2], xs [M, G] (see `_int4_row`); w [N, G, group/2] u8, scale [N, G]."""
     M, N = xe.shape[0], w.shape[0]
-    half = w.shape[1] // scale.shape[1]
     for b in prange((N + block - 1) // block):
         n1 = min(N, (b + 1) * block)
         for mc in range(0, M, M_CHUNK):
             for n in range(b * block, n1):
-                _int4_row(xe, xo, xs, mc, min(M, mc + M_CHUNK), w[n], scale[n], half, y, n)
+                _int4_row(xe, xo, xs, mc, min(M, mc + M_CHUNK), w, n, scale, y, mc, n)
 
 
 # --- grouped experts: w13 → SiLU(gate)·up → w2 ---------------------------------------------------
 
 @njit(**_OPTS)
-def _silu_mul(g, u, a, m0, m1, col):
-    """a[m, col] = silu(g[m, 0]) · u[m, 0] for m in [m0, m1) (g, u: per-row scratch [M_CHUNK, 1])."""
-    for m in range(m0, m1):
-        gv, uv = g[m - m0, 0], u[m - m0, 0]
-        a[m, col] = gv / (np.float32(1.0) + np.exp(-gv)) * uv
+def _silu(g):
+    return g / (np.float32(1.0) + np.exp(-g))
 
 
 @njit(parallel=True, **_OPTS)
@@ -134,53 +132,56 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
     nb13 = (I + block13 - 1) // block13
     for t in prange(active.shape[0] * nb13):
         e, b = active[t // nb13], t % nb13
-        g = np.empty((M_CHUNK, 1), np.float32)
-        u = np.empty((M_CHUNK, 1), np.float32)
+        we, se = w13[e], s13[e]  # one view per work item
+        gu = np.empty((M_CHUNK, 2), np.float32)  # gate, up of one output column
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
             for j in range(b * block13, min(I, (b + 1) * block13)):
-                _dense_row(x[mc:m1], 0, m1 - mc, w13[e, j], s13[e, j], g, 0)
-                _dense_row(x[mc:m1], 0, m1 - mc, w13[e, I + j], s13[e, I + j], u, 0)
-                _silu_mul(g, u, a, mc, m1, j)
+                _dense_row(x, mc, m1, we, j, se[j], gu, 0, 0)
+                _dense_row(x, mc, m1, we, I + j, se[I + j], gu, 0, 1)
+                for i in range(m1 - mc):
+                    a[mc + i, j] = _silu(gu[i, 0]) * gu[i, 1]
     nb2 = (D + block2 - 1) // block2
     for t in prange(active.shape[0] * nb2):
         e, b = active[t // nb2], t % nb2
+        we, se = w2[e], s2[e]
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
             for n in range(b * block2, min(D, (b + 1) * block2)):
-                _dense_row(a, mc, m1, w2[e, n], s2[e, n], y, n)
+                _dense_row(a, mc, m1, we, n, se[n], y, mc, n)
 
 
 @njit(parallel=True, **_OPTS)
 def experts_int4(xe, xo, xs, offsets, active, w13, s13, w2, s2, ae, ao, asum, y, block13, block2):
-    """Int4 twin of `experts_dense`: x split as for `linear_int4`; the activation is written
-    straight into its even / odd halves (ae, ao [N, I/2]) and asum [N, I/group] is filled
-    before the w2 pass."""
-    D, I = w2.shape[1], 2 * w2.shape[2]
-    half13 = w13.shape[2] // s13.shape[2]
-    half2 = w2.shape[2] // s2.shape[2]
+    """Int4 twin of `experts_dense`: w13 [E, 2I, Gd, Hd], w2 [E, D, Gi, Hi] u8; x split as for
+    `linear_int4`; the activation is written straight into its even / odd halves
+    (ae, ao [N, Gi, Hi]) and asum [N, Gi] is filled before the w2 pass."""
+    D, Gi, Hi = w2.shape[1], w2.shape[2], w2.shape[3]
+    I = 2 * Gi * Hi
     nb13 = (I + block13 - 1) // block13
     for t in prange(active.shape[0] * nb13):
         e, b = active[t // nb13], t % nb13
-        g = np.empty((M_CHUNK, 1), np.float32)
-        u = np.empty((M_CHUNK, 1), np.float32)
+        we, se = w13[e], s13[e]
+        gu = np.empty((M_CHUNK, 2), np.float32)
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
             for j in range(b * block13, min(I, (b + 1) * block13)):
-                _int4_row(xe[mc:m1], xo[mc:m1], xs[mc:m1], 0, m1 - mc, w13[e, j], s13[e, j], half13, g, 0)
-                _int4_row(xe[mc:m1], xo[mc:m1], xs[mc:m1], 0, m1 - mc, w13[e, I + j], s13[e, I + j],
-                          half13, u, 0)
-                _silu_mul(g, u, ae if j % 2 == 0 else ao, mc, m1, j // 2)
+                _int4_row(xe, xo, xs, mc, m1, we, j, se, gu, 0, 0)
+                _int4_row(xe, xo, xs, mc, m1, we, I + j, se, gu, 0, 1)
+                half = ae if j % 2 == 0 else ao
+                for i in range(m1 - mc):
+                    half[mc + i, (j // 2) // Hi, (j // 2) % Hi] = _silu(gu[i, 0]) * gu[i, 1]
     for m in prange(ae.shape[0]):
-        for gi in range(asum.shape[1]):
-            acc = np.float32(0.0)
-            for j in range(gi * half2, gi * half2 + half2):
-                acc += ae[m, j] + ao[m, j]
-            asum[m, gi] = acc
+        for g in range(Gi):
+            acc = F0
+            for j in range(Hi):
+                acc += ae[m, g, j] + ao[m, g, j]
+            asum[m, g] = acc
     nb2 = (D + block2 - 1) // block2
     for t in prange(active.shape[0] * nb2):
         e, b = active[t // nb2], t % nb2
+        we, se = w2[e], s2[e]
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
             for n in range(b * block2, min(D, (b + 1) * block2)):
-                _int4_row(ae, ao, asum, mc, m1, w2[e, n], s2[e, n], half2, y, n)
+                _int4_row(ae, ao, asum, mc, m1, we, n, se, y, mc, n)

@@ -67,10 +67,13 @@ def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.
     k, off_np, act_np = jit(), off.numpy(), active.numpy()
     if w13.fmt == WeightFormat.INT4:
         xe, xo, xs = split_int4_input(x_sorted, w13.group_size)
-        ae, ao = torch.empty(N, I // 2), torch.empty(N, I // 2)  # [N, I/2] even / odd activation columns
-        asum = torch.empty(N, I // w2.group_size)  # [N, I/group]
+        E, Gi, Hi = w2.data.shape[0], I // w2.group_size, w2.group_size // 2
+        ae, ao = torch.empty(N, Gi, Hi), torch.empty(N, Gi, Hi)  # even / odd activation columns
+        asum = torch.empty(N, Gi)  # [N, I/group]
+        w13q = w13.data.contiguous().view(E, 2 * I, -1, w13.group_size // 2)  # [E, 2I, Gd, Hd]
+        w2q = w2.data.contiguous().view(E, D, Gi, Hi)  # [E, D, Gi, Hi]
         k.experts_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), off_np, act_np,
-                       numpy_view(w13.data), numpy_view(w13.scale.float()), numpy_view(w2.data),
+                       numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
                        numpy_view(w2.scale.float()), ae.numpy(), ao.numpy(), asum.numpy(), y.numpy(),
                        BLOCK_13, BLOCK_2)
         return y

@@ -34,9 +34,12 @@ def _check(x: torch.Tensor, w: PackedWeight) -> None:
 
 
 def split_int4_input(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] → (even columns [M, K/2], odd columns [M, K/2], per-group sums [M, K/group])."""
+    """x [M, K] → (even columns, odd columns: both [M, G, group/2]; group sums [M, G]), G = K/group."""
     M, K = x.shape
-    return x[:, 0::2].contiguous(), x[:, 1::2].contiguous(), x.reshape(M, K // group, group).sum(-1)
+    G = K // group
+    even = x[:, 0::2].reshape(M, G, group // 2).contiguous()  # [M, G, group/2]
+    odd = x[:, 1::2].reshape(M, G, group // 2).contiguous()  # [M, G, group/2]
+    return even, odd, x.reshape(M, G, group).sum(-1).contiguous()  # [M, G]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
@@ -51,7 +54,8 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
     k = jit()
     if w.fmt == WeightFormat.INT4:
         xe, xo, xs = split_int4_input(x, w.group_size)
-        k.linear_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), numpy_view(w.data),
+        wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
+        k.linear_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), numpy_view(wq),
                       numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
     else:
         scale = torch.ones(N) if w.scale is None else w.scale.float()  # [N]
