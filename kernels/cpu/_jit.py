@@ -3,9 +3,10 @@
 All math is fp32 with fastmath (the k reductions are reassociated into SIMD lanes). Arrays are
 numpy views of C-contiguous torch tensors; the wrappers in `linear.py` / `experts.py` check them.
 
-Tile order inside one work item: rows of x in chunks of `M_CHUNK`, then weight rows, then x rows
-four at a time against one weight row (each weight element is loaded once per four x rows; the
-weight block stays in L1/L2 while the next x chunk reuses it).
+Tile order inside one work item: rows of x in chunks of `M_CHUNK`, then weight rows two at a time,
+then x rows four at a time (dense) or two at a time (int4): a 4 × 2 (2 × 2) tile of accumulators,
+so each loaded weight element serves several x rows and each x element two weight rows; the
+weight block stays in L1/L2 while the next x chunk reuses it.
 
 Dense rows (fp32 or int8) share one code path: `w[n, k]` widened to fp32, the row's scale applied
 once after the reduction (ones for fp32). Int4 rows are viewed as [N, G, group/2] bytes and take x
@@ -24,73 +25,76 @@ import numpy as np
 from numba import njit, prange
 
 _OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
-M_CHUNK = 16
+M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight rows stay in registers)
 F0, F8, F16, F1_16 = np.float32(0.0), np.float32(8.0), np.float32(16.0), np.float32(0.0625)
 
 
-# --- one weight row against x rows [m0, m1) ------------------------------------------------------
+# --- two weight rows (n, n2) against x rows [m0, m1): a 4 × 2 register tile -----------------------
+# Odd tails pass n2 = n, col2 = col (the row is computed twice, written once).
 
 @njit(**_OPTS)
-def _dense_row(x, m0, m1, w, n, s, y, ym0, col):
-    """y[ym0 + m - m0, col] = s · Σ_k x[m, k]·w[n, k] for m in [m0, m1); w fp32 or int8 [N, K]."""
+def _dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
+    """y[ym0 + m - m0, col] = s · Σ_k x[m, k]·w[n, k] (and n2 → col2 with s2) for m in [m0, m1);
+    w fp32 or int8 [N, K]."""
     K = w.shape[1]
     m = m0
     while m + 4 <= m1:
-        a0 = a1 = a2 = a3 = F0
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = F0
         for k in range(K):
-            wk = np.float32(w[n, k])
-            a0 += x[m, k] * wk
-            a1 += x[m + 1, k] * wk
-            a2 += x[m + 2, k] * wk
-            a3 += x[m + 3, k] * wk
+            u, v = np.float32(w[n, k]), np.float32(w[n2, k])
+            x0, x1, x2, x3 = x[m, k], x[m + 1, k], x[m + 2, k], x[m + 3, k]
+            a0 += x0 * u
+            a1 += x1 * u
+            a2 += x2 * u
+            a3 += x3 * u
+            b0 += x0 * v
+            b1 += x1 * v
+            b2 += x2 * v
+            b3 += x3 * v
         r = ym0 + m - m0
         y[r, col], y[r + 1, col], y[r + 2, col], y[r + 3, col] = a0 * s, a1 * s, a2 * s, a3 * s
+        y[r, col2], y[r + 1, col2], y[r + 2, col2], y[r + 3, col2] = b0 * s2, b1 * s2, b2 * s2, b3 * s2
         m += 4
     while m < m1:
-        a0 = F0
+        a0 = b0 = F0
         for k in range(K):
-            a0 += x[m, k] * np.float32(w[n, k])
-        y[ym0 + m - m0, col] = a0 * s
+            xk = x[m, k]
+            a0 += xk * np.float32(w[n, k])
+            b0 += xk * np.float32(w[n2, k])
+        y[ym0 + m - m0, col], y[ym0 + m - m0, col2] = a0 * s, b0 * s2
         m += 1
 
 
 @njit(**_OPTS)
-def _int4_row(xe, xo, xs, m0, m1, w, n, s, y, ym0, col):
-    """y[ym0 + m - m0, col] = Σ_g s[n, g] · Σ_{k in g} x[m, k]·(q[n, k] - 8); w [N, G, group/2] u8,
-    xe / xo [M, G, group/2] the even / odd columns of x, xs [M, G] its group sums."""
+def _int4_rows(xe, xo, xs, m0, m1, w, n, n2, s, y, ym0, col, col2):
+    """y[ym0 + m - m0, col] = Σ_g s[n, g] · Σ_{k in g} x[m, k]·(q[n, k] - 8), and n2 → col2;
+    w [N, G, group/2] u8, xe / xo [M, G, group/2] the even / odd columns of x, xs [M, G] its group
+    sums. Two x rows at a time (the nibble split costs as much as the FMAs, so it is shared)."""
     G, H = w.shape[1], w.shape[2]
     m = m0
-    while m + 4 <= m1:
-        t0 = t1 = t2 = t3 = F0
-        for g in range(G):
-            a0 = a1 = a2 = a3 = F0
-            for j in range(H):
-                f = np.float32(w[n, g, j])
-                hi = np.floor(f * F1_16)
-                lo = f - F16 * hi
-                a0 += xe[m, g, j] * lo + xo[m, g, j] * hi
-                a1 += xe[m + 1, g, j] * lo + xo[m + 1, g, j] * hi
-                a2 += xe[m + 2, g, j] * lo + xo[m + 2, g, j] * hi
-                a3 += xe[m + 3, g, j] * lo + xo[m + 3, g, j] * hi
-            sg = s[n, g]
-            t0 += sg * (a0 - F8 * xs[m, g])
-            t1 += sg * (a1 - F8 * xs[m + 1, g])
-            t2 += sg * (a2 - F8 * xs[m + 2, g])
-            t3 += sg * (a3 - F8 * xs[m + 3, g])
-        r = ym0 + m - m0
-        y[r, col], y[r + 1, col], y[r + 2, col], y[r + 3, col] = t0, t1, t2, t3
-        m += 4
     while m < m1:
-        t0 = F0
+        m_ = min(m + 1, m1 - 1)  # the second x row (a repeat of m on an odd tail)
+        t0 = t1 = u0 = u1 = F0
         for g in range(G):
-            a0 = F0
+            a0 = a1 = b0 = b1 = F0
             for j in range(H):
-                f = np.float32(w[n, g, j])
-                hi = np.floor(f * F1_16)
-                a0 += xe[m, g, j] * (f - F16 * hi) + xo[m, g, j] * hi
-            t0 += s[n, g] * (a0 - F8 * xs[m, g])
-        y[ym0 + m - m0, col] = t0
-        m += 1
+                f, h = np.float32(w[n, g, j]), np.float32(w[n2, g, j])
+                fhi, hhi = np.floor(f * F1_16), np.floor(h * F1_16)
+                flo, hlo = f - F16 * fhi, h - F16 * hhi
+                e0, o0, e1, o1 = xe[m, g, j], xo[m, g, j], xe[m_, g, j], xo[m_, g, j]
+                a0 += e0 * flo + o0 * fhi
+                a1 += e1 * flo + o1 * fhi
+                b0 += e0 * hlo + o0 * hhi
+                b1 += e1 * hlo + o1 * hhi
+            c0, c1 = F8 * xs[m, g], F8 * xs[m_, g]
+            t0 += s[n, g] * (a0 - c0)
+            t1 += s[n, g] * (a1 - c1)
+            u0 += s[n2, g] * (b0 - c0)
+            u1 += s[n2, g] * (b1 - c1)
+        r = ym0 + m - m0
+        y[r, col], y[r, col2] = t0, u0
+        y[r + m_ - m, col], y[r + m_ - m, col2] = t1, u1
+        m += 2
 
 
 # --- small-M linear ------------------------------------------------------------------------------
@@ -102,8 +106,9 @@ def linear_dense(x, w, scale, y, block):
     for b in prange((N + block - 1) // block):
         n1 = min(N, (b + 1) * block)
         for mc in range(0, M, M_CHUNK):
-            for n in range(b * block, n1):
-                _dense_row(x, mc, min(M, mc + M_CHUNK), w, n, scale[n], y, mc, n)
+            for n in range(b * block, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _dense_rows(x, mc, min(M, mc + M_CHUNK), w, n, n2, scale[n], scale[n2], y, mc, n, n2)
 
 
 @njit(parallel=True, **_OPTS)
@@ -113,8 +118,9 @@ def linear_int4(xe, xo, xs, w, scale, y, block):
     for b in prange((N + block - 1) // block):
         n1 = min(N, (b + 1) * block)
         for mc in range(0, M, M_CHUNK):
-            for n in range(b * block, n1):
-                _int4_row(xe, xo, xs, mc, min(M, mc + M_CHUNK), w, n, scale, y, mc, n)
+            for n in range(b * block, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _int4_rows(xe, xo, xs, mc, min(M, mc + M_CHUNK), w, n, n2, scale, y, mc, n, n2)
 
 
 # --- grouped experts: w13 → SiLU(gate)·up → w2 ---------------------------------------------------
@@ -137,8 +143,7 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
             for j in range(b * block13, min(I, (b + 1) * block13)):
-                _dense_row(x, mc, m1, we, j, se[j], gu, 0, 0)
-                _dense_row(x, mc, m1, we, I + j, se[I + j], gu, 0, 1)
+                _dense_rows(x, mc, m1, we, j, I + j, se[j], se[I + j], gu, 0, 0, 1)
                 for i in range(m1 - mc):
                     a[mc + i, j] = _silu(gu[i, 0]) * gu[i, 1]
     nb2 = (D + block2 - 1) // block2
@@ -147,8 +152,10 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
         we, se = w2[e], s2[e]
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
-            for n in range(b * block2, min(D, (b + 1) * block2)):
-                _dense_row(a, mc, m1, we, n, se[n], y, mc, n)
+            n1 = min(D, (b + 1) * block2)
+            for n in range(b * block2, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _dense_rows(a, mc, m1, we, n, n2, se[n], se[n2], y, mc, n, n2)
 
 
 @njit(parallel=True, **_OPTS)
@@ -166,8 +173,7 @@ def experts_int4(xe, xo, xs, offsets, active, w13, s13, w2, s2, ae, ao, asum, y,
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
             for j in range(b * block13, min(I, (b + 1) * block13)):
-                _int4_row(xe, xo, xs, mc, m1, we, j, se, gu, 0, 0)
-                _int4_row(xe, xo, xs, mc, m1, we, I + j, se, gu, 0, 1)
+                _int4_rows(xe, xo, xs, mc, m1, we, j, I + j, se, gu, 0, 0, 1)
                 half = ae if j % 2 == 0 else ao
                 for i in range(m1 - mc):
                     half[mc + i, (j // 2) // Hi, (j // 2) % Hi] = _silu(gu[i, 0]) * gu[i, 1]
@@ -183,5 +189,7 @@ def experts_int4(xe, xo, xs, offsets, active, w13, s13, w2, s2, ae, ao, asum, y,
         we, se = w2[e], s2[e]
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
             m1 = min(offsets[e + 1], mc + M_CHUNK)
-            for n in range(b * block2, min(D, (b + 1) * block2)):
-                _int4_row(ae, ao, asum, mc, m1, we, n, se, y, mc, n)
+            n1 = min(D, (b + 1) * block2)
+            for n in range(b * block2, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _int4_rows(ae, ao, asum, mc, m1, we, n, n2, se, y, mc, n, n2)

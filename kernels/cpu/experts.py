@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features
 from moetune.kernels.cpu.linear import split_int4_input
-from moetune.kernels.cpu.runtime import jit, numpy_view, set_threads
+from moetune.kernels.cpu.runtime import launch, numpy_view
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 BLOCK_13 = 16  # gate/up row pairs per work item
@@ -58,32 +58,38 @@ def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.
     """x_sorted [N, D] fp32, offsets [E+1], w13 [E, 2I, D], w2 [E, D, I] → y [N, D] fp32."""
     w13, w2 = as_packed(w13), as_packed(w2)
     _check(x_sorted, offsets, w13, w2)
-    N, D, I = x_sorted.shape[0], x_sorted.shape[1], in_features(w2)
+    N, D = x_sorted.shape
     off, active = _segments(offsets, N)
     y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
-    if active.numel() == 0 or D == 0 or I == 0:
+    if active.numel() == 0 or D == 0 or in_features(w2) == 0:
         return y
-    set_threads(threads)
-    k, off_np, act_np = jit(), off.numpy(), active.numpy()
-    if w13.fmt == WeightFormat.INT4:
-        xe, xo, xs = split_int4_input(x_sorted, w13.group_size)
-        E, Gi, Hi = w2.data.shape[0], I // w2.group_size, w2.group_size // 2
-        ae, ao = torch.empty(N, Gi, Hi), torch.empty(N, Gi, Hi)  # even / odd activation columns
-        asum = torch.empty(N, Gi)  # [N, I/group]
-        w13q = w13.data.contiguous().view(E, 2 * I, -1, w13.group_size // 2)  # [E, 2I, Gd, Hd]
-        w2q = w2.data.contiguous().view(E, D, Gi, Hi)  # [E, D, Gi, Hi]
-        k.experts_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), off_np, act_np,
-                       numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
-                       numpy_view(w2.scale.float()), ae.numpy(), ao.numpy(), asum.numpy(), y.numpy(),
-                       BLOCK_13, BLOCK_2)
-        return y
-    E = w13.data.shape[0]
+    with launch(threads) as k:
+        run = _run_int4 if w13.fmt == WeightFormat.INT4 else _run_dense
+        run(k, x_sorted, off.numpy(), active.numpy(), w13, w2, y)
+    return y
+
+
+def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
+    (E, D), I = w2.data.shape[:2], w2.data.shape[2]
     s13 = torch.ones(E, 2 * I) if w13.scale is None else w13.scale.float()  # [E, 2I]
     s2 = torch.ones(E, D) if w2.scale is None else w2.scale.float()  # [E, D]
-    a = torch.empty(N, I)  # [N, I]
-    k.experts_dense(numpy_view(x_sorted), off_np, act_np, numpy_view(w13.data), numpy_view(s13),
+    a = torch.empty(x.shape[0], I)  # [N, I] activation scratch
+    k.experts_dense(numpy_view(x), off, active, numpy_view(w13.data), numpy_view(s13),
                     numpy_view(w2.data), numpy_view(s2), a.numpy(), y.numpy(), BLOCK_13, BLOCK_2)
-    return y
+
+
+def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
+    (E, D), I = w2.data.shape[:2], in_features(w2)
+    N, Gi, Hi = x.shape[0], I // w2.group_size, w2.group_size // 2
+    xe, xo, xs = split_int4_input(x, w13.group_size)
+    ae, ao = torch.empty(N, Gi, Hi), torch.empty(N, Gi, Hi)  # even / odd activation columns
+    asum = torch.empty(N, Gi)  # [N, I/group]
+    w13q = w13.data.contiguous().view(E, 2 * I, -1, w13.group_size // 2)  # [E, 2I, Gd, Hd]
+    w2q = w2.data.contiguous().view(E, D, Gi, Hi)  # [E, D, Gi, Hi]
+    k.experts_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), off, active,
+                   numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
+                   numpy_view(w2.scale.float()), ae.numpy(), ao.numpy(), asum.numpy(), y.numpy(),
+                   BLOCK_13, BLOCK_2)
 
 
 def fused_experts_cpu_ref(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features
-from moetune.kernels.cpu.runtime import jit, numpy_view, set_threads
+from moetune.kernels.cpu.runtime import launch, numpy_view
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 BLOCK_N = 8  # weight rows per work item
@@ -50,16 +50,15 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
     y = torch.empty(M, N, dtype=torch.float32)  # [M, N]
     if M == 0 or N == 0:
         return y.zero_()
-    set_threads(threads)
-    k = jit()
-    if w.fmt == WeightFormat.INT4:
-        xe, xo, xs = split_int4_input(x, w.group_size)
-        wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
-        k.linear_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), numpy_view(wq),
-                      numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
-    else:
-        scale = torch.ones(N) if w.scale is None else w.scale.float()  # [N]
-        k.linear_dense(numpy_view(x), numpy_view(w.data), numpy_view(scale), y.numpy(), BLOCK_N)
+    with launch(threads) as k:
+        if w.fmt == WeightFormat.INT4:
+            xe, xo, xs = split_int4_input(x, w.group_size)
+            wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
+            k.linear_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), numpy_view(wq),
+                          numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
+        else:
+            scale = torch.ones(N) if w.scale is None else w.scale.float()  # [N]
+            k.linear_dense(numpy_view(x), numpy_view(w.data), numpy_view(scale), y.numpy(), BLOCK_N)
     return y
 
 

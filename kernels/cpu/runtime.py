@@ -6,9 +6,14 @@ each kernel on its first call for the given dtypes, then reuses the on-disk cach
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+from collections.abc import Iterator
 from types import ModuleType
+
+CHUNK = 4  # work items a thread takes at a time: dynamic scheduling, so experts with more rows,
+# or a core busy with another process, do not hold the other threads at the barrier
 
 
 @functools.cache
@@ -27,6 +32,18 @@ def set_threads(threads: int | None) -> None:
     if threads < 1:
         raise ValueError(f"threads must be ≥ 1, got {threads}")
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+@contextlib.contextmanager
+def launch(threads: int | None) -> Iterator[ModuleType]:
+    """with launch(threads) as k: k.some_kernel(...) — the kernels module, `threads` set and
+    dynamic scheduling on for the parallel loops launched inside."""
+    k = jit()
+    set_threads(threads)
+    import numba
+
+    with numba.parallel_chunksize(CHUNK):
+        yield k
 
 
 def numpy_view(t):
