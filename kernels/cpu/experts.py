@@ -81,14 +81,14 @@ def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.
 def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
     (E, D), I = w2.data.shape[:2], in_features(w2)
     N, Gi, Hi = x.shape[0], I // w2.group_size, w2.group_size // 2
-    xe, xo, xs = split_int4_input(x, w13.group_size)
-    ae, ao = torch.empty(N, Gi, Hi), torch.empty(N, Gi, Hi)  # even / odd activation columns
+    xq, xs = split_int4_input(x, w13.group_size)  # [N, 2, Gd, Hd], [N, Gd]
+    aq = torch.empty(N, 2, Gi, Hi)  # activation, even / odd columns
     asum = torch.empty(N, Gi)  # [N, I/group]
     w13q = w13.data.contiguous().view(E, 2 * I, -1, w13.group_size // 2)  # [E, 2I, Gd, Hd]
     w2q = w2.data.contiguous().view(E, D, Gi, Hi)  # [E, D, Gi, Hi]
-    k.experts_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), off, active,
+    k.experts_int4(numpy_view(xq), numpy_view(xs), off, active,
                    numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
-                   numpy_view(w2.scale.float()), ae.numpy(), ao.numpy(), asum.numpy(), y.numpy(),
+                   numpy_view(w2.scale.float()), aq.numpy(), asum.numpy(), y.numpy(),
                    BLOCK_13, BLOCK_2)
 
 

@@ -33,13 +33,12 @@ def _check(x: torch.Tensor, w: PackedWeight) -> None:
         check_int4_group(x.shape[1], w.group_size)
 
 
-def split_int4_input(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] → (even columns, odd columns: both [M, G, group/2]; group sums [M, G]), G = K/group."""
+def split_int4_input(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] → (xq [M, 2, G, group/2]: even columns then odd columns; group sums [M, G])."""
     M, K = x.shape
     G = K // group
-    even = x[:, 0::2].reshape(M, G, group // 2).contiguous()  # [M, G, group/2]
-    odd = x[:, 1::2].reshape(M, G, group // 2).contiguous()  # [M, G, group/2]
-    return even, odd, x.reshape(M, G, group).sum(-1).contiguous()  # [M, G]
+    xq = torch.stack((x[:, 0::2], x[:, 1::2]), dim=1).reshape(M, 2, G, group // 2).contiguous()
+    return xq, x.reshape(M, G, group).sum(-1).contiguous()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
@@ -52,9 +51,9 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
         return y.zero_()
     with launch(threads) as k:
         if w.fmt == WeightFormat.INT4:
-            xe, xo, xs = split_int4_input(x, w.group_size)
+            xq, xs = split_int4_input(x, w.group_size)  # [M, 2, G, group/2], [M, G]
             wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
-            k.linear_int4(numpy_view(xe), numpy_view(xo), numpy_view(xs), numpy_view(wq),
+            k.linear_int4(numpy_view(xq), numpy_view(xs), numpy_view(wq),
                           numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
         else:
             scale = torch.ones(N) if w.scale is None else w.scale.float()  # [N]
