@@ -82,6 +82,11 @@ def dequantize(w: torch.Tensor | PackedWeight) -> torch.Tensor:
     raise ValueError(f"the CPU kernels take fp32, int8 or int4 weights, not {w.fmt.name}")
 
 
+def weight_bytes(*ws: PackedWeight) -> int:
+    """Bytes a kernel reads for these weights (data + scales)."""
+    return sum(w.data.nbytes + (w.scale.nbytes if w.scale is not None else 0) for w in ws)
+
+
 def in_features(w: PackedWeight) -> int:
     """K, the unpacked reduction dim."""
     return w.data.shape[-1] * (2 if w.fmt == WeightFormat.INT4 else 1)

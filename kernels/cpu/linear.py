@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features
+from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu.runtime import launch, numpy_view
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
@@ -42,14 +42,15 @@ def split_int4_input(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
-    """x [M, K] fp32, w [N, K] (a bare tensor is fp32) → [M, N] fp32. `threads`: numba threads."""
+    """x [M, K] fp32, w [N, K] (a bare tensor is fp32) → [M, N] fp32. `threads`: numba threads for
+    this call (None: numba's current default)."""
     w = as_packed(w)
     _check(x, w)
     M, N = x.shape[0], w.data.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)  # [M, N]
     if M == 0 or N == 0:
         return y.zero_()
-    with launch(threads) as k:
+    with launch(threads, weight_bytes(w)) as k:
         if w.fmt == WeightFormat.INT4:
             xq, xs = split_int4_input(x, w.group_size)  # [M, 2, G, group/2], [M, G]
             wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]

@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Iterator
 from types import ModuleType
 
+SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 CHUNK = 4  # work items a thread takes at a time: dynamic scheduling, so experts with more rows,
 # or a core busy with another process, do not hold the other threads at the barrier
 
@@ -23,8 +24,8 @@ def jit() -> ModuleType:
 
 
 def set_threads(threads: int | None) -> None:
-    """Threads for the kernels launched from this thread (None: leave as is). numba's default is
-    every core it sees; values above that are clamped to it."""
+    """Default threads for kernels launched from this thread (None: leave as is; numba starts with
+    every core it sees; values above that are clamped to it)."""
     if threads is None:
         return
     import numba
@@ -35,15 +36,22 @@ def set_threads(threads: int | None) -> None:
 
 
 @contextlib.contextmanager
-def launch(threads: int | None) -> Iterator[ModuleType]:
-    """with launch(threads) as k: k.some_kernel(...) — the kernels module, `threads` set and
-    dynamic scheduling on for the parallel loops launched inside."""
+def launch(threads: int | None, weight_bytes: int) -> Iterator[ModuleType]:
+    """with launch(threads, weight_bytes) as k: k.some_kernel(...) — the kernels module, with
+    `threads` (None: the current default) for this call only, one thread when the weights are under
+    SERIAL_BYTES (waking a second thread costs more than it saves, and much more on a busy
+    machine), and dynamic scheduling for the parallel loops launched inside."""
     k = jit()
-    set_threads(threads)
     import numba
 
-    with numba.parallel_chunksize(CHUNK):
-        yield k
+    before = numba.get_num_threads()
+    want = before if threads is None else threads
+    set_threads(1 if weight_bytes < SERIAL_BYTES else want)
+    try:
+        with numba.parallel_chunksize(CHUNK):
+            yield k
+    finally:
+        numba.set_num_threads(before)
 
 
 def numpy_view(t):

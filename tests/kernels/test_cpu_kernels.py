@@ -10,10 +10,20 @@ pytest.importorskip("numba")
 
 from moetune.kernels.cpu import (dequantize_int4, dequantize_int8, fused_experts_cpu,  # noqa: E402
                                  fused_experts_cpu_ref, linear, linear_ref, quantize_int4, quantize_int8)
+from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
 
 FORMATS = {"fp32": lambda w: w, "int8": quantize_int8, "int4g32": lambda w: quantize_int4(w, 32),
            "int4g64": lambda w: quantize_int4(w, 64), "int4g128": lambda w: quantize_int4(w, 128)}
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def threads(request, monkeypatch):
+    """Run a test on one thread and, with the small-work rule off, on two (dynamic scheduling)."""
+    if request.param == "parallel":
+        monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
+        return 2
+    return 1
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -22,12 +32,12 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("M", [1, 3, 4, 16, 21])
-def test_linear_matches_twin(fmt, M):
+def test_linear_matches_twin(fmt, M, threads):
     g = torch.Generator().manual_seed(M)
     K = 128 if fmt.startswith("int4") else 95
     w = FORMATS[fmt](torch.randn(47, K, generator=g))
     x = torch.randn(M, K, generator=g)
-    close(linear(x, w, threads=2), linear_ref(x, w))
+    close(linear(x, w, threads=threads), linear_ref(x, w))
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4g64"])
@@ -66,10 +76,10 @@ def experts_case(rows_per_expert: list[int], D: int, I: int, fmt: str, seed: int
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [[1, 0, 0, 1], [0, 0, 19, 0], [3, 0, 5, 17], [0, 0, 0, 0]],
                          ids=["decode-top2", "all-to-one", "uneven-empty", "no-rows"])
-def test_experts_match_twin(fmt, rows):
+def test_experts_match_twin(fmt, rows, threads):
     D, I = (256, 128) if fmt.startswith("int4") else (47, 95)
     x, offsets, w13, w2 = experts_case(rows, D, I, fmt)
-    y = fused_experts_cpu(x, offsets, w13, w2, threads=2)
+    y = fused_experts_cpu(x, offsets, w13, w2, threads=threads)
     assert y.shape == (sum(rows), D)
     close(y, fused_experts_cpu_ref(x, offsets, w13, w2))
 
@@ -116,6 +126,14 @@ def test_int4_nibble_layout_matches_the_triton_format():
     w[0, 0], w[0, 1] = 7.0, -7.0  # scale 1 → q + 8 = 15 (low nibble of byte 0), 1 (high nibble)
     q = quantize_int4(w, 32)
     assert q.data[0, 0].item() == 15 | (1 << 4)
+
+
+def test_threads_is_per_call():
+    import numba
+
+    before = numba.get_num_threads()
+    linear(torch.randn(2, 64), torch.randn(8, 64), threads=1)
+    assert numba.get_num_threads() == before
 
 
 def test_import_does_not_load_numba():
