@@ -78,7 +78,8 @@ def bench_linear(mats: list[torch.Tensor], repeat: int, log: dict[str, float]) -
     formats = {"fp32": mats, "int8": [quantize_int8(w) for w in mats], "int4 g64": [quantize_int4(w, 64) for w in mats]}
     for M in (1, 4, 16):
         x = torch.randn(M, K)
-        cases = [read_case(mats), ("torch F.linear fp32", nbytes(mats[0]) * len(mats), lambda: [F.linear(x, w) for w in mats])]
+        torch_case = ("torch F.linear fp32", nbytes(mats[0]) * len(mats), lambda: [F.linear(x, w) for w in mats])
+        cases = [read_case(mats), torch_case]
         for name, ws in formats.items():
             if f"linear {name}" not in log:
                 first_call(lambda: linear(x, ws[0]), f"linear {name}", log)
@@ -136,7 +137,8 @@ def main() -> None:
     log: dict[str, float] = {}
     bench_linear(ws, args.repeat, log)
     bench_experts(ws, 1 if args.quick else args.layers, args.repeat, args.quick, log)
-    print("\nfirst call (numba compile, or load from its disk cache): " + ", ".join(f"{k} {v:.2f}s" for k, v in log.items()))
+    firsts = ", ".join(f"{k} {v:.2f}s" for k, v in log.items())
+    print(f"\nfirst call (numba compile, or load from its disk cache): {firsts}")
 
 
 if __name__ == "__main__":
