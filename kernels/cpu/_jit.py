@@ -1,0 +1,237 @@
+"""The numba kernels (imported lazily by `runtime.jit()`, never at package import).
+
+All math is fp32 with fastmath (the k reductions are reassociated into SIMD lanes). Arrays are
+numpy views of C-contiguous torch tensors; the wrappers in `linear.py` / `experts.py` check them.
+
+Tile order inside one work item: rows of x in chunks of `M_CHUNK`, then weight rows two at a time,
+then x rows four at a time (dense) or two at a time (int4): a 4 × 2 (2 × 2) tile of accumulators,
+so each loaded weight element serves several x rows and each x element two weight rows; the
+weight block stays in L1/L2 while the next x chunk reuses it.
+
+Dense rows (fp32 or int8) share one code path: `w[n, k]` widened to fp32, the row's scale applied
+once after the reduction (ones for fp32). Int4 rows are viewed as [N, G, group/2] bytes and take x
+as xq [M, 2, G, group/2] (its even / odd columns, viewed the same way) plus the per-group sums of
+x, so that `Σ x·(q - 8) = Σ x·q - 8·Σ x`; a byte b is widened to fp32 once and split there
+(hi = floor(b/16), lo = b - 16·hi), which vectorises on AVX2 (integer nibble ops did not). With 3+
+x rows in a chunk, two int4 rows are instead widened into an L1 scratch in xq's order and the
+dense tile runs on them.
+
+Two rules keep the k loops fast: every inner loop index runs from 0 (numba adds a negative-index
+wraparound check to other indices, which stopped LLVM vectorising: 17× slower on the int4 group
+loop), and no array view is made per row inside a parallel loop (each view bumps a reference count
+that all threads share).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
+M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight rows stay in registers)
+F0, F1, F8, F16, F1_16 = (np.float32(v) for v in (0.0, 1.0, 8.0, 16.0, 0.0625))
+
+
+# --- two weight rows (n, n2) against x rows [m0, m1): a 4 × 2 register tile -----------------------
+# Odd tails pass n2 = n, col2 = col (the row is computed twice, written once).
+
+@njit(**_OPTS)
+def _dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
+    """y[ym0 + m - m0, col] = s · Σ_k x[m, k]·w[n, k] (and n2 → col2 with s2) for m in [m0, m1);
+    w fp32 or int8 [N, K]."""
+    K = w.shape[1]
+    m = m0
+    while m + 4 <= m1:
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = F0
+        for k in range(K):
+            u, v = np.float32(w[n, k]), np.float32(w[n2, k])
+            x0, x1, x2, x3 = x[m, k], x[m + 1, k], x[m + 2, k], x[m + 3, k]
+            a0 += x0 * u
+            a1 += x1 * u
+            a2 += x2 * u
+            a3 += x3 * u
+            b0 += x0 * v
+            b1 += x1 * v
+            b2 += x2 * v
+            b3 += x3 * v
+        r = ym0 + m - m0
+        y[r, col], y[r + 1, col], y[r + 2, col], y[r + 3, col] = a0 * s, a1 * s, a2 * s, a3 * s
+        y[r, col2], y[r + 1, col2], y[r + 2, col2], y[r + 3, col2] = b0 * s2, b1 * s2, b2 * s2, b3 * s2
+        m += 4
+    while m < m1:
+        a0 = b0 = F0
+        for k in range(K):
+            xk = x[m, k]
+            a0 += xk * np.float32(w[n, k])
+            b0 += xk * np.float32(w[n2, k])
+        y[ym0 + m - m0, col], y[ym0 + m - m0, col2] = a0 * s, b0 * s2
+        m += 1
+
+
+@njit(**_OPTS)
+def _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2):
+    """y[ym0 + m - m0, col] = Σ_g s[n, g] · Σ_{k in g} x[m, k]·(q[n, k] - 8), and n2 → col2;
+    w [N, G, group/2] u8, xq [M, 2, G, group/2] the even (0) / odd (1) columns of x, xs [M, G]
+    its group sums. Two x rows at a time (the nibble split costs as much as the FMAs), then the odd one."""
+    G, H = w.shape[1], w.shape[2]
+    m = m0
+    while m + 2 <= m1:
+        t0 = t1 = u0 = u1 = F0
+        for g in range(G):
+            a0 = a1 = b0 = b1 = F0
+            for j in range(H):
+                f, h = np.float32(w[n, g, j]), np.float32(w[n2, g, j])
+                fhi, hhi = np.floor(f * F1_16), np.floor(h * F1_16)
+                flo, hlo = f - F16 * fhi, h - F16 * hhi
+                e0, o0, e1, o1 = xq[m, 0, g, j], xq[m, 1, g, j], xq[m + 1, 0, g, j], xq[m + 1, 1, g, j]
+                a0 += e0 * flo + o0 * fhi
+                a1 += e1 * flo + o1 * fhi
+                b0 += e0 * hlo + o0 * hhi
+                b1 += e1 * hlo + o1 * hhi
+            c0, c1 = F8 * xs[m, g], F8 * xs[m + 1, g]
+            t0 += s[n, g] * (a0 - c0)
+            t1 += s[n, g] * (a1 - c1)
+            u0 += s[n2, g] * (b0 - c0)
+            u1 += s[n2, g] * (b1 - c1)
+        r = ym0 + m - m0
+        y[r, col], y[r, col2], y[r + 1, col], y[r + 1, col2] = t0, u0, t1, u1
+        m += 2
+    if m < m1:
+        t0 = u0 = F0
+        for g in range(G):
+            a0 = b0 = F0
+            for j in range(H):
+                f, h = np.float32(w[n, g, j]), np.float32(w[n2, g, j])
+                fhi, hhi = np.floor(f * F1_16), np.floor(h * F1_16)
+                e0, o0 = xq[m, 0, g, j], xq[m, 1, g, j]
+                a0 += e0 * (f - F16 * fhi) + o0 * fhi
+                b0 += e0 * (h - F16 * hhi) + o0 * hhi
+            t0 += s[n, g] * (a0 - F8 * xs[m, g])
+            u0 += s[n2, g] * (b0 - F8 * xs[m, g])
+        y[ym0 + m - m0, col], y[ym0 + m - m0, col2] = t0, u0
+
+
+@njit(**_OPTS)
+def _int4_dequant(w, n, s, out, r):
+    """out[r] = row n of w in fp32, scale applied, in the [2, G, group/2] even / odd order of xq."""
+    G, H = w.shape[1], w.shape[2]
+    for g in range(G):
+        sg = s[n, g]
+        for j in range(H):
+            f = np.float32(w[n, g, j])
+            hi = np.floor(f * F1_16)
+            out[r, 0, g, j] = (f - F16 * hi - F8) * sg
+            out[r, 1, g, j] = (hi - F8) * sg
+
+
+@njit(**_OPTS)
+def _int4_tile(xq, xs, m0, m1, w, n, n2, s, deq, y, ym0, col, col2):
+    """`_int4_rows`, or for 3+ x rows: widen rows n, n2 once into `deq` [2, 2, G, group/2] (L1)
+    and run the dense 4 × 2 tile on them (the nibble split is then paid once per 8 x rows)."""
+    if m1 - m0 < 3:
+        _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2)
+        return
+    _int4_dequant(w, n, s, deq, 0)
+    _int4_dequant(w, n2, s, deq, 1)
+    M, K = xq.shape[0], 2 * w.shape[1] * w.shape[2]
+    _dense_rows(xq.reshape(M, K), m0, m1, deq.reshape(2, K), 0, 1, F1, F1, y, ym0, col, col2)
+
+
+# --- small-M linear ------------------------------------------------------------------------------
+
+@njit(parallel=True, **_OPTS)
+def linear_dense(x, w, scale, y, block):
+    """x [M, K] fp32, w [N, K] fp32|int8, scale [N] fp32 → y [M, N]; prange over blocks of N."""
+    M, N = x.shape[0], w.shape[0]
+    for b in prange((N + block - 1) // block):
+        n1 = min(N, (b + 1) * block)
+        for mc in range(0, M, M_CHUNK):
+            for n in range(b * block, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _dense_rows(x, mc, min(M, mc + M_CHUNK), w, n, n2, scale[n], scale[n2], y, mc, n, n2)
+
+
+@njit(parallel=True, **_OPTS)
+def linear_int4(xq, xs, w, scale, y, block):
+    """xq [M, 2, G, group/2], xs [M, G] (see `_int4_rows`); w [N, G, group/2] u8, scale [N, G]."""
+    M, N = xq.shape[0], w.shape[0]
+    for b in prange((N + block - 1) // block):
+        deq = np.empty((2, 2, w.shape[1], w.shape[2]), np.float32)
+        n1 = min(N, (b + 1) * block)
+        for mc in range(0, M, M_CHUNK):
+            for n in range(b * block, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _int4_tile(xq, xs, mc, min(M, mc + M_CHUNK), w, n, n2, scale, deq, y, mc, n, n2)
+
+
+# --- grouped experts: w13 → SiLU(gate)·up → w2 ---------------------------------------------------
+
+@njit(**_OPTS)
+def _silu(g):
+    return g / (np.float32(1.0) + np.exp(-g))
+
+
+@njit(parallel=True, **_OPTS)
+def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
+    """x [N, D]; offsets [E+1]; active [A] non-empty experts; w13 [E, 2I, D], s13 [E, 2I];
+    w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]. Work items: (active expert, block)."""
+    I, D = w2.shape[2], w2.shape[1]
+    nb13 = (I + block13 - 1) // block13
+    for t in prange(active.shape[0] * nb13):
+        e, b = active[t // nb13], t % nb13
+        we, se = w13[e], s13[e]  # one view per work item
+        gu = np.empty((M_CHUNK, 2), np.float32)  # gate, up of one output column
+        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
+            m1 = min(offsets[e + 1], mc + M_CHUNK)
+            for j in range(b * block13, min(I, (b + 1) * block13)):
+                _dense_rows(x, mc, m1, we, j, I + j, se[j], se[I + j], gu, 0, 0, 1)
+                for i in range(m1 - mc):
+                    a[mc + i, j] = _silu(gu[i, 0]) * gu[i, 1]
+    nb2 = (D + block2 - 1) // block2
+    for t in prange(active.shape[0] * nb2):
+        e, b = active[t // nb2], t % nb2
+        we, se = w2[e], s2[e]
+        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
+            m1 = min(offsets[e + 1], mc + M_CHUNK)
+            n1 = min(D, (b + 1) * block2)
+            for n in range(b * block2, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _dense_rows(a, mc, m1, we, n, n2, se[n], se[n2], y, mc, n, n2)
+
+
+@njit(parallel=True, **_OPTS)
+def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
+    """Int4 twin of `experts_dense`: w13 [E, 2I, Gd, Hd], w2 [E, D, Gi, Hi] u8; x split as for
+    `linear_int4`; the activation is written straight into the same split layout
+    (aq [N, 2, Gi, Hi]) and its group sums asum [N, Gi] are filled before the w2 pass."""
+    D, Gi, Hi = w2.shape[1], w2.shape[2], w2.shape[3]
+    I = 2 * Gi * Hi
+    nb13 = (I + block13 - 1) // block13
+    for t in prange(active.shape[0] * nb13):
+        e, b = active[t // nb13], t % nb13
+        we, se = w13[e], s13[e]
+        gu = np.empty((M_CHUNK, 2), np.float32)
+        deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
+        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
+            m1 = min(offsets[e + 1], mc + M_CHUNK)
+            for j in range(b * block13, min(I, (b + 1) * block13)):
+                _int4_tile(xq, xs, mc, m1, we, j, I + j, se, deq, gu, 0, 0, 1)
+                for i in range(m1 - mc):
+                    aq[mc + i, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(gu[i, 0]) * gu[i, 1]
+    for m in prange(aq.shape[0]):
+        for g in range(Gi):
+            acc = F0
+            for j in range(Hi):
+                acc += aq[m, 0, g, j] + aq[m, 1, g, j]
+            asum[m, g] = acc
+    nb2 = (D + block2 - 1) // block2
+    for t in prange(active.shape[0] * nb2):
+        e, b = active[t // nb2], t % nb2
+        we, se = w2[e], s2[e]
+        deq = np.empty((2, 2, Gi, Hi), np.float32)
+        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
+            m1 = min(offsets[e + 1], mc + M_CHUNK)
+            n1 = min(D, (b + 1) * block2)
+            for n in range(b * block2, n1, 2):
+                n2 = min(n + 1, n1 - 1)
+                _int4_tile(aq, asum, mc, m1, we, n, n2, se, deq, y, mc, n, n2)

@@ -1,0 +1,108 @@
+"""The MoE `experts` phase on CPU: one grouped pass over rows already sorted by expert.
+
+  x [N, D] rows of expert e = x[offsets[e]:offsets[e+1]]
+    ── w13[e] [2I, D] ──► gate, up [n_e, I] ── silu(gate)·up ──► a [n_e, I] ── w2[e] [D, I] ──► y [N, D]
+
+Each expert's weights are read once per call for all its rows. The work is split into
+(non-empty expert, block of output rows) items, so a decode step with two active experts still
+keeps every core reading; the gate and up rows of one block are computed together, so the
+activation is written directly (no [N, 2I] buffer). Weights: fp32, int8 or int4 (`formats`), the
+same format for w13 and w2. Fast while rows per expert are few (decode); for long prefills the
+engine should keep torch's big GEMMs. Rows outside every segment come back as 0.
+Twin: `fused_experts_cpu_ref` (the per-expert torch loop).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
+from moetune.kernels.cpu.linear import split_int4_input
+from moetune.kernels.cpu.runtime import launch, numpy_view
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
+
+BLOCK_13 = 16  # gate/up row pairs per work item
+BLOCK_2 = 8  # w2 rows per work item
+
+
+def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: PackedWeight) -> None:
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"x_sorted must be a 2-D fp32 CPU tensor [N, D]; got {tuple(x.shape)} {x.dtype}")
+    if w13.fmt != w2.fmt or w13.fmt not in (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4):
+        raise ValueError(f"w13 and w2 must share one format of fp32/int8/int4; got {w13.fmt.name}, {w2.fmt.name}")
+    if w13.data.dim() != 3 or w2.data.dim() != 3:
+        raise ValueError("w13 must be [E, 2I, D] and w2 [E, D, I]")
+    E, D, I = w13.data.shape[0], x.shape[1], in_features(w2)
+    if tuple(w13.data.shape[:2]) != (E, 2 * I) or in_features(w13) != D or tuple(w2.data.shape[:2]) != (E, D):
+        raise ValueError(f"w13 must be [E, 2I, D] and w2 [E, D, I] with D={D}; got w13 data "
+                         f"{tuple(w13.data.shape)}, w2 data {tuple(w2.data.shape)} ({w13.fmt.name})")
+    if offsets.dim() != 1 or offsets.numel() != E + 1:
+        raise ValueError(f"offsets must be [E+1] = [{E + 1}], got {tuple(offsets.shape)}")
+    if w13.fmt == WeightFormat.INT4:
+        check_int4_group(D, w13.group_size)
+        check_int4_group(I, w2.group_size)
+
+
+def _segments(offsets: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets as int64, ids of the non-empty experts), after checking the segments fit x."""
+    off = offsets.to(torch.int64).contiguous()  # [E+1]
+    counts = off[1:] - off[:-1]  # [E]
+    if int(off[0]) < 0 or bool((counts < 0).any()) or int(off[-1]) > n_rows:
+        raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
+    return off, (counts > 0).nonzero().flatten()  # [E+1], [A]
+
+
+def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
+                      w2: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+    """x_sorted [N, D] fp32, offsets [E+1], w13 [E, 2I, D], w2 [E, D, I] → y [N, D] fp32."""
+    w13, w2 = as_packed(w13), as_packed(w2)
+    _check(x_sorted, offsets, w13, w2)
+    N, D = x_sorted.shape
+    off, active = _segments(offsets, N)
+    y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
+    if active.numel() == 0 or D == 0 or in_features(w2) == 0:
+        return y
+    with launch(threads, weight_bytes(w13, w2) * active.numel() // w13.data.shape[0]) as k:
+        run = _run_int4 if w13.fmt == WeightFormat.INT4 else _run_dense
+        run(k, x_sorted, off.numpy(), active.numpy(), w13, w2, y)
+    return y
+
+
+def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
+    (E, D), I = w2.data.shape[:2], w2.data.shape[2]
+    s13 = torch.ones(E, 2 * I) if w13.scale is None else w13.scale.float()  # [E, 2I]
+    s2 = torch.ones(E, D) if w2.scale is None else w2.scale.float()  # [E, D]
+    a = torch.empty(x.shape[0], I)  # [N, I] activation scratch
+    k.experts_dense(numpy_view(x), off, active, numpy_view(w13.data), numpy_view(s13),
+                    numpy_view(w2.data), numpy_view(s2), a.numpy(), y.numpy(), BLOCK_13, BLOCK_2)
+
+
+def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
+    (E, D), I = w2.data.shape[:2], in_features(w2)
+    N, Gi, Hi = x.shape[0], I // w2.group_size, w2.group_size // 2
+    xq, xs = split_int4_input(x, w13.group_size)  # [N, 2, Gd, Hd], [N, Gd]
+    aq = torch.empty(N, 2, Gi, Hi)  # activation, even / odd columns
+    asum = torch.empty(N, Gi)  # [N, I/group]
+    w13q = w13.data.contiguous().view(E, 2 * I, -1, w13.group_size // 2)  # [E, 2I, Gd, Hd]
+    w2q = w2.data.contiguous().view(E, D, Gi, Hi)  # [E, D, Gi, Hi]
+    k.experts_int4(numpy_view(xq), numpy_view(xs), off, active,
+                   numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
+                   numpy_view(w2.scale.float()), aq.numpy(), asum.numpy(), y.numpy(),
+                   BLOCK_13, BLOCK_2)
+
+
+def fused_experts_cpu_ref(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
+                          w2: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+    """Twin of `fused_experts_cpu`: dequantise, then the per-expert torch loop of `run_experts`."""
+    w13, w2 = as_packed(w13), as_packed(w2)
+    _check(x_sorted, offsets, w13, w2)
+    off, active = _segments(offsets, x_sorted.shape[0])
+    w13f, w2f = dequantize(w13), dequantize(w2)  # [E, 2I, D], [E, D, I]
+    I = w2f.shape[2]
+    y = torch.zeros(x_sorted.shape[0], x_sorted.shape[1])  # [N, D]
+    for e in active.tolist():
+        start, end = int(off[e]), int(off[e + 1])
+        h = x_sorted[start:end] @ w13f[e].t()  # [n_e, 2I]
+        y[start:end] = (F.silu(h[:, :I]) * h[:, I:]) @ w2f[e].t()  # [n_e, D]
+    return y

@@ -1,0 +1,69 @@
+"""Small-M linear on CPU: y = x @ W.T for a few rows of x sharing one read of W.
+
+  x [M, K] fp32 ── W [N, K] (fp32 | int8 per row | int4 per group, see `formats`) ──► y [M, N] fp32
+
+Decode reads every weight once per step, so the rate is the weight bytes over the memory
+bandwidth; torch's small-M sgemm and its int8 weight-only kernel sit well below that on AVX2.
+Fast for M ≤ ~16 (x rows are reused from cache); correct for any M. Twin: `linear_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
+from moetune.kernels.cpu.runtime import launch, numpy_view
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
+
+BLOCK_N = 8  # weight rows per work item
+
+
+def _check(x: torch.Tensor, w: PackedWeight) -> None:
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"x must be a 2-D fp32 CPU tensor [M, K]; got {tuple(x.shape)} {x.dtype} on {x.device}")
+    if w.data.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K]; got data of shape {tuple(w.data.shape)}")
+    if w.fmt not in (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4):
+        raise ValueError(f"the CPU linear takes fp32, int8 or int4 weights, not {w.fmt.name}")
+    if w.fmt == WeightFormat.NONE and w.data.dtype != torch.float32:
+        raise ValueError(f"an unquantised weight must be fp32, got {w.data.dtype}")
+    if in_features(w) != x.shape[1]:
+        raise ValueError(f"x has K={x.shape[1]} columns but the weight has K={in_features(w)}")
+    if w.fmt == WeightFormat.INT4:
+        check_int4_group(x.shape[1], w.group_size)
+
+
+def split_int4_input(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] → (xq [M, 2, G, group/2]: even columns then odd columns; group sums [M, G])."""
+    M, K = x.shape
+    G = K // group
+    xq = torch.stack((x[:, 0::2], x[:, 1::2]), dim=1).reshape(M, 2, G, group // 2).contiguous()
+    return xq, x.reshape(M, G, group).sum(-1).contiguous()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+    """x [M, K] fp32, w [N, K] (a bare tensor is fp32) → [M, N] fp32. `threads`: numba threads for
+    this call (None: numba's current default)."""
+    w = as_packed(w)
+    _check(x, w)
+    M, N = x.shape[0], w.data.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)  # [M, N]
+    if M == 0 or N == 0:
+        return y.zero_()
+    with launch(threads, weight_bytes(w)) as k:
+        if w.fmt == WeightFormat.INT4:
+            xq, xs = split_int4_input(x, w.group_size)  # [M, 2, G, group/2], [M, G]
+            wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
+            k.linear_int4(numpy_view(xq), numpy_view(xs), numpy_view(wq),
+                          numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
+        else:
+            scale = torch.ones(N) if w.scale is None else w.scale.float()  # [N]
+            k.linear_dense(numpy_view(x), numpy_view(w.data), numpy_view(scale), y.numpy(), BLOCK_N)
+    return y
+
+
+def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+    """Twin of `linear`: dequantise, then x @ W.T in fp32 (`threads` is ignored)."""
+    w = as_packed(w)
+    _check(x, w)
+    return x @ dequantize(w).t()  # [M, N]

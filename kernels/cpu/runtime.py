@@ -1,0 +1,59 @@
+"""Lazy access to the numba kernels and their thread count.
+
+Nothing here imports numba at import time: the first `jit()` call imports `_jit` (numba compiles
+each kernel on its first call for the given dtypes, then reuses the on-disk cache, `cache=True`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+
+SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
+CHUNK = 4  # work items a thread takes at a time: dynamic scheduling, so experts with more rows,
+# or a core busy with another process, do not hold the other threads at the barrier
+
+
+@functools.cache
+def jit() -> ModuleType:
+    """The `_jit` module (imports numba on first use)."""
+    return importlib.import_module("moetune.kernels.cpu._jit")
+
+
+def set_threads(threads: int | None) -> None:
+    """Default threads for kernels launched from this thread (None: leave as is; numba starts with
+    every core it sees; values above that are clamped to it)."""
+    if threads is None:
+        return
+    import numba
+
+    if threads < 1:
+        raise ValueError(f"threads must be ≥ 1, got {threads}")
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+@contextlib.contextmanager
+def launch(threads: int | None, weight_bytes: int) -> Iterator[ModuleType]:
+    """with launch(threads, weight_bytes) as k: k.some_kernel(...) — the kernels module, with
+    `threads` (None: the current default) for this call only, one thread when the weights are under
+    SERIAL_BYTES (waking a second thread costs more than it saves, and much more on a busy
+    machine), and dynamic scheduling for the parallel loops launched inside."""
+    k = jit()
+    import numba
+
+    before = numba.get_num_threads()
+    want = before if threads is None else threads
+    set_threads(1 if weight_bytes < SERIAL_BYTES else want)
+    try:
+        with numba.parallel_chunksize(CHUNK):
+            yield k
+    finally:
+        numba.set_num_threads(before)
+
+
+def numpy_view(t):
+    """A C-contiguous CPU tensor as a zero-copy numpy array."""
+    return t.detach().contiguous().numpy()

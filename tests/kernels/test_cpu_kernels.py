@@ -1,0 +1,141 @@
+"""CPU decode kernels (numba) against their torch twins, on awkward shapes; quantize round trips."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+from moetune.kernels.cpu import (dequantize_int4, dequantize_int8, fused_experts_cpu,  # noqa: E402
+                                 fused_experts_cpu_ref, linear, linear_ref, quantize_int4, quantize_int8)
+from moetune.kernels.cpu import runtime  # noqa: E402
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
+
+FORMATS = {"fp32": lambda w: w, "int8": quantize_int8, "int4g32": lambda w: quantize_int4(w, 32),
+           "int4g64": lambda w: quantize_int4(w, 64), "int4g128": lambda w: quantize_int4(w, 128)}
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def threads(request, monkeypatch):
+    """Run a test on one thread and, with the small-work rule off, on two (dynamic scheduling)."""
+    if request.param == "parallel":
+        monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
+        return 2
+    return 1
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(1.0, b.abs().max().item() if b.numel() else 1.0))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("M", [1, 3, 4, 16, 21])
+def test_linear_matches_twin(fmt, M, threads):
+    g = torch.Generator().manual_seed(M)
+    K = 128 if fmt.startswith("int4") else 95
+    w = FORMATS[fmt](torch.randn(47, K, generator=g))
+    x = torch.randn(M, K, generator=g)
+    close(linear(x, w, threads=threads), linear_ref(x, w))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4g64"])
+def test_linear_non_contiguous_and_empty(fmt):
+    g = torch.Generator().manual_seed(0)
+    w = FORMATS[fmt](torch.randn(33, 256, generator=g))
+    x = torch.randn(256, 5, generator=g).t()  # [5, 256], not contiguous
+    close(linear(x, w), linear_ref(x, w))
+    assert linear(x[:0], w).shape == (0, 33)
+    wt = torch.randn(256, 33, generator=g).t()  # a non-contiguous fp32 weight [33, 256]
+    close(linear(x, wt), linear_ref(x, wt))
+
+
+def test_linear_rejects_bad_input():
+    int4_k96 = PackedWeight(torch.zeros(4, 48, dtype=torch.uint8), torch.ones(4, 1), WeightFormat.INT4, 64)
+    with pytest.raises(ValueError, match="group size"):  # K = 96 is not a multiple of the group
+        linear(torch.randn(1, 96), int4_k96)
+    with pytest.raises(ValueError, match="group size"):
+        quantize_int4(torch.randn(4, 96), 64)
+    with pytest.raises(ValueError, match="K=8"):
+        linear(torch.randn(1, 8), torch.randn(4, 9))
+    with pytest.raises(ValueError, match="fp32"):
+        linear(torch.randn(1, 8, dtype=torch.float64), torch.randn(4, 8))
+
+
+def experts_case(rows_per_expert: list[int], D: int, I: int, fmt: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    E = len(rows_per_expert)
+    offsets = torch.tensor([0] + rows_per_expert).cumsum(0)  # [E+1]
+    x = torch.randn(int(offsets[-1]), D, generator=g)
+    w13 = FORMATS[fmt](torch.randn(E, 2 * I, D, generator=g) * 0.1)
+    w2 = FORMATS[fmt](torch.randn(E, D, I, generator=g) * 0.1)
+    return x, offsets, w13, w2
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [[1, 0, 0, 1], [0, 0, 19, 0], [3, 0, 5, 17], [0, 0, 0, 0]],
+                         ids=["decode-top2", "all-to-one", "uneven-empty", "no-rows"])
+def test_experts_match_twin(fmt, rows, threads):
+    D, I = (256, 128) if fmt.startswith("int4") else (47, 95)
+    x, offsets, w13, w2 = experts_case(rows, D, I, fmt)
+    y = fused_experts_cpu(x, offsets, w13, w2, threads=threads)
+    assert y.shape == (sum(rows), D)
+    close(y, fused_experts_cpu_ref(x, offsets, w13, w2))
+
+
+def test_experts_non_contiguous_int32_offsets_and_uncovered_rows():
+    x, offsets, w13, w2 = experts_case([2, 0, 3], 40, 24, "fp32")
+    x_nc = torch.stack([x, torch.zeros_like(x)], dim=-1)[..., 0]  # [5, 40] equal to x, stride 2
+    close(fused_experts_cpu(x_nc, offsets.int(), w13, w2), fused_experts_cpu_ref(x, offsets, w13, w2))
+    x_pad = torch.cat([x, torch.randn(2, 40)])  # two rows past offsets[-1] come back as 0
+    y = fused_experts_cpu(x_pad, offsets, w13, w2)
+    assert bool((y[5:] == 0).all())
+
+
+def test_experts_reject_bad_input():
+    x, offsets, w13, w2 = experts_case([1, 1], 64, 32, "fp32")
+    with pytest.raises(ValueError, match="offsets"):
+        fused_experts_cpu(x, torch.tensor([0, 2, 1]), w13, w2)
+    with pytest.raises(ValueError, match=r"\[E\+1\]"):
+        fused_experts_cpu(x, torch.tensor([0, 2]), w13, w2)
+    with pytest.raises(ValueError, match="share one format"):
+        fused_experts_cpu(x, offsets, quantize_int8(w13), w2)
+    with pytest.raises(ValueError, match="w13 must be"):
+        fused_experts_cpu(x, offsets, w13, w2[:, :, :16])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_round_trip_within_half_a_step(group):
+    w = torch.randn(3, 8, 256)
+    q = quantize_int4(w, group)
+    assert q.data.shape == (3, 8, 128) and q.scale.shape == (3, 8, 256 // group)
+    amax = w.view(3, 8, -1, group).abs().amax(-1).repeat_interleave(group, -1)  # [3, 8, 256]
+    assert bool(((dequantize_int4(q) - w).abs() <= amax * (0.5 / 7) + 1e-6).all())
+
+
+def test_int8_round_trip_within_half_a_step():
+    w = torch.randn(5, 95)
+    q = quantize_int8(w)
+    assert q.data.dtype == torch.int8 and q.scale.shape == (5,)
+    assert bool(((dequantize_int8(q) - w).abs() <= w.abs().amax(-1, keepdim=True) * (0.5 / 127) + 1e-6).all())
+
+
+def test_int4_nibble_layout_matches_the_triton_format():
+    w = torch.zeros(1, 32)
+    w[0, 0], w[0, 1] = 7.0, -7.0  # scale 1 → q + 8 = 15 (low nibble of byte 0), 1 (high nibble)
+    q = quantize_int4(w, 32)
+    assert q.data[0, 0].item() == 15 | (1 << 4)
+
+
+def test_threads_is_per_call():
+    import numba
+
+    before = numba.get_num_threads()
+    linear(torch.randn(2, 64), torch.randn(8, 64), threads=1)
+    assert numba.get_num_threads() == before
+
+
+def test_import_does_not_load_numba():
+    code = "import sys, moetune.kernels.cpu; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
