@@ -40,13 +40,14 @@ class PagedKVCache:
             pool.index_copy_(0, batch.slot_mapping, new.to(pool.dtype))
 
     def gather(self, layer: int, block_tables: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
-        """[B, length, ...] per entry: the first `length` tokens of each sequence's blocks."""
+        """[B, length, ...] per entry: the first `length` tokens of each sequence's blocks (one
+        index_select of whole blocks, each a contiguous copy)."""
         B, bs = block_tables.shape[0], self.block_size
-        blocks = block_tables[:, : (length + bs - 1) // bs]  # [B, nb]
+        blocks = block_tables[:, : (length + bs - 1) // bs].reshape(-1)  # [B*nb]
         out = []
         for pool in self.layers[layer]:
-            paged = pool.view(-1, bs, *pool.shape[1:])  # [N+1, bs, ...]
-            out.append(paged[blocks].view(B, -1, *pool.shape[1:])[:, :length])  # [B, length, ...]
+            paged = pool.view(-1, bs * pool[0].numel())  # [N+1, bs*entry]
+            out.append(paged.index_select(0, blocks).view(B, -1, *pool.shape[1:])[:, :length])  # [B, length, ...]
         return tuple(out)
 
     def read(self, layer: int, batch: StepBatch, b: int, length: int) -> tuple[torch.Tensor, ...]:
