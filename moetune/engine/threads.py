@@ -1,12 +1,12 @@
 """CPU threads of a process that runs a model: torch's intra-op pool and the numba CPU kernels.
 
 Set once, by the command, before the model runs (`use_threads`, from `--threads`; default: the
-cores this process may use, `os.sched_getaffinity`). Both pools are the same OpenMP runtime: torch
-ships libgomp and numba's `omp` threading layer (which `moetune.kernels.cpu` selects) links against
-the same library, so a decode step alternating torch ops and numba kernels reuses one team of
-threads instead of two teams fighting for the cores. How the threads wait between parallel
-regions (spinning or sleeping, `OMP_WAIT_POLICY`) is read when torch loads; see docs/cpu.md for
-the choice and its measurements.
+cores this process may use, `os.sched_getaffinity`). Both pools are OpenMP: torch ships its own
+libgomp, and numba's `omp` threading layer (which `moetune.kernels.cpu` selects) links against
+the system's copy, so a process holds two OpenMP runtimes with a team of threads each. How their
+threads wait between parallel regions (spinning or sleeping, `OMP_WAIT_POLICY`) is read when each
+runtime loads, i.e. before torch is imported: `sleep_between_regions` (the CLI calls it first
+thing) makes them sleep; docs/cpu.md has the reasons and the measurements.
 """
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+
+
+def sleep_between_regions() -> None:
+    """OpenMP threads sleep as soon as a parallel region ends instead of spinning for a while
+    (`OMP_WAIT_POLICY=PASSIVE`, unless the environment says otherwise). Effective only before torch
+    (and numba) are imported. Spinning workers of one runtime steal the cores the other runtime's
+    region, or another process, is waiting for; on a shared 2-core machine a decode step was 2-3×
+    slower with them (docs/cpu.md)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def available_cores() -> int:

@@ -25,10 +25,11 @@ def jit() -> ModuleType:
 
 
 def _choose_threading_layer() -> None:
-    """numba's `omp` layer, unless NUMBA_THREADING_LAYER says otherwise. torch is loaded first and
-    brings its libgomp; numba's OpenMP pool links the same soname, so the dynamic loader binds it
-    to torch's copy and the kernels' parallel regions reuse torch's team of threads (a `tbb` or
-    `workqueue` layer would add a second team on the same cores)."""
+    """numba's `omp` layer (GNU OpenMP), unless NUMBA_THREADING_LAYER says otherwise: safe to launch
+    from several threads at once (`workqueue` aborts the process then), and it honours
+    OMP_WAIT_POLICY like torch's own OpenMP runtime (a separate copy of libgomp: two teams of
+    threads, which is why moetune's CLI makes both sleep between regions, docs/cpu.md). `tbb`,
+    which numba prefers when installed, would add a third pool that ignores that setting."""
     import os
 
     import numba
