@@ -18,9 +18,12 @@ mean KL(p_fp32 ‖ p_quant) per token and top-1 agreement.
 from __future__ import annotations
 
 import argparse
-import statistics
 
-import torch
+from moetune.engine.threads import sleep_between_regions, use_threads
+
+sleep_between_regions()  # as the CLI does, before torch loads OpenMP (docs/cpu.md)
+
+import torch  # noqa: E402
 
 
 def quantize_experts(model, fmt: str) -> None:
@@ -102,7 +105,8 @@ def main() -> None:
     p.add_argument("--quality-prompts", type=int, default=32)
     p.add_argument("--no-quality", action="store_true")
     args = p.parse_args()
-    print(f"torch threads {torch.get_num_threads()}")
+    use_threads(None)
+    print(f"threads {torch.get_num_threads()}")
     for fmt in args.experts:
         speed(args.model, fmt, args.batch, args.steps, args.runs)
     if not args.no_quality:

@@ -17,6 +17,7 @@ measures the engine before and after a change: `PYTHONPATH=/path/to/other/checko
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -47,6 +48,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--kernel-backend", default=None)
     args = p.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as moetune's CLI does (docs/cpu.md); before torch
 
     import torch
 
