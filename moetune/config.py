@@ -21,7 +21,8 @@ class ModelConfig(_Section):
     path: str | None = None  # checkpoint dir or bundled name; None = the bundled default
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: fp32 on CPU, bf16 on CUDA
     device: str = "auto"  # auto: cuda if available, else cpu
-    kernel_backend: Literal["auto", "torch", "triton"] = "auto"
+    kernel_backend: Literal["auto", "torch", "cpu", "triton"] = "auto"  # auto: triton on CUDA, cpu elsewhere
+    threads: int | None = Field(None, ge=1)  # CPU threads (torch and the CPU kernels); None: the cores it may use
 
 
 class ParallelConfig(_Section):

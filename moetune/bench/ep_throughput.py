@@ -96,8 +96,8 @@ class _Tally:
 
     def row(self, workload: str, tokens: int, timing) -> EPBenchRow:
         secs = max(self.seconds, 1e-12)
-        row = EPBenchRow("moetune", workload, tokens, timing, self.a2a / secs, self.wait / secs,
-                         self.bytes / max(self.steps, 1))
+        row = EPBenchRow("moetune", workload, tokens, timing, a2a_share=self.a2a / secs, wait_share=self.wait / secs,
+                         bytes_per_step=self.bytes / max(self.steps, 1))
         self.reset()
         return row
 

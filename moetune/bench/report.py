@@ -1,22 +1,52 @@
-"""Bench rows → a rich table with the moetune / transformers ratio."""
+"""Bench rows → a rich table with the moetune / transformers ratio and moetune's achieved rate set
+against the machine's limits measured in the same run."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
+from moetune.bench.roofline import FORMULAS, Limits
 from moetune.bench.throughput import BenchRow
 
 
-def bench_table(rows: list[BenchRow], title: str) -> Table:
+def bench_table(rows: list[BenchRow], title: str, limits: Limits | None = None) -> Table:
     table = Table(title=f"tokens/s (median of runs; min–max) · {title}")
-    for col in ("workload", "moetune tok/s", "transformers tok/s", "ratio"):
+    cols = ["workload", "moetune tok/s", "transformers tok/s", "ratio"] + (["moetune rate", "of limit"] if limits else [])
+    for col in cols:
         table.add_column(col, justify="right" if col != "workload" else "left")
     by_key = {(r.engine, r.workload): r for r in rows}
     for workload in dict.fromkeys(r.workload for r in rows):
         ours, ref = by_key.get(("moetune", workload)), by_key.get(("transformers", workload))
-        table.add_row(workload, _cell(ours), _cell(ref),
-                      f"{ours.tokens_per_s / ref.tokens_per_s:.2f}×" if ours and ref else "–")
+        cells = [workload, _cell(ours), _cell(ref), f"{ours.tokens_per_s / ref.tokens_per_s:.2f}×" if ours and ref else "–"]
+        if limits:
+            cells += _rate(ours, limits)
+        table.add_row(*cells)
     return table
+
+
+def limits_lines(limits: Limits) -> list[str]:
+    """The machine's limits (measured in this run) and the formula behind every rate, one per line."""
+    r, m = limits.read_timing, limits.matmul_timing
+    read = f"{limits.read_gbs:,.1f} GB/s ({limits.read_gbs * r.median_s / r.max_s:,.1f}–" \
+           f"{limits.read_gbs * r.median_s / r.min_s:,.1f})"
+    mm = f"{limits.matmul_gflops:,.1f} GFLOP/s ({limits.matmul_gflops * m.median_s / m.max_s:,.0f}–" \
+         f"{limits.matmul_gflops * m.median_s / m.min_s:,.0f})"
+    return ["machine limits, measured in this run (median of 5; min–max):",
+            f"  read limit    {read:<28} {FORMULAS['read limit']}",
+            f"  matmul limit  {mm:<28} {FORMULAS['matmul limit']}",
+            "rates (moetune rate column; of limit = rate / the limit above):",
+            f"  decode        {FORMULAS['decode']}",
+            f"  prefill       {FORMULAS['prefill']}"]
+
+
+def _rate(row: BenchRow | None, limits: Limits) -> list[str]:
+    if row is None:
+        return ["–", "–"]
+    if row.weight_bytes:
+        return [f"{row.gbytes_per_s:,.1f} GB/s", f"{row.gbytes_per_s / limits.read_gbs:.0%}"]
+    if row.flops:
+        return [f"{row.gflops_per_s:,.1f} GFLOP/s", f"{row.gflops_per_s / limits.matmul_gflops:.0%}"]
+    return ["–", "–"]
 
 
 def _cell(row: BenchRow | None) -> str:

@@ -2,14 +2,18 @@
 
 prefill tokens/s = prompt tokens / time of one engine step over the prompt (batch 1)
 decode tokens/s  = batch × steps / time of `steps` engine decode steps after a prefill of `context`
+and, for moetune, the work those steps did (weight bytes read by decode, FLOPs of prefill; see
+`roofline`), so that the achieved rates can be set against the machine's own limits.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
+from moetune.bench.roofline import dense_weight_bytes, expert_bytes, prefill_flops
 from moetune.bench.timing import Timing, measure
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
@@ -33,10 +37,20 @@ class BenchRow:
     workload: str  # "prefill b=1 len=512", "decode b=16"
     tokens: int
     timing: Timing
+    weight_bytes: float = 0.0  # decode: weight bytes one timed run read (0: not counted)
+    flops: float = 0.0  # prefill: FLOPs of one timed run (0: not counted)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.timing.median_s
+
+    @property
+    def gbytes_per_s(self) -> float:
+        return self.weight_bytes / self.timing.median_s / 1e9
+
+    @property
+    def gflops_per_s(self) -> float:
+        return self.flops / self.timing.median_s / 1e9
 
 
 def random_prompts(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
@@ -50,6 +64,7 @@ def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
     batch whose prompts (decode_context tokens each) were prefilled before the clock started."""
     dev, vocab = model.device, model.spec.vocab_size
     engine = _engine(model, s)
+    routed = RoutedExperts(model)
     prompt = random_prompts(vocab, 1, s.prefill_len, s.seed)[0].tolist()
     one = SamplingParams(max_tokens=1, ignore_eos=True)
 
@@ -57,7 +72,8 @@ def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
         engine.add_request(prompt, one)
         engine.step()
 
-    rows = [BenchRow("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len, measure(prefill, dev, s.runs))]
+    rows = [BenchRow("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len, measure(prefill, dev, s.runs),
+                     flops=prefill_flops(model, s.prefill_len))]
     params = SamplingParams(max_tokens=s.decode_steps + 1, ignore_eos=True)
     for b in s.decode_batches:
         prompts = random_prompts(vocab, b, s.decode_context, s.seed + b).tolist()
@@ -68,11 +84,59 @@ def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
             engine.step()  # the prefill, untimed; every sequence samples its first token
 
         def decode(_) -> None:
-            for _ in range(s.decode_steps):
-                engine.step()
+            with routed.counting():
+                for _ in range(s.decode_steps):
+                    engine.step()
 
-        rows.append(BenchRow("moetune", f"decode b={b}", b * s.decode_steps, measure(decode, dev, s.runs, setup=setup)))
+        timing = measure(decode, dev, s.runs, warmup=WARMUP, setup=setup)
+        read = s.decode_steps * dense_weight_bytes(model) + routed.take() * expert_bytes(model) / (s.runs + WARMUP)
+        rows.append(BenchRow("moetune", f"decode b={b}", b * s.decode_steps, timing, weight_bytes=read))
+    routed.detach()
     return rows
+
+
+WARMUP = 1  # untimed runs before the timed ones (every run decodes the same tokens: same routing)
+
+
+class RoutedExperts:
+    """Counts the distinct experts each MoE layer computes per step, by wrapping the model's expert
+    store while counting (the ids are kept as tensors and counted afterwards, off the clock)."""
+
+    def __init__(self, model: MoETransformer):
+        from moetune.moe.layer import MoELayer
+
+        self.layers = [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoELayer)]
+        self.store = model.experts
+        self.ids: list[torch.Tensor] = []
+        self.on = False
+        for layer in self.layers:
+            layer.store = self
+
+    def acquire(self, layer: int, topk_ids: torch.Tensor):
+        if self.on:
+            self.ids.append(topk_ids)
+        return self.store.acquire(layer, topk_ids)
+
+    def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
+        self.store.prefetch(layer, topk_ids)
+
+    @contextlib.contextmanager
+    def counting(self):
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+    def take(self) -> int:
+        """Σ over the layer-steps recorded so far of the distinct experts routed; then forget them."""
+        n = sum(int(ids.unique().numel()) for ids in self.ids)
+        self.ids = []
+        return n
+
+    def detach(self) -> None:
+        for layer in self.layers:
+            layer.store = self.store
 
 
 def _engine(model: MoETransformer, s: BenchSettings) -> Engine:

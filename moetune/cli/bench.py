@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt, RedundantOpt
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
+                                 RedundantOpt, ThreadsOpt)
 
 
 def bench(
@@ -22,16 +23,18 @@ def bench(
     ep_size: Optional[int] = EpSizeOpt,
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
+    threads: Optional[int] = ThreadsOpt,
 ) -> None:
-    """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up."""
+    """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up, with the
+    achieved GB/s (decode) and GFLOP/s (prefill) against the machine's limits measured in the same run."""
     from rich.console import Console
 
-    from moetune.cli.options import Target, checked_config
+    from moetune.cli.options import Target, apply_threads, checked_config
     from moetune.errors import MoetuneError
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     target = Target(cfg)
     settings = _settings(prefill_len, decode_steps, runs)
     _check_fits(target, settings)
@@ -39,13 +42,17 @@ def bench(
         if against:
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1")
         return _bench_ep(cfg, settings)
-    from moetune.bench.report import bench_table
+    from moetune.bench.report import bench_table, limits_lines
+    from moetune.bench.roofline import measure_limits
     from moetune.bench.throughput import bench_moetune
     from moetune.model.loader import load_model
 
+    apply_threads(cfg)
     model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
-    console = Console(stderr=False)
+    console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
     ours = load_model(model_dir, torch_dtype, dev, cfg.model.kernel_backend)
+    with console.status("machine limits ..."):
+        limits = measure_limits(dev)
     with console.status("moetune ..."):
         rows = bench_moetune(ours, settings)
     vocab = ours.spec.vocab_size
@@ -55,7 +62,15 @@ def bench(
 
         with console.status("transformers ..."):
             rows += bench_transformers(load_transformers(model_dir, torch_dtype, dev), vocab, settings, dev)
-    console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev}"))
+    console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev} · {_threads(dev)}", limits))
+    for line in limits_lines(limits):
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def _threads(dev) -> str:
+    import torch
+
+    return "GPU" if dev.type == "cuda" else f"threads {torch.get_num_threads()}"
 
 
 def _settings(prefill_len: int, decode_steps: int, runs: int):

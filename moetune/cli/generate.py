@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt, RedundantOpt
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
+                                 RedundantOpt, ThreadsOpt)
 
 
 def generate(
@@ -28,18 +29,19 @@ def generate(
     ep_size: Optional[int] = EpSizeOpt,
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
+    threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Generate a completion for one prompt, streamed to stdout."""
     import functools
 
     from moetune.cli import checks
-    from moetune.cli.options import Target, checked_config
+    from moetune.cli.options import Target, apply_threads, checked_config
 
     checks.sampling(max_tokens, temperature, top_p, top_k, seed)
     checks.text("--prompt", prompt)
     for s in stop:
         checks.text("--stop", s)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     target = Target(cfg)
     limit = target.spec.max_position
     prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
@@ -55,6 +57,7 @@ def generate(
 
         run_ranks(cfg, functools.partial(_stream_rank, prompt, params, chat))
         return
+    apply_threads(cfg)
     generator = build_generator(cfg)
     _print(generator.stream(_prompt(generator, prompt, chat), params))
 

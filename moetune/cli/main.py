@@ -39,5 +39,8 @@ app.command(name="bench-serve")(bench_serve)
 
 def main() -> None:
     from moetune.cli.funnel import run_cli
+    from moetune.engine.threads import sleep_between_regions
+
+    sleep_between_regions()  # before torch loads its OpenMP runtime (docs/cpu.md)
 
     run_cli(app, COMMANDS)

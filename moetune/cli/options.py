@@ -10,7 +10,10 @@ ModelOpt = typer.Option(None, "--model", "-m", help="Checkpoint directory or bun
 RecipeOpt = typer.Option(None, "--recipe", "-r", help="Recipe YAML (recipes/*.yaml); flags override it.")
 DtypeOpt = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 on CUDA).")
 DeviceOpt = typer.Option(None, "--device", help="cpu | cuda | cuda:N (default: cuda if present).")
-BackendOpt = typer.Option(None, "--kernel-backend", help="torch | triton (default: triton on CUDA, torch elsewhere).")
+BackendOpt = typer.Option(None, "--kernel-backend", help="torch | cpu | triton (default: triton on CUDA, cpu "
+                                                          "elsewhere: the numba decode kernels).")
+ThreadsOpt = typer.Option(None, "--threads", min=1, help="CPU threads for torch and the CPU kernels (default: recipe, "
+                                                  "else the cores this process may use).")
 
 EpSizeOpt = typer.Option(None, "--ep-size", help="Expert-parallel ranks R (default: recipe, else 1); spawns R "
                                                  "processes, or joins torchrun's group.")
@@ -20,7 +23,8 @@ RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical sl
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
-               placement: Optional[str] = None, redundant_experts: Optional[int] = None):
+               placement: Optional[str] = None, redundant_experts: Optional[int] = None,
+               threads: Optional[int] = None):
     """Recipe (or defaults) with command-line flags applied on top."""
     from moetune.cli.checks import recipe_file
     from moetune.config import RunConfig, load_recipe, parse_config
@@ -28,7 +32,7 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
     if recipe:
         recipe_file(recipe)
     cfg = load_recipe(recipe) if recipe else RunConfig()
-    overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend}
+    overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend, "threads": threads}
     model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
     par = {"ep_size": ep_size, "placement": placement, "redundant_experts": redundant_experts}
     parallel = {**cfg.parallel.model_dump(), **{k: v for k, v in par.items() if v is not None}}
@@ -37,13 +41,21 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
 
 def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                    device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
-                   placement: Optional[str] = None, redundant_experts: Optional[int] = None):
+                   placement: Optional[str] = None, redundant_experts: Optional[int] = None,
+                   threads: Optional[int] = None):
     """`run_config` plus the checks a config needs before anything is loaded (a known device)."""
     from moetune.cli import checks
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     checks.device(cfg.model.device)
     return cfg
+
+
+def apply_threads(cfg) -> None:
+    """Set the process's CPU threads (torch and the CPU kernels) once, before a model is loaded."""
+    from moetune.engine.threads import use_threads
+
+    use_threads(cfg.model.threads)
 
 
 class Target:

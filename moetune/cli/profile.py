@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, ThreadsOpt
 
 
 def profile(
@@ -30,24 +30,26 @@ def profile(
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
+    threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
     from pathlib import Path
 
     from moetune.cli import checks
-    from moetune.cli.options import checked_config
+    from moetune.cli.options import apply_threads, checked_config
     from moetune.profile.runner import ProfileSettings
     from moetune.profile.workload import Workload
 
     workload = Workload(prompts, num_requests, batch_size, input_len, output_len, warmup_steps)
     workload.check()
     checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, threads=threads)
     settings = ProfileSettings(cfg, workload, ep_size, ranks_per_node, capacity_factor, trace,
                                Path(out) if out else None)
     if not overhead:
         checks.output_dir("--out", settings.out or settings.runs_root)
     _preflight(settings)
+    apply_threads(cfg)
     if overhead:
         return _overhead(settings)
     _profile(settings, report)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, run_config
+from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, ThreadsOpt, apply_threads, run_config
 
 
 def serve(
@@ -23,15 +23,18 @@ def serve(
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
+    threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
     from moetune.config import parse_config
     from moetune.serve.server import run_server
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, threads=threads)
     serve_over = {"host": host, "port": port, "max_queue": max_queue}
     engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     data = cfg.model_dump()
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
-    run_server(parse_config(data, source="command line"), api_key)
+    cfg = parse_config(data, source="command line")
+    apply_threads(cfg)
+    run_server(cfg, api_key)

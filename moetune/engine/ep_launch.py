@@ -27,6 +27,7 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
+from moetune.engine.threads import single_threaded
 from moetune.errors import MoetuneError
 
 T = TypeVar("T")
@@ -83,16 +84,12 @@ def _spawn(job, rv: _Rendezvous):
             proc = ctx.Process(target=_child_main, args=(job, rank, rv), name=f"moetune-rank{rank}")
             proc.start()
             procs.append(proc)
-    threads = torch.get_num_threads()
-    if rv.device == "cpu":
-        torch.set_num_threads(1)
     try:
-        result = _run_rank(job, 0, rv, procs)
+        with single_threaded() if rv.device == "cpu" else contextlib.nullcontext():
+            result = _run_rank(job, 0, rv, procs)
     except BaseException:
         _stop(procs, grace_s=5.0)
         raise
-    finally:
-        torch.set_num_threads(threads)
     _stop(procs, grace_s=rv.timeout_s)
     failed = [(p, p.exitcode) for p in procs if p.exitcode not in (0, None)]
     if failed:
@@ -240,17 +237,20 @@ def _stop(procs, grace_s: float) -> None:
 
 @contextlib.contextmanager
 def _child_env(device: str):
-    """Spawned CPU ranks start with one OpenMP thread each (the parent's environment is restored)."""
-    saved = os.environ.get("OMP_NUM_THREADS")
+    """Spawned CPU ranks start with one OpenMP thread and one CPU-kernel thread each (the parent's
+    environment is restored)."""
+    names = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
     if device == "cpu":
-        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ.update({name: "1" for name in names})
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _free_port() -> int:

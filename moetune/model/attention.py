@@ -2,46 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
+from moetune.model.linear import Linear  # noqa: F401  (re-exported: Linear used to live here)
 from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
 from moetune.spec import GQASpec
 
 
-@dataclass
-class Linear:
-    weight: torch.Tensor  # [out, in]
-    bias: torch.Tensor | None = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
-
-
 class GQAAttention:
-    def __init__(self, layer: int, spec: GQASpec, q: Linear, k: Linear, v: Linear, o: Linear,
+    def __init__(self, layer: int, spec: GQASpec, qkv: Linear, o: Linear,
                  q_norm: RMSNorm | None, k_norm: RMSNorm | None, rotary: Rotary):
+        """qkv: the q, k and v projections fused (`Linear.fused`), output [H*Dh | Hkv*Dh | Hkv*Dh]."""
         self.layer, self.spec = layer, spec
-        self.q, self.k, self.v, self.o = q, k, v, o
+        self.qkv, self.o = qkv, o
         self.q_norm, self.k_norm = q_norm, k_norm
         self.rotary = rotary
         self.scale = spec.head_dim**-0.5
+        kv = spec.num_kv_heads * spec.head_dim
+        self.split = [spec.num_heads * spec.head_dim, kv, kv]
 
     def tensors(self) -> list[torch.Tensor]:
-        parts = [self.q, self.k, self.v, self.o, self.q_norm, self.k_norm]
+        parts = [self.qkv, self.o, self.q_norm, self.k_norm]
         return [t for part in parts if part is not None for t in part.tensors()]
 
     def __call__(self, x: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos, sin) -> torch.Tensor:
         T, s = x.shape[0], self.spec
-        q, k, v = self.q(x), self.k(x), self.v(x)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        q, k, v = self.qkv(x).split(self.split, dim=-1)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
         if s.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if s.clip_qkv is not None:

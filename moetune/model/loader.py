@@ -8,7 +8,8 @@ import torch
 
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.quant_formats import plain
-from moetune.model.attention import GQAAttention, Linear
+from moetune.model.attention import GQAAttention
+from moetune.model.linear import SMALL_M, Linear, project
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.naming import TensorNames
@@ -38,6 +39,7 @@ def load_model(
     sends token copies through `dispatcher`. Without one, every expert is local (R = 1)."""
     model_dir = Path(model_dir)
     backend = resolve_backend(kernel_backend, torch.device(device))
+    small_m = SMALL_M if backend.name == "cpu" and dtype == torch.float32 else 0  # CPU decode kernels
     spec = read_spec(model_dir)
     validate_checkpoint(model_dir, spec)  # headers only: shapes, dtypes, truncation, tokenizer files
     if placement is not None:
@@ -46,34 +48,52 @@ def load_model(
     names = TensorNames(spec.model_type)
     experts = ResidentExpertStore({i: _experts(source, names, spec, i, placement, rank) for i in spec.moe_layers})
     rotary = Rotary(spec.rope, torch.device(device))
-    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher)
+    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m)
               for i in range(spec.num_layers)]
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps)
-    return MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts)
+    model = MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts, small_m)
+    if backend.name == "cpu":
+        _warm_cpu_kernels(model, backend)
+    return model
 
 
-def _linear(source: WeightSource, prefix: str) -> Linear:
-    return Linear(source.get(prefix + ".weight"), source.get_optional(prefix + ".bias"))
+def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
+    """Compile the CPU kernels this model calls (or load them from numba's disk cache) at load time,
+    not in the first request: a decode-shaped projection, and the experts of each weight format."""
+    if model.small_m:
+        project(model.embed.new_zeros(1, model.spec.hidden_size), model.lm_head[:2], small_m=model.small_m)
+    formats = set()
+    for i in model.experts.layers():
+        weights = model.experts.acquire(i, torch.zeros(1, model.spec.moe.router.top_k, dtype=torch.long))
+        if (weights.w13.fmt, weights.w13.data.dtype) not in formats:
+            formats.add((weights.w13.fmt, weights.w13.data.dtype))
+            backend.warm(weights)
+
+
+def _linear(source: WeightSource, prefix: str, small_m: int = 0) -> Linear:
+    return Linear(source.get(prefix + ".weight"), source.get_optional(prefix + ".bias"), small_m)
 
 
 def _norm(source: WeightSource, name: str, eps: float) -> RMSNorm:
     return RMSNorm(source.get(name), eps)
 
 
-def _gated_mlp(source: WeightSource, prefix: str, proj=("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
+def _gated_mlp(source: WeightSource, prefix: str, small_m: int = 0,
+               proj=("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
     gate, up, down = (source.get(f"{prefix}{p}.weight") for p in proj)
-    return GatedMLP(gate, up, down)
+    return GatedMLP(gate, up, down, small_m)
 
 
-def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary):
+def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, small_m: int = 0):
     p = f"model.layers.{i}.self_attn."
     eps = spec.rms_norm_eps
     if isinstance(spec.attention, GQASpec):
         has_norm = spec.attention.qk_norm != "none"
+        qkv = Linear.fused([_linear(source, p + n) for n in ("q_proj", "k_proj", "v_proj")], small_m)
         return GQAAttention(
-            i, spec.attention, *(_linear(source, p + n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            i, spec.attention, qkv, _linear(source, p + "o_proj", small_m),
             _norm(source, p + "q_norm.weight", eps) if has_norm else None,
             _norm(source, p + "k_norm.weight", eps) if has_norm else None,
             rotary,
@@ -82,13 +102,13 @@ def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary):
     lora = mla.q_lora_rank is not None
     return MLAttention(
         i, mla, spec.rope,
-        _linear(source, p + "q_a_proj") if lora else None,
+        _linear(source, p + "q_a_proj", small_m) if lora else None,
         _norm(source, p + "q_a_layernorm.weight", eps) if lora else None,
-        _linear(source, p + ("q_b_proj" if lora else "q_proj")),
-        _linear(source, p + "kv_a_proj_with_mqa"),
+        _linear(source, p + ("q_b_proj" if lora else "q_proj"), small_m),
+        _linear(source, p + "kv_a_proj_with_mqa", small_m),
         _norm(source, p + "kv_a_layernorm.weight", eps),
-        _linear(source, p + "kv_b_proj"),
-        _linear(source, p + "o_proj"),
+        _linear(source, p + "kv_b_proj"),  # only its halves W_UK, W_UV are used (einsums)
+        _linear(source, p + "o_proj", small_m),
         rotary,
     )
 
@@ -117,25 +137,28 @@ def _experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int,
     return ExpertWeights(plain(w13), plain(w2), placement.slot_map(i, source.device))
 
 
-def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend, dispatcher
-         ) -> MoELayer:
+def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend, dispatcher,
+         small_m: int = 0) -> MoELayer:
     shared = None
     if spec.moe.shared_intermediate_size:
         gate = source.get(names.shared_gate(i)) if spec.moe.shared_gate else None
-        shared = SharedExpert(_gated_mlp(source, names.shared(i)), gate)
+        shared = SharedExpert(_gated_mlp(source, names.shared(i), small_m), gate)
     bias = source.get(names.router_bias(i), torch.float32) if spec.moe.router.has_selection_bias else None
     gate = source.get(names.router_weight(i), torch.float32)
     return MoELayer(i, spec.moe, gate, bias, experts, shared, backend, dispatcher)
 
 
 def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: Rotary, experts, backend,
-                   dispatcher=None) -> DecoderLayer:
+                   dispatcher=None, small_m: int = 0) -> DecoderLayer:
     p = names.layer(i)
-    mlp = _moe(source, names, spec, i, experts, backend, dispatcher) if spec.layers[i].is_moe else _gated_mlp(source, names.dense_mlp(i))
+    if spec.layers[i].is_moe:
+        mlp = _moe(source, names, spec, i, experts, backend, dispatcher, small_m)
+    else:
+        mlp = _gated_mlp(source, names.dense_mlp(i), small_m)
     return DecoderLayer(
         index=i,
         attn_norm=_norm(source, p + "input_layernorm.weight", spec.rms_norm_eps),
-        attention=_attention(source, spec, i, rotary),
+        attention=_attention(source, spec, i, rotary, small_m),
         mlp_norm=_norm(source, p + "post_attention_layernorm.weight", spec.rms_norm_eps),
         mlp=mlp,
     )

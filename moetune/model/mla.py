@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from moetune.model.attention import Linear, causal_mask
+from moetune.model.attention import causal_mask
+from moetune.model.linear import Linear
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.norm import RMSNorm

@@ -5,17 +5,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from moetune.model.linear import project
+
 
 class GatedMLP:
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, small_m: int = 0):
         self.w13 = torch.cat([gate, up], dim=0)  # [2I, D]
         self.w2 = down  # [D, I]
         self.intermediate = gate.shape[0]
+        self.small_m = small_m  # rows up to which the CPU decode kernel runs (see model/linear.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D]
-        h = x @ self.w13.t()  # [T, 2I]
+        h = project(x, self.w13, small_m=self.small_m)  # [T, 2I]
         h = F.silu(h[:, : self.intermediate]) * h[:, self.intermediate :]  # [T, I]
-        return h @ self.w2.t()  # [T, D]
+        return project(h, self.w2, small_m=self.small_m)  # [T, D]
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.w13, self.w2]

@@ -10,6 +10,7 @@ from moetune.experts.store import ExpertStore
 from moetune.model.attention import GQAAttention
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
+from moetune.model.linear import project
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.norm import RMSNorm
@@ -41,7 +42,7 @@ class DecoderLayer:
 
 class MoETransformer:
     def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
-                 lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore):
+                 lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore, small_m: int = 0):
         self.spec = spec
         self.embed = embed  # [V, D]
         self.layers = layers
@@ -49,6 +50,7 @@ class MoETransformer:
         self.lm_head = lm_head  # [V, D] (the embedding itself when tied)
         self.rotary = rotary
         self.experts = experts
+        self.small_m = small_m  # rows up to which projections run the CPU decode kernel (model/linear.py)
         self.probe: Probe | None = None
 
     @property
@@ -85,7 +87,8 @@ class MoETransformer:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (hidden @ self.lm_head.t()).float()  # [N, V]
+        """hidden [N, D] of the rows that sample → [N, V] fp32."""
+        return project(hidden, self.lm_head, small_m=self.small_m).float()  # [N, V]
 
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         return PagedKVCache(self.spec, num_blocks, block_size, self.device, self.dtype)

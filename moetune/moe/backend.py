@@ -1,8 +1,8 @@
-"""Kernel backends for the MoE phases: `torch` (plain torch, runs anywhere) and `triton`.
+"""Kernel backends for the MoE phases: `torch` (plain torch, runs anywhere), `cpu` (numba) and `triton`.
 
 A backend supplies the compute of each phase; `MoELayer` keeps the phase order, the probe hooks,
 the dispatcher and the named outputs, whose meaning is the same under every backend.
-`resolve_backend("auto")` picks triton on CUDA and torch elsewhere.
+`resolve_backend("auto")` picks triton on CUDA and cpu elsewhere.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from moetune.moe.router import select_experts
 from moetune.moe.unpermute import unpermute
 from moetune.spec import RouterSpec
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "cpu", "triton")
 
 
 class MoEBackend(Protocol):
@@ -69,9 +69,16 @@ def _interpret_off_cuda(device: torch.device) -> None:
 
 def resolve_backend(name: str, device: torch.device) -> MoEBackend:
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
     if name == "torch":
         return TorchBackend()
+    if name == "cpu":
+        if device.type != "cpu":
+            raise MoetuneError(f"kernel backend 'cpu' runs on the CPU, not {device.type}; "
+                               "choose --kernel-backend triton or torch there")
+        from moetune.moe.cpu_backend import CPUBackend  # its own file; numba loads on the first kernel call
+
+        return CPUBackend()
     if name == "triton":
         _interpret_off_cuda(device)
         from moetune.moe.triton_backend import TritonBackend  # imports triton: only when asked

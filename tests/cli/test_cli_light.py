@@ -3,7 +3,7 @@ import sys
 
 
 def test_the_cli_imports_no_torch_or_transformers():
-    code = ("import sys, moetune.cli.main; heavy = [m for m in ('torch', 'transformers', 'triton', 'pandas') "
+    code = ("import sys, moetune.cli.main; heavy = [m for m in ('torch', 'transformers', 'triton', 'pandas', 'numba') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

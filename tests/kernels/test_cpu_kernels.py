@@ -93,6 +93,21 @@ def test_experts_non_contiguous_int32_offsets_and_uncovered_rows():
     assert bool((y[5:] == 0).all())
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4g64"])
+def test_experts_subset_computes_only_the_chosen_experts(fmt, threads):
+    D, I = (128, 64) if fmt.startswith("int4") else (40, 24)
+    x, offsets, w13, w2 = experts_case([2, 0, 3, 4], D, I, fmt)
+    chosen = torch.tensor([0, 3])
+    y = fused_experts_cpu(x, offsets, w13, w2, threads=threads, experts=chosen)
+    want = fused_experts_cpu_ref(x, offsets, w13, w2, experts=chosen)
+    close(y, want)
+    close(y[:2], fused_experts_cpu_ref(x, offsets, w13, w2)[:2])
+    assert bool((y[2:5] == 0).all())  # expert 2's rows were left out
+    assert bool((fused_experts_cpu(x, offsets, w13, w2, experts=torch.tensor([], dtype=torch.long)) == 0).all())
+    with pytest.raises(ValueError, match="experts must be ids"):
+        fused_experts_cpu(x, offsets, w13, w2, experts=torch.tensor([4]))
+
+
 def test_experts_reject_bad_input():
     x, offsets, w13, w2 = experts_case([1, 1], 64, 32, "fp32")
     with pytest.raises(ValueError, match="offsets"):

@@ -37,6 +37,22 @@ def test_logits_match_transformers_on_a_ragged_batch(model_type, checkpoint, hf_
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_short_prompts_through_the_cpu_kernels_match_transformers(model_type, checkpoint, hf_model):
+    """Alone, a prompt of at most 16 tokens runs every projection, the experts and the LM head
+    through the CPU decode kernels (the default on the CPU)."""
+    path = checkpoint(model_type)
+    ours = load_model(path)
+    assert ours.small_m == 16
+    ref_model = hf_model(path)
+    for prompt in _prompts(ours.spec.vocab_size)[:3]:  # 1, 7 and 19 tokens: the last one through torch
+        got = _moetune_logits(ours, [prompt])[0]
+        with torch.no_grad():
+            ref = ref_model(prompt[None]).logits[0]  # [S, V]
+        err = (got - ref).abs().max().item()
+        assert err <= 1e-4 * ref.abs().max().item(), f"{model_type} len {len(prompt)}: max |Δlogit| {err:.3e}"
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_32_greedy_tokens_equal_transformers_generate(model_type, checkpoint, hf_model):
     path = checkpoint(model_type)
     ours = load_model(path)

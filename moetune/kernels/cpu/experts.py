@@ -8,7 +8,8 @@ Each expert's weights are read once per call for all its rows. The work is split
 keeps every core reading; the gate and up rows of one block are computed together, so the
 activation is written directly (no [N, 2I] buffer). Weights: fp32, int8 or int4 (`formats`), the
 same format for w13 and w2. Fast while rows per expert are few (decode); for long prefills the
-engine should keep torch's big GEMMs. Rows outside every segment come back as 0.
+engine should keep torch's big GEMMs. Rows outside every segment come back as 0, and so do the
+rows of experts left out of `experts` (the engine computes those with torch GEMMs).
 Twin: `fused_experts_cpu_ref` (the per-expert torch loop).
 """
 
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu.linear import split_int4_input
-from moetune.kernels.cpu.runtime import launch, numpy_view
+from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 BLOCK_13 = 16  # gate/up row pairs per work item
@@ -44,22 +45,31 @@ def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: Packed
         check_int4_group(I, w2.group_size)
 
 
-def _segments(offsets: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(offsets as int64, ids of the non-empty experts), after checking the segments fit x."""
+def _segments(offsets: torch.Tensor, n_rows: int, experts: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets as int64, ids of the non-empty experts, or of `experts` when given), after checking
+    the segments fit x."""
     off = offsets.to(torch.int64).contiguous()  # [E+1]
     counts = off[1:] - off[:-1]  # [E]
     if int(off[0]) < 0 or bool((counts < 0).any()) or int(off[-1]) > n_rows:
         raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
-    return off, (counts > 0).nonzero().flatten()  # [E+1], [A]
+    if experts is None:
+        return off, (counts > 0).nonzero().flatten()  # [E+1], [A]
+    active = experts.to(torch.int64).flatten().contiguous()  # [A]
+    if active.numel() and (int(active.min()) < 0 or int(active.max()) >= counts.numel()):
+        raise ValueError(f"experts must be ids in [0, {counts.numel()}), got {active.tolist()}")
+    return off, active
 
 
 def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
-                      w2: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
-    """x_sorted [N, D] fp32, offsets [E+1], w13 [E, 2I, D], w2 [E, D, I] → y [N, D] fp32."""
+                      w2: torch.Tensor | PackedWeight, threads: int | None = None,
+                      experts: torch.Tensor | None = None) -> torch.Tensor:
+    """x_sorted [N, D] fp32, offsets [E+1], w13 [E, 2I, D], w2 [E, D, I] → y [N, D] fp32.
+    `experts`: ids of the experts to compute (None: every non-empty one); other rows are 0."""
     w13, w2 = as_packed(w13), as_packed(w2)
     _check(x_sorted, offsets, w13, w2)
     N, D = x_sorted.shape
-    off, active = _segments(offsets, N)
+    off, active = _segments(offsets, N, experts)
     y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
     if active.numel() == 0 or D == 0 or in_features(w2) == 0:
         return y
@@ -71,8 +81,8 @@ def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.
 
 def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
     (E, D), I = w2.data.shape[:2], w2.data.shape[2]
-    s13 = torch.ones(E, 2 * I) if w13.scale is None else w13.scale.float()  # [E, 2I]
-    s2 = torch.ones(E, D) if w2.scale is None else w2.scale.float()  # [E, D]
+    s13 = ones(E, 2 * I) if w13.scale is None else w13.scale.float()  # [E, 2I]
+    s2 = ones(E, D) if w2.scale is None else w2.scale.float()  # [E, D]
     a = torch.empty(x.shape[0], I)  # [N, I] activation scratch
     k.experts_dense(numpy_view(x), off, active, numpy_view(w13.data), numpy_view(s13),
                     numpy_view(w2.data), numpy_view(s2), a.numpy(), y.numpy(), BLOCK_13, BLOCK_2)
@@ -93,11 +103,12 @@ def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.T
 
 
 def fused_experts_cpu_ref(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
-                          w2: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
+                          w2: torch.Tensor | PackedWeight, threads: int | None = None,
+                          experts: torch.Tensor | None = None) -> torch.Tensor:
     """Twin of `fused_experts_cpu`: dequantise, then the per-expert torch loop of `run_experts`."""
     w13, w2 = as_packed(w13), as_packed(w2)
     _check(x_sorted, offsets, w13, w2)
-    off, active = _segments(offsets, x_sorted.shape[0])
+    off, active = _segments(offsets, x_sorted.shape[0], experts)
     w13f, w2f = dequantize(w13), dequantize(w2)  # [E, 2I, D], [E, D, I]
     I = w2f.shape[2]
     y = torch.zeros(x_sorted.shape[0], x_sorted.shape[1])  # [N, D]

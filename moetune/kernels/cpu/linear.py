@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
-from moetune.kernels.cpu.runtime import launch, numpy_view
+from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 BLOCK_N = 8  # weight rows per work item
@@ -57,7 +57,7 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
             k.linear_int4(numpy_view(xq), numpy_view(xs), numpy_view(wq),
                           numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
         else:
-            scale = torch.ones(N) if w.scale is None else w.scale.float()  # [N]
+            scale = ones(N) if w.scale is None else w.scale.float()  # [N]
             k.linear_dense(numpy_view(x), numpy_view(w.data), numpy_view(scale), y.numpy(), BLOCK_N)
     return y
 

@@ -20,7 +20,27 @@ CHUNK = 4  # work items a thread takes at a time: dynamic scheduling, so experts
 @functools.cache
 def jit() -> ModuleType:
     """The `_jit` module (imports numba on first use)."""
+    _choose_threading_layer()
     return importlib.import_module("moetune.kernels.cpu._jit")
+
+
+def _choose_threading_layer() -> None:
+    """numba's `omp` layer (GNU OpenMP), unless NUMBA_THREADING_LAYER says otherwise: safe to launch
+    from several threads at once (`workqueue` aborts the process then), and it honours
+    OMP_WAIT_POLICY like torch's own OpenMP runtime (a separate copy of libgomp: two teams of
+    threads, which is why moetune's CLI makes both sleep between regions, docs/cpu.md). `tbb`,
+    which numba prefers when installed, would add a third pool that ignores that setting."""
+    import os
+
+    import numba
+
+    if os.environ.get("NUMBA_THREADING_LAYER"):
+        return
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401
+    except ImportError:  # a numba built without OpenMP: its default order
+        return
+    numba.config.THREADING_LAYER = "omp"
 
 
 def set_threads(threads: int | None) -> None:
@@ -52,6 +72,14 @@ def launch(threads: int | None, weight_bytes: int) -> Iterator[ModuleType]:
             yield k
     finally:
         numba.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=64)
+def ones(*shape: int):
+    """A shared, read-only fp32 tensor of ones (the unit scales of fp32 weights), made once per shape."""
+    import torch
+
+    return torch.ones(shape)
 
 
 def numpy_view(t):

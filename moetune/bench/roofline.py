@@ -1,0 +1,89 @@
+"""The machine's own limits, measured in the same run as the bench, and the work each workload does.
+
+  read limit    GB/s     = STREAM_BYTES of fp32 buffers / median time of `sum()` over them all
+                           (torch, all its threads; far larger than the caches)
+  matmul limit  GFLOP/s  = 2·N³ / median time of an fp32 [N, N] @ [N, N], N = MATMUL_N
+
+  decode  GB/s     = weight bytes the decode steps read / their time
+                     bytes per step = dense + Σ_MoE layers (distinct experts routed that step) × expert bytes
+                     dense = every weight outside the expert store, the whole LM head included
+                     (every decoding row samples) and the embedding table left out (rows are gathered)
+  prefill GFLOP/s  = FLOPs / time of one prefill step of S tokens (batch 1)
+                     FLOPs = 2·S·dense_params + 2·S·K·3·D·I per MoE layer + attention + 2·D·V (the LM head
+                     on the one row that samples); dense_params = matrix weights outside the expert store,
+                     embedding and LM head excluded; attention per layer = 4·H·Dh·S(S+1)/2 for GQA (the
+                     causal half of QKᵀ and PV), 2·H·(2r + dr)·S(S+1)/2 for MLA's absorbed form
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moetune.bench.timing import Timing, measure
+from moetune.model.transformer import MoETransformer, storage_bytes
+from moetune.spec import GQASpec
+
+STREAM_BYTES = 512 * 2**20
+MATMUL_N = 2048
+
+FORMULAS = {
+    "read limit": "GB/s = bytes summed / time of sum() over 512 MiB of fp32",
+    "matmul limit": f"GFLOP/s = 2·N³ / time of an fp32 N×N matmul, N = {MATMUL_N}",
+    "decode": "GB/s = Σ_steps (dense weight bytes + Σ_layers distinct experts × expert bytes) / time",
+    "prefill": "GFLOP/s = (2·S·dense params + 2·S·K·3·D·I·MoE layers + attention + 2·D·V) / time",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    read_gbs: float
+    read_timing: Timing
+    matmul_gflops: float
+    matmul_timing: Timing
+
+
+def measure_limits(device: torch.device, runs: int = 5) -> Limits:
+    """The read-stream and fp32-matmul rates of this machine, now (medians of `runs`)."""
+    n = STREAM_BYTES // 4 // 64
+    bufs = [torch.ones(n, device=device) for _ in range(64)]  # 64 buffers: no one of them stays cached
+    read = measure(lambda: [b.sum() for b in bufs], device, runs)
+    a = torch.randn(MATMUL_N, MATMUL_N, device=device)
+    b = torch.randn(MATMUL_N, MATMUL_N, device=device)
+    mm = measure(lambda: a @ b, device, runs)
+    return Limits(STREAM_BYTES / read.median_s / 1e9, read, 2 * MATMUL_N**3 / mm.median_s / 1e9, mm)
+
+
+def dense_weight_bytes(model: MoETransformer) -> int:
+    """Bytes a decode step reads outside the expert store: every dense weight, the whole LM head,
+    not the embedding table (storages counted once: a tied LM head is the embedding)."""
+    tensors = [t for t in model.dense_tensors() if t is not model.embed] + [model.lm_head]
+    return storage_bytes(tensors)
+
+
+def expert_bytes(model: MoETransformer) -> float:
+    """Bytes of one routed expert (w13 + w2, scales included), from the store's first layer."""
+    layers = model.experts.layers()
+    if not layers:
+        return 0.0
+    w = model.experts.acquire(layers[0], torch.zeros(1, model.spec.moe.router.top_k, dtype=torch.long))
+    return w.nbytes() / w.num_slots
+
+
+def prefill_flops(model: MoETransformer, S: int) -> float:
+    """FLOPs of one prefill step over a fresh prompt of S tokens (see the module docstring)."""
+    spec = model.spec
+    skip = {model.embed.untyped_storage().data_ptr(), model.lm_head.untyped_storage().data_ptr()}
+    mats = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size()
+            for t in model.dense_tensors() if t.dim() >= 2}
+    dense_params = sum(n for ptr, n in mats.items() if ptr not in skip)
+    D, I, K = spec.hidden_size, spec.moe.intermediate_size, spec.moe.router.top_k
+    experts = 2 * S * K * 3 * D * I * len(spec.moe_layers)
+    pairs = S * (S + 1) / 2
+    a = spec.attention
+    if isinstance(a, GQASpec):
+        attention = 4 * a.num_heads * a.head_dim * pairs
+    else:
+        attention = 2 * a.num_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) * pairs
+    return 2 * S * dense_params + experts + spec.num_layers * attention + 2 * D * spec.vocab_size

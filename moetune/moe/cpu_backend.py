@@ -1,0 +1,73 @@
+"""The `cpu` kernel backend: the MoE `experts` phase through the numba CPU kernels (`moetune.kernels.cpu`).
+
+  router, permute, unpermute → the torch phases, as `TorchBackend`
+  experts → slots with at most MAX_ROWS rows (every slot of a decode step): one
+            `fused_experts_cpu` call, each expert's weights read once for all its rows and no
+            Python loop over experts; slots with more rows (prefill) take torch's GEMMs, which run
+            near the matmul rate there. The output is the same [N, D] in the same row order.
+
+Inputs the kernels do not take (not fp32, not on the CPU, FP8 weights) run the torch twin.
+`resolve_backend("auto")` picks this backend on the CPU; numba is imported on the first call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from moetune.experts.store import ExpertWeights
+from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu
+from moetune.kernels.quant_formats import WeightFormat
+from moetune.moe.backend import TorchBackend
+from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
+
+MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
+KERNEL_FORMATS = (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4)
+
+
+class CPUBackend(TorchBackend):
+    name = "cpu"
+
+    def __init__(self, max_rows: int = MAX_ROWS):
+        self.max_rows = max_rows
+
+    def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput:
+        """x [N, D] rows grouped by slot → y [N, D] in the same order (block_m 1: nothing padded)."""
+        if not kernel_takes(x, weights):
+            return run_experts(x, offsets, weights)
+        counts = offsets[1:] - offsets[:-1]  # [P]
+        big = counts > self.max_rows  # [P]
+        if not bool(big.any()):
+            return ExpertsOutput(fused_experts_cpu(x, offsets, weights.w13, weights.w2), 1)
+        small = ((counts > 0) & ~big).nonzero().flatten()  # [A]
+        y = fused_experts_cpu(x, offsets, weights.w13, weights.w2, experts=small)  # big slots' rows: 0
+        bounds, I = offsets.tolist(), weights.intermediate_size
+        for e in big.nonzero().flatten().tolist():
+            rows = slice(bounds[e], bounds[e + 1])
+            h = x[rows] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
+            y[rows] = (F.silu(h[:, :I]) * h[:, I:]) @ slot_matrix(weights.w2, e, x.dtype).t()  # [n_e, D]
+        return ExpertsOutput(y, 1)
+
+    def warm(self, weights: ExpertWeights) -> None:
+        """Compile the kernel for these weights' format (or load it from numba's disk cache) now, so
+        that the first request does not wait for it: one row through slot 0."""
+        x = torch.zeros(1, weights.hidden_size, dtype=torch.float32)  # [1, D]
+        if kernel_takes(x, weights):
+            offsets = torch.ones(weights.num_slots + 1, dtype=torch.long)
+            offsets[0] = 0  # [P+1]: the row belongs to slot 0
+            self.experts(x, offsets, weights)
+
+
+def kernel_takes(x: torch.Tensor, weights: ExpertWeights) -> bool:
+    """Whether `fused_experts_cpu` computes these inputs (else the torch twin does)."""
+    w13, w2 = weights.w13, weights.w2
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and w13.fmt == w2.fmt
+            and w13.fmt in KERNEL_FORMATS
+            and (w13.fmt != WeightFormat.NONE or w13.data.dtype == w2.data.dtype == torch.float32)
+            and (w13.fmt != WeightFormat.INT4 or _int4_fits(weights)))
+
+
+def _int4_fits(weights: ExpertWeights) -> bool:
+    g13, g2 = weights.w13.group_size, weights.w2.group_size
+    return (g13 in INT4_GROUPS and g2 in INT4_GROUPS and weights.hidden_size % g13 == 0
+            and weights.intermediate_size % g2 == 0)

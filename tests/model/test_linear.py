@@ -1,0 +1,48 @@
+"""Projections on the CPU decode kernel (small M) against F.linear; fused QKV; the loader's choice."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("numba")
+
+from moetune.model.linear import Linear, project  # noqa: E402
+from moetune.model.loader import load_model  # noqa: E402
+from moetune.model.mlp import GatedMLP  # noqa: E402
+
+
+@pytest.mark.parametrize("M", [0, 1, 3, 16, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_project_matches_f_linear(M, bias):
+    g = torch.Generator().manual_seed(M)
+    w, x = torch.randn(37, 29, generator=g), torch.randn(M, 29, generator=g)
+    b = torch.randn(37, generator=g) if bias else None
+    torch.testing.assert_close(project(x, w, b, small_m=16), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_projection_is_its_parts_side_by_side():
+    g = torch.Generator().manual_seed(0)
+    parts = [Linear(torch.randn(n, 24, generator=g), torch.randn(n, generator=g) if n == 8 else None) for n in (16, 8, 8)]
+    fused = Linear.fused(parts, small_m=16)
+    x = torch.randn(3, 24, generator=g)
+    want = torch.cat([F.linear(x, p.weight, p.bias) for p in parts], dim=-1)
+    torch.testing.assert_close(fused(x), want, rtol=1e-5, atol=1e-5)
+    assert Linear.fused(parts[1:2]).bias is not None and Linear.fused([parts[0]]).bias is None
+
+
+def test_gated_mlp_kernel_path_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    gate, up, down = torch.randn(19, 12, generator=g), torch.randn(19, 12, generator=g), torch.randn(12, 19, generator=g)
+    x = torch.randn(5, 12, generator=g)
+    torch.testing.assert_close(GatedMLP(gate, up, down, small_m=16)(x), GatedMLP(gate, up, down)(x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_loader_turns_the_kernels_on_for_fp32_cpu_only(checkpoint):
+    path = checkpoint("qwen3_moe")
+    assert load_model(path).small_m == 16
+    assert load_model(path, kernel_backend="torch").small_m == 0
+    assert load_model(path, dtype=torch.bfloat16).small_m == 0
+    from moetune.kernels.cpu import runtime
+
+    assert runtime.jit().linear_dense.signatures and runtime.jit().experts_dense.signatures  # warmed at load

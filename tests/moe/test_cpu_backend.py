@@ -1,0 +1,96 @@
+"""The `cpu` kernel backend against the torch twin: same experts output, same MoE layer output."""
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+from moetune.errors import MoetuneError  # noqa: E402
+from moetune.experts.store import ExpertWeights, ResidentExpertStore, SlotMap  # noqa: E402
+from moetune.kernels.cpu import quantize_int4, quantize_int8  # noqa: E402
+from moetune.kernels.cpu import runtime  # noqa: E402
+from moetune.moe.backend import TorchBackend, resolve_backend  # noqa: E402
+from moetune.moe.cpu_backend import CPUBackend  # noqa: E402
+from moetune.moe.layer import MoELayer  # noqa: E402
+from moetune.moe.permute import permute  # noqa: E402
+from moetune.spec import MoESpec, RouterSpec  # noqa: E402
+
+
+def _weights(E: int, D: int, I: int, fmt: str = "fp32", seed: int = 0) -> ExpertWeights:
+    g = torch.Generator().manual_seed(seed)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=g) * 0.2, torch.randn(E, D, I, generator=g) * 0.2
+    if fmt == "fp32":
+        return ExpertWeights.dense(w13, w2)
+    quant = quantize_int8 if fmt == "int8" else lambda w: quantize_int4(w, 64)
+    return ExpertWeights(quant(w13), quant(w2), SlotMap(E))
+
+
+def _both(x, ids, weights, max_rows=16):
+    perm = permute(x, ids, weights.num_slots)
+    got = CPUBackend(max_rows).experts(perm.x_sorted, perm.offsets, weights)
+    want = TorchBackend().experts(perm.x_sorted, perm.offsets, weights)
+    return got, want
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * max(1.0, want.abs().max().item() if want.numel() else 1))
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def parallel(request, monkeypatch):
+    """Each case on one thread and, with the small-work rule off, on every thread numba has."""
+    if request.param == "parallel":
+        monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("case", ["T=1", "odd-T", "empty-expert", "all-to-one", "all-to-one-big", "mixed-big-small"])
+def test_experts_match_the_torch_twin(fmt, case, parallel):
+    E, D, I = (6, 128, 64) if fmt == "int4" else (6, 47, 33)  # int4 needs K a multiple of its group
+    g = torch.Generator().manual_seed(1)
+    T = {"T=1": 1, "odd-T": 7, "empty-expert": 5, "all-to-one": 9, "all-to-one-big": 21, "mixed-big-small": 23}[case]
+    x = torch.randn(T, D, generator=g)
+    if case.startswith("all-to-one"):  # 9 rows: the kernel; 21 rows (> 16): torch's GEMM
+        ids = torch.full((T, 1), 4)
+    elif case == "mixed-big-small":  # expert 0 gets every token (23 rows > 16: torch), others a few (kernel)
+        ids = torch.stack([torch.zeros(T, dtype=torch.long), 1 + torch.arange(T) % 5], dim=1)
+    else:
+        ids = torch.stack([torch.randperm(E - 1, generator=g)[:2] for _ in range(T)])  # expert E-1 empty
+    got, want = _both(x, ids, _weights(E, D, I, fmt))
+    assert got.block_m == 1 and got.y.shape == want.y.shape == (T * ids.shape[1], D)
+    _close(got.y, want.y)
+
+
+def test_no_rows_and_every_slot_over_the_limit():
+    w = _weights(4, 16, 8)
+    got, want = _both(torch.randn(0, 16), torch.zeros(0, 2, dtype=torch.long), w)
+    assert got.y.shape == (0, 16)
+    x = torch.randn(9, 16)
+    got, want = _both(x, torch.stack([torch.arange(9) % 4, (torch.arange(9) + 1) % 4], 1), w, max_rows=1)
+    _close(got.y, want.y)  # every slot has 2+ rows: all through torch's GEMMs
+
+
+def test_inputs_the_kernels_do_not_take_run_the_twin():
+    w = _weights(3, 16, 8)
+    bf16 = ExpertWeights.dense(w.w13.data.bfloat16(), w.w2.data.bfloat16())
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    got, want = _both(x, torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2]]), bf16)
+    assert torch.equal(got.y, want.y)
+
+
+def test_moe_layer_under_cpu_equals_torch():
+    E, D = 8, 40
+    spec = MoESpec(num_experts=E, intermediate_size=24, router=RouterSpec(top_k=2))
+    store = ResidentExpertStore({0: _weights(E, D, 24)})
+    gate = torch.randn(E, D)
+    x = torch.randn(11, D)
+    ours = MoELayer(0, spec, gate, None, store, backend=CPUBackend())(x)
+    twin = MoELayer(0, spec, gate, None, store, backend=TorchBackend())(x)
+    _close(ours, twin)
+
+
+def test_auto_is_cpu_on_the_cpu_and_cpu_refuses_cuda():
+    assert resolve_backend("auto", torch.device("cpu")).name == "cpu"
+    assert resolve_backend("torch", torch.device("cpu")).name == "torch"
+    with pytest.raises(MoetuneError, match="runs on the CPU"):
+        resolve_backend("cpu", torch.device("cuda"))
