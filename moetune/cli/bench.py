@@ -41,11 +41,11 @@ def bench(
         return _bench_ep(cfg, settings)
     from moetune.bench.report import bench_table
     from moetune.bench.throughput import bench_moetune
-    from moetune.model.loader import load_model
+    from moetune.engine.build import build_model
 
     model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
     console = Console(stderr=False)
-    ours = load_model(model_dir, torch_dtype, dev, cfg.model.kernel_backend)
+    ours = build_model(cfg, device=dev)  # the recipe's deployment: quant, offload, capacity
     with console.status("moetune ..."):
         rows = bench_moetune(ours, settings)
     vocab = ours.spec.vocab_size
