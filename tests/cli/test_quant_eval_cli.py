@@ -43,7 +43,7 @@ def test_eval_of_a_recipe_against_itself_unquantized_and_offloaded(checkpoint, t
                 "--greedy-tokens", "4", "--json", str(tmp_path / "e.json"))
     assert r.returncode == 0, r.stderr
     got = json.loads((tmp_path / "e.json").read_text())
-    assert got["agreement"]["kl"] == pytest.approx(0.0, abs=1e-9)  # offloading changes nothing
+    assert got["agreement"]["kl"] == pytest.approx(0.0, abs=1e-7)  # offloading changes nothing
     assert got["agreement"]["top1_agreement"] == 1.0 and got["agreement"]["greedy_match"] == 1.0
-    assert got["perplexity"]["ppl"] == got["reference_perplexity"]["ppl"]
+    assert got["perplexity"]["ppl"] == pytest.approx(got["reference_perplexity"]["ppl"], rel=1e-6)
     assert "perplexity" in r.stdout

@@ -52,7 +52,8 @@ def test_mixed_checkpoint_round_trips_to_the_numbers_of_packing_on_load(ck64, tm
     a, b, c = prompt_hidden(stored, ids), prompt_hidden(packed_on_load, ids), prompt_hidden(plain, ids)
     torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert not torch.equal(a, c)  # really quantized
-    torch.testing.assert_close(a, c, atol=0.2, rtol=0.2)
+    int8 = prompt_hidden(load_model(ck64, kernel_backend="torch", precision=_table(spec, ["int8"])), ids)
+    assert ((int8 - c).norm() / c.norm()).item() < 0.05  # int8 experts: close to the plain model
     assert stored.experts.nbytes() < plain.experts.nbytes()
 
 
