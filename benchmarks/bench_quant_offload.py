@@ -5,7 +5,7 @@
 
 quant table, per mix (all fp32 / all int8 / all int4-g64 / hot 25 % fp32 + rest int4-g64 /
 hot 25 % int8 + rest int4-g64; hot = by the expert loads of RUN_DIR, a `moetune profile` run):
-  ppl        held-out perplexity (`moetune eval`'s protocol, first --windows windows of 256 tokens)
+  ppl        held-out perplexity (`moetune eval`'s protocol, first --windows windows of 512 tokens)
   KL, top-1  vs the fp32 model over every position of --prompts held-out prompts (128 tokens max)
   greedy     fraction of prompts whose 16 greedy tokens equal the fp32 model's
   expert MB  bytes of the resident routed experts (data + scales)

@@ -27,7 +27,7 @@ from moetune.engine.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class EvalSettings:
-    window: int = 256  # S
+    window: int = 512  # S (the bundled model card's eval_sample protocol)
     windows_per_step: int = 4  # windows run as one prefill step
     max_windows: int | None = None  # None: every window of the text
     num_prompts: int = 32

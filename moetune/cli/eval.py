@@ -19,7 +19,7 @@ def eval_command(
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompts for KL / agreement (default: the "
                                           "bundled held-out prompts)."),
     num_prompts: int = typer.Option(32, "--num-prompts", min=1),
-    window: int = typer.Option(256, "--window", min=2, help="Perplexity window S (tokens)."),
+    window: int = typer.Option(512, "--window", min=2, help="Perplexity window S (tokens)."),
     max_windows: Optional[int] = typer.Option(None, "--max-windows", min=1),
     greedy_tokens: int = typer.Option(16, "--greedy-tokens", min=1),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the numbers as JSON to this file "
