@@ -177,7 +177,9 @@ class _DiskBacking(_Backing):
         _drop_pages(self.fd, offset, self.layout.nbytes)
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:  # idempotent: a second close must not hit a descriptor number reused since
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _drop_pages(fd: int, offset: int, length: int) -> None:
