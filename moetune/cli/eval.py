@@ -19,7 +19,8 @@ def eval_command(
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompts for KL / agreement (default: the "
                                           "bundled held-out prompts)."),
     num_prompts: int = typer.Option(32, "--num-prompts", min=1),
-    window: int = typer.Option(512, "--window", min=2, help="Perplexity window S (tokens)."),
+    window: Optional[int] = typer.Option(None, "--window", min=2, help="Perplexity window S in tokens (default: "
+                                         "512, or the model's context if shorter)."),
     max_windows: Optional[int] = typer.Option(None, "--max-windows", min=1),
     greedy_tokens: int = typer.Option(16, "--greedy-tokens", min=1),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the numbers as JSON to this file "
@@ -39,6 +40,7 @@ def eval_command(
         checks.output_file("--json", Path(json_out))
     cfg = checked_config(model, recipe, dtype, device, kernel_backend)
     target = Target(cfg)
+    window = window if window is not None else min(512, target.spec.max_position)
     checks.context("--window", window, target.spec.max_position, "use a smaller --window")
     ref_cfg = _reference_config(cfg, reference, target)
     Target(ref_cfg)
