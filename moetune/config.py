@@ -81,11 +81,51 @@ class ServeConfig(_Section):
     expert_capacity_factor: float = Field(1.0, gt=0)  # an expert's capacity per step: ceil(cf · decodes · K / E)
 
 
+class QuantConfig(_Section):
+    """Per-expert precision of the routed experts (attention, router, shared experts keep model.dtype).
+
+    Exactly one of: `experts` (one format for all), `hot_fraction` (+ `loads`: the ceil(f·E) most
+    loaded experts of each layer keep `high`, the rest `low`), or `table` (a JSON precision table,
+    moetune/quant/table.py). Formats: fp32 bf16 fp16 fp8 int8 int4-g32 int4-g64 int4-g128.
+    """
+
+    experts: str | None = None
+    hot_fraction: float | None = Field(None, ge=0, le=1)
+    high: str = "fp32"
+    low: str = "int4-g64"
+    loads: str | None = None  # run directory of `moetune profile` whose expert loads rank the experts
+    table: str | None = None
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> "QuantConfig":
+        given = [k for k in ("experts", "hot_fraction", "table") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("quant needs exactly one of experts, hot_fraction (with loads) or table")
+        if self.hot_fraction is not None and self.loads is None:
+            raise ValueError("quant.hot_fraction needs quant.loads (a run directory of moetune profile)")
+        return self  # format names are checked against moetune.quant when the model is built
+
+
+class OffloadConfig(_Section):
+    """Keep only some routed experts resident; fetch the rest from host memory or disk (experts/offload.py)."""
+
+    resident_experts: int | None = Field(None, ge=1)  # per MoE layer
+    resident_fraction: float | None = Field(None, gt=0, le=1)  # of E per MoE layer (rounded up)
+    policy: Literal["lru", "lfu", "score"] = "lru"  # eviction
+    tier: Literal["host", "disk"] = "host"  # where non-resident experts live
+    dir: str | None = None  # disk tier: directory for the expert blobs (None: a temporary one)
+    prefetch_depth: int = Field(1, ge=0, le=3)  # layers ahead whose experts are predicted and fetched
+    warm_start: str | None = None  # run directory: start with each layer's most loaded experts resident
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> "OffloadConfig":
+        if (self.resident_experts is None) == (self.resident_fraction is None):
+            raise ValueError("offload needs exactly one of resident_experts or resident_fraction")
+        return self
+
+
 # Sections the recipe format reserves for features not built yet: setting one is an error, not a no-op.
-NOT_YET = {
-    "quant": "per-expert quantization",
-    "offload": "expert offloading",
-}
+NOT_YET: dict[str, str] = {}
 
 
 class RunConfig(_Section):
@@ -94,6 +134,8 @@ class RunConfig(_Section):
     parallel: ParallelConfig = ParallelConfig()
     engine: EngineConfig = EngineConfig()
     serve: ServeConfig = ServeConfig()
+    quant: QuantConfig | None = None
+    offload: OffloadConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

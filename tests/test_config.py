@@ -27,8 +27,12 @@ def test_defaults_are_complete():
     ({"serve": {"port": 70000}}, "serve.port"),
     ({"serve": {"max_qeue": 3}}, "unknown key 'serve.max_qeue'"),
     ({"serve": {"tenants": {"a": {"expert_share": 1.5}}}}, "serve.tenants.a.expert_share"),
-    ({"quant": {"experts": "int8"}}, "section 'quant'"),
-    ({"offload": {}}, "section 'offload'"),
+    ({"quant": {"experts": "int8", "table": "t.json"}}, "exactly one"),
+    ({"quant": {"hot_fraction": 0.25}}, "quant.loads"),
+    ({"quant": {"hot_fraction": 1.5, "loads": "r"}}, "quant.hot_fraction"),
+    ({"offload": {}}, "exactly one of resident_experts"),
+    ({"offload": {"resident_experts": 2, "prefetch_depth": 4}}, "offload.prefetch_depth"),
+    ({"offload": {"resident_experts": 2, "policy": "fifo"}}, "offload.policy"),
     ({"engine": {"max_batch_size": 16}}, "unknown key 'engine.max_batch_size'"),
     ({"engine": {"block_size": 0}}, "engine.block_size"),
     ({"parallel": {"ep_size": 3, "ranks_per_node": 2}}, "do not tile"),
@@ -46,3 +50,9 @@ def test_a_missing_or_malformed_recipe_file(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(RecipeError, match="not valid YAML"):
         load_recipe(bad)
+
+
+def test_quant_and_offload_sections_parse():
+    cfg = parse_config({"quant": {"hot_fraction": 0.25, "loads": "runs/a", "high": "int8", "low": "int4-g32"},
+                        "offload": {"resident_fraction": 0.5, "policy": "score", "tier": "disk", "prefetch_depth": 2}})
+    assert cfg.quant.high == "int8" and cfg.offload.policy == "score" and cfg.offload.prefetch_depth == 2

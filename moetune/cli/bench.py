@@ -45,12 +45,12 @@ def bench(
     from moetune.bench.report import bench_table, limits_lines
     from moetune.bench.roofline import measure_limits
     from moetune.bench.throughput import bench_moetune
-    from moetune.model.loader import load_model
+    from moetune.engine.build import build_model
 
     apply_threads(cfg)
     model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
     console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
-    ours = load_model(model_dir, torch_dtype, dev, cfg.model.kernel_backend)
+    ours = build_model(cfg, device=dev)  # the recipe's deployment: quant, offload, capacity
     with console.status("machine limits ..."):
         limits = measure_limits(dev)
     with console.status("moetune ..."):

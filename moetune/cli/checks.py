@@ -68,6 +68,21 @@ def recipe_file(path: str) -> None:
         raise RecipeError(f"cannot read recipe '{p}': {exc.strerror}") from None
 
 
+def quant_formats(quant) -> None:
+    """The recipe's quant format names, before anything loads (torch-free)."""
+    if quant is None:
+        return
+    from moetune.quant.names import QuantError, parse_name
+
+    for key in ("experts", "high", "low"):
+        name = getattr(quant, key)
+        if name is not None:
+            try:
+                parse_name(name)
+            except QuantError as exc:
+                raise RecipeError(f"quant.{key}: {exc}") from None
+
+
 # --- devices -----------------------------------------------------------------------------------
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|mps)$")

@@ -10,10 +10,12 @@ import typer
 
 from moetune.cli.bench import bench
 from moetune.cli.bench_serve import bench_serve
+from moetune.cli.eval import eval_command
 from moetune.cli.generate import generate
 from moetune.cli.models import models
 from moetune.cli.placement import placement
 from moetune.cli.profile import profile
+from moetune.cli.quantize import quantize
 from moetune.cli.report import report
 from moetune.cli.serve import serve
 from moetune.cli.tune_kernels import tune_kernels
@@ -35,6 +37,8 @@ app.command()(report)
 app.command(name="tune-kernels")(tune_kernels)
 app.command()(serve)
 app.command(name="bench-serve")(bench_serve)
+app.command()(quantize)
+app.command(name="eval")(eval_command)
 
 
 def main() -> None:

@@ -48,6 +48,7 @@ def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[
 
     cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     checks.device(cfg.model.device)
+    checks.quant_formats(cfg.quant)
     return cfg
 
 

@@ -6,7 +6,9 @@ import torch
 
 from pathlib import Path
 
-from moetune.config import ParallelConfig, RunConfig
+import math
+
+from moetune.config import OffloadConfig, ParallelConfig, QuantConfig, RunConfig
 from moetune.engine.generate import Generator
 from moetune.engine.tokenizer import eos_ids, load_tokenizer
 from moetune.errors import MoetuneError
@@ -14,6 +16,8 @@ from moetune.model.loader import load_model, read_spec
 from moetune.model.registry import resolve_model
 from moetune.moe.dispatch import Dispatcher
 from moetune.moe.placement import Placement, PlacementError, check_ep, make_placement, read_placement
+from moetune.quant.loads import read_expert_loads
+from moetune.quant.table import PrecisionTable, hot_fraction, read_table, uniform
 from moetune.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,18 +42,55 @@ def build_generator(cfg: RunConfig, rank: int = 0, dispatcher: Dispatcher | None
                     device: torch.device | None = None) -> Generator:
     """One rank's generator: with parallel.ep_size R > 1 (or replicas) the store holds this rank's
     slots of the placement and `dispatcher` moves token copies between ranks (engine/distributed.py)."""
+    model = build_model(cfg, rank, dispatcher, device)
+    model_dir = resolve_model(cfg.model.path)
+    tokenizer = load_tokenizer(model_dir)
+    return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), cfg.engine)
+
+
+def build_model(cfg: RunConfig, rank: int = 0, dispatcher: Dispatcher | None = None,
+                device: torch.device | None = None):
+    """The model as the recipe deploys it: placement, expert precision (quant), offloading, capacity."""
     model_dir = resolve_model(cfg.model.path)
     device = device or resolve_device(cfg.model.device)
-    placement = resolve_placement(cfg.parallel, read_spec(model_dir))
+    spec = read_spec(model_dir)
+    placement = resolve_placement(cfg.parallel, spec)
     if placement is not None and placement.ep_size > 1 and dispatcher is None:
         raise MoetuneError(f"parallel.ep_size={placement.ep_size} runs on {placement.ep_size} ranks: start it through "
                            "moetune.engine.distributed.run_ranks (the CLI commands do), not build_generator")
     model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend,
-                       placement, rank, dispatcher)
+                       placement, rank, dispatcher, precision_table(cfg.quant, spec),
+                       offload_factory(cfg.offload, spec, device))
     if cfg.parallel.capacity_policy != "none":
         set_capacity(model, cfg.parallel.capacity_factor, cfg.parallel.capacity_policy)
-    tokenizer = load_tokenizer(model_dir)
-    return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), cfg.engine)
+    return model
+
+
+def precision_table(quant: QuantConfig | None, spec: ModelSpec) -> PrecisionTable | None:
+    """The recipe's quant section → a format per MoE layer × expert (None: keep the load dtype)."""
+    if quant is None:
+        return None
+    layers, E = list(spec.moe_layers), spec.moe.num_experts
+    if quant.experts is not None:
+        return uniform(quant.experts, layers, E)
+    if quant.table is not None:
+        return read_table(Path(quant.table), layers, E)
+    return hot_fraction(read_expert_loads(quant.loads, layers, E), layers, quant.hot_fraction, quant.high, quant.low)
+
+
+def offload_factory(offload: OffloadConfig | None, spec: ModelSpec, device: torch.device):
+    """The recipe's offload section → a store factory for `load_model` (None: every expert resident)."""
+    if offload is None:
+        return None
+    from moetune.experts.offload import OffloadSettings, OffloadingExpertStore
+
+    E = spec.moe.num_experts
+    capacity = offload.resident_experts or math.ceil(offload.resident_fraction * E - 1e-9)
+    warm = None
+    if offload.warm_start is not None:
+        warm = read_expert_loads(offload.warm_start, list(spec.moe_layers), E)
+    settings = OffloadSettings(capacity, offload.policy, offload.tier, offload.dir, offload.prefetch_depth)
+    return lambda layers, _spec: OffloadingExpertStore(layers, spec.moe.router.top_k, settings, device, warm)
 
 
 def set_capacity(model, factor: float | None, policy: str) -> None:

@@ -2,7 +2,7 @@
 
 The MoE layer never touches checkpoint tensors. After routing it calls
 `store.acquire(layer, topk_ids)` (inside the `offload_wait` phase) and receives that layer's
-`ExpertWeights`; then `store.prefetch(layer, topk_ids)` lets a store that offloads experts start
+`ExpertWeights`; then `store.prefetch(layer, topk_ids, hidden)` lets a store that offloads experts start
 loading what the next layers will likely need. The resident store here holds every expert on the
 compute device, so both return at once. Stores that quantize per expert, offload to host or disk,
 or hold hot-expert replicas implement the same two calls.
@@ -49,33 +49,83 @@ class SlotMap:
 
 
 @dataclass(frozen=True)
-class ExpertWeights:
-    """One layer's routed experts, stacked over physical slots: w13 [P, 2I, D] (gate rows, then up
-    rows) and w2 [P, D, I], each a packed weight (format + data + scales; plain formats today)."""
+class FormatGroup:
+    """Physical slots [start, stop) of one layer that share one weight format, stacked:
+    w13 [stop - start, 2I, D], w2 [stop - start, D, I]; local index = slot - start."""
 
+    start: int
+    stop: int
     w13: PackedWeight
     w2: PackedWeight
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One layer's routed experts over physical slots, as format groups.
+
+    The contract every experts-phase backend follows:
+      - `groups` partition the P slots into contiguous ranges [start, stop), one weight format
+        each (a PackedWeight holds one format). A layer in one format has one group, and then
+        `w13` [P, 2I, D] / `w2` [P, D, I] are that group's weights; a mixed layer has `w13 = w2 = None`.
+      - rows are sorted by physical slot (permute), so group g's rows are the one contiguous range
+        x[offsets[g.start] : offsets[g.stop]] and its segment offsets are
+        offsets[g.start : g.stop + 1] - offsets[g.start]: run any grouped kernel on that slice.
+        (Kernels that must not read offsets back to the host can instead map slots outside the
+        group to -1, as the triton backend does.)
+    A mixed layer is built with its slots sorted by format (`experts.mixed.quantized_layer`): the
+    slot map sends each logical expert to its place in that order.
+    """
+
+    w13: PackedWeight | None
+    w2: PackedWeight | None
     slots: SlotMap
+    groups: tuple[FormatGroup, ...] = ()
+
+    def __post_init__(self):
+        if not self.groups:
+            object.__setattr__(self, "groups", (FormatGroup(0, self.w13.num_experts, self.w13, self.w2),))
+        elif self.w13 is None and len(self.groups) == 1:
+            object.__setattr__(self, "w13", self.groups[0].w13)
+            object.__setattr__(self, "w2", self.groups[0].w2)
 
     @classmethod
     def dense(cls, w13: torch.Tensor, w2: torch.Tensor) -> "ExpertWeights":
         """Plain tensors, one slot per logical expert."""
         return cls(plain(w13), plain(w2), SlotMap(w13.shape[0]))
 
+    @classmethod
+    def from_groups(cls, groups: list[FormatGroup], slots: SlotMap) -> "ExpertWeights":
+        return cls(None, None, slots, tuple(groups))
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.groups) > 1
+
+    def slot_weights(self, slot: int) -> tuple[PackedWeight, PackedWeight, int]:
+        """(w13, w2, index in them) of one physical slot."""
+        for g in self.groups:
+            if g.start <= slot < g.stop:
+                return g.w13, g.w2, slot - g.start
+        raise IndexError(f"slot {slot} outside 0..{self.num_slots - 1}")
+
     @property
     def num_slots(self) -> int:  # slots held here (all P on one rank; this rank's share under EP)
-        return self.w13.num_experts
+        return self.groups[-1].stop
 
     @property
     def intermediate_size(self) -> int:  # I
-        return self.w2.in_features
+        return self.groups[0].w2.in_features
 
     @property
     def hidden_size(self) -> int:  # D
-        return self.w13.in_features
+        return self.groups[0].w13.in_features
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for w in (self.w13, self.w2) for t in (w.data, w.scale) if t is not None]
+        return [t for g in self.groups for w in (g.w13, g.w2) for t in (w.data, w.scale) if t is not None]
 
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self.tensors())
@@ -86,8 +136,9 @@ class ExpertStore(Protocol):
         """The layer's experts, with every expert in `topk_ids` [T, K] ready to compute."""
         ...
 
-    def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
-        """Called once `layer` is routed: a store may start loading what later layers will need."""
+    def prefetch(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """Called once `layer` is routed, with the layer's input `hidden` [T, D]: a store may start
+        loading what later layers will need (e.g. by applying their gates to `hidden`)."""
         ...
 
     def layers(self) -> list[int]: ...
@@ -104,7 +155,7 @@ class ResidentExpertStore:
     def acquire(self, layer: int, topk_ids: torch.Tensor) -> ExpertWeights:
         return self._layers[layer]
 
-    def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
+    def prefetch(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         return None
 
     def layers(self) -> list[int]:

@@ -18,6 +18,11 @@ from moetune.model.rope import Rotary
 from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
 from moetune.model.validate import read_spec, validate_checkpoint  # read_spec: re-exported, torch-free
+from moetune.model.quant_checkpoint import read_quantization
+from moetune.model.quantize import read_packed_layer
+from moetune.experts.mixed import quantized_layer
+from moetune.quant.names import QuantError, check_backend, parse_name
+from moetune.quant.table import PrecisionTable
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
 from moetune.moe.dispatch import Dispatcher
@@ -33,10 +38,17 @@ def load_model(
     placement: Placement | None = None,
     rank: int = 0,
     dispatcher: Dispatcher | None = None,
+    precision: PrecisionTable | None = None,
+    store_factory=None,
 ) -> MoETransformer:
     """With a `placement`, this process is expert-parallel rank `rank`: its store holds only the
     rank's physical slots (a replica is a copy of its logical expert's weights) and every MoE layer
-    sends token copies through `dispatcher`. Without one, every expert is local (R = 1)."""
+    sends token copies through `dispatcher`. Without one, every expert is local (R = 1).
+
+    Expert precision: a checkpoint written by `moetune quantize` loads its packed experts as stored;
+    `precision` (a recipe's quant section) packs a full-precision checkpoint's experts on load.
+    `store_factory(layers: dict[int, ExpertWeights], spec) -> ExpertStore` replaces the resident
+    store (offloading)."""
     model_dir = Path(model_dir)
     backend = resolve_backend(kernel_backend, torch.device(device))
     small_m = SMALL_M if backend.name == "cpu" and dtype == torch.float32 else 0  # CPU decode kernels
@@ -46,10 +58,15 @@ def load_model(
         placement.check_for(spec.moe.num_experts, spec.moe_layers, placement.ep_size, spec.model_type)
     source = WeightSource(model_dir, device, dtype)
     names = TensorNames(spec.model_type)
-    experts = ResidentExpertStore({i: _experts(source, names, spec, i, placement, rank) for i in spec.moe_layers})
+    stored = read_quantization(model_dir, spec)
+    table = check_precision(stored, precision, spec, placement, backend.name)
+    layers = {i: _layer_experts(source, names, spec, i, placement, rank, stored, table) for i in spec.moe_layers}
+    experts = store_factory(layers, spec) if store_factory is not None else ResidentExpertStore(layers)
     rotary = Rotary(spec.rope, torch.device(device))
     layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m)
               for i in range(spec.num_layers)]
+    if hasattr(experts, "bind_routers"):  # offloading stores predict later layers' experts with their routers
+        experts.bind_routers({layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps)
@@ -67,8 +84,9 @@ def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
     formats = set()
     for i in model.experts.layers():
         weights = model.experts.acquire(i, torch.zeros(1, model.spec.moe.router.top_k, dtype=torch.long))
-        if (weights.w13.fmt, weights.w13.data.dtype) not in formats:
-            formats.add((weights.w13.fmt, weights.w13.data.dtype))
+        kinds = {(g.w13.fmt, g.w13.data.dtype) for g in weights.groups}
+        if not kinds <= formats:
+            formats |= kinds
             backend.warm(weights)
 
 
@@ -111,6 +129,37 @@ def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, sm
         _linear(source, p + "o_proj", small_m),
         rotary,
     )
+
+
+def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None, spec: ModelSpec,
+               placement: Placement | None, backend: str) -> PrecisionTable | None:
+    """The table the experts end up in (None: plain, in the load dtype)."""
+    if stored is not None and asked is not None:
+        raise QuantError("this checkpoint is already quantized by moetune quantize; drop the recipe's quant "
+                         "section or start from the full-precision checkpoint")
+    table = stored or asked
+    if table is None:
+        return None
+    if placement is not None:
+        raise QuantError("per-expert quantization with expert parallelism or replicas is not supported yet; "
+                         "use parallel.ep_size 1 without redundant experts")
+    table.check_for(list(spec.moe_layers), spec.moe.num_experts)
+    for name in table.names():
+        f = parse_name(name)
+        f.check_dim(spec.hidden_size, "hidden_size")
+        f.check_dim(spec.moe.intermediate_size, "moe intermediate size")
+    check_backend(table.names(), backend)
+    return table
+
+
+def _layer_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, placement, rank: int,
+                   stored: PrecisionTable | None, table: PrecisionTable | None) -> ExpertWeights:
+    if stored is not None:
+        return read_packed_layer(source, names, spec, i, stored.layer(i))
+    dense = _experts(source, names, spec, i, placement, rank)
+    if table is None:
+        return dense
+    return quantized_layer(dense.w13.data, dense.w2.data, table.layer(i))
 
 
 def _experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int,

@@ -197,8 +197,10 @@ def _read_index(path: Path) -> dict[str, str]:
 
 # --- expected tensors --------------------------------------------------------------------------
 
-def expected_tensors(spec: ModelSpec, present: set[str]) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """Name → (shape, required). Optional entries (biases, tied lm_head) are checked only if present."""
+def expected_tensors(spec: ModelSpec, present: set[str], quant=None) -> dict[str, tuple]:
+    """Name → (shape, required[, allowed dtypes]). Optional entries (biases, tied lm_head) are checked
+    only if present; without allowed dtypes a float type is expected. `quant`: the precision table of a
+    `moetune quantize` checkpoint (its experts are packed, `model/quant_checkpoint.py`)."""
     V, D, n = spec.vocab_size, spec.hidden_size, TensorNames(spec.model_type)
     want: dict[str, tuple[tuple[int, ...], bool]] = {
         "model.embed_tokens.weight": ((V, D), True),
@@ -211,7 +213,7 @@ def expected_tensors(spec: ModelSpec, present: set[str]) -> dict[str, tuple[tupl
         want[n.layer(i) + "post_attention_layernorm.weight"] = ((D,), True)
         want.update(_attention(spec, i))
         if layer.is_moe:
-            want.update(_moe(spec, n, i, present))
+            want.update(_moe(spec, n, i, present, quant))
         else:
             want.update(_mlp(n.dense_mlp(i), D, layer.dense_intermediate))
     return want
@@ -250,14 +252,18 @@ def _attention(spec: ModelSpec, i: int) -> dict:
     return want
 
 
-def _moe(spec: ModelSpec, n: TensorNames, i: int, present: set[str]) -> dict:
+def _moe(spec: ModelSpec, n: TensorNames, i: int, present: set[str], quant=None) -> dict:
     m, D = spec.moe, spec.hidden_size
     E, inter = m.num_experts, m.intermediate_size
     want = {n.router_weight(i): ((E, D), True)}
     if m.router.has_selection_bias:
         want[n.router_bias(i)] = ((E,), True)
     fused_w13, fused_w2 = n.fused_experts(i)
-    if fused_w13 in present or fused_w2 in present:
+    if quant is not None:
+        from moetune.model.quant_checkpoint import expected_quantized
+
+        want.update(expected_quantized(spec, n, i, quant.layer(i)))
+    elif fused_w13 in present or fused_w2 in present:
         want.update({fused_w13: ((E, 2 * inter, D), True), fused_w2: ((E, D, inter), True)})
     else:
         for e in range(E):
@@ -316,17 +322,25 @@ def validate_checkpoint(model_dir: Path | str, spec: ModelSpec) -> dict[str, Ten
     model_dir = Path(model_dir)
     check_spec(spec)
     tensors = checkpoint_tensors(model_dir)
-    for name, (shape, required) in expected_tensors(spec, set(tensors)).items():
+    from moetune.model.quant_checkpoint import read_quantization
+
+    quant = read_quantization(model_dir, spec)
+    for name, (shape, required, *dtypes) in expected_tensors(spec, set(tensors), quant).items():
         found = tensors.get(name)
         if found is None:
+            if name.endswith(".scales"):
+                raise CheckpointError(f"quantized checkpoint in {model_dir} lacks the scales '{name}' of a packed "
+                                      "expert; re-run moetune quantize")
             if required:
                 raise CheckpointError(f"tensor '{name}' is missing from the checkpoint in {model_dir}")
             continue
         if found.shape != shape:
             raise CheckpointError(f"tensor '{name}' in {found.file} has shape {list(found.shape)}; config.json "
                                   f"implies {list(shape)}")
-        if found.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"tensor '{name}' in {found.file} has dtype {found.dtype}; expected a float "
-                                  f"type ({', '.join(FLOAT_DTYPES)})")
+        allowed = dtypes[0] if dtypes else FLOAT_DTYPES
+        if found.dtype not in allowed:
+            what = "a float type" if not dtypes else "its packed format"
+            raise CheckpointError(f"tensor '{name}' in {found.file} has dtype {found.dtype}; expected {what} "
+                                  f"({', '.join(allowed)})")
     check_tokenizer(model_dir, spec.vocab_size)
     return tensors

@@ -40,6 +40,12 @@ class WeightSource:
         tensor = self._handle(self._file_of[name]).get_tensor(name)
         return tensor.to(device=self.device, dtype=dtype or self.dtype)
 
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor as stored (its own dtype, on the CPU): packed weights, copies between checkpoints."""
+        if name not in self._file_of:
+            raise CheckpointError(f"tensor '{name}' is missing from the checkpoint in {self.model_dir}")
+        return self._handle(self._file_of[name]).get_tensor(name)
+
     def get_optional(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         return self.get(name, dtype) if self.has(name) else None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moetune.experts.store import ExpertWeights
+from moetune.experts.store import ExpertWeights, SlotMap
 from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.moe.backend import TorchBackend
@@ -33,6 +33,8 @@ class CPUBackend(TorchBackend):
 
     def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput:
         """x [N, D] rows grouped by slot → y [N, D] in the same order (block_m 1: nothing padded)."""
+        if weights.mixed:
+            return ExpertsOutput(self._per_group(x, offsets, weights), 1)
         if not kernel_takes(x, weights):
             return run_experts(x, offsets, weights)
         counts = offsets[1:] - offsets[:-1]  # [P]
@@ -48,14 +50,29 @@ class CPUBackend(TorchBackend):
             y[rows] = (F.silu(h[:, :I]) * h[:, I:]) @ slot_matrix(weights.w2, e, x.dtype).t()  # [n_e, D]
         return ExpertsOutput(y, 1)
 
+    def _per_group(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> torch.Tensor:
+        """A layer in several formats: each format group's rows are one contiguous slice (the
+        ExpertWeights contract), run through this backend as a one-format layer."""
+        y = torch.zeros(x.shape[0], weights.hidden_size, dtype=x.dtype, device=x.device)  # [N, D]
+        bounds = offsets.tolist()
+        for g in weights.groups:
+            lo, hi = bounds[g.start], bounds[g.stop]
+            if lo == hi:
+                continue
+            one = ExpertWeights(g.w13, g.w2, SlotMap(g.size))
+            y[lo:hi] = self.experts(x[lo:hi], offsets[g.start : g.stop + 1] - offsets[g.start], one).y
+        return y
+
     def warm(self, weights: ExpertWeights) -> None:
         """Compile the kernel for these weights' format (or load it from numba's disk cache) now, so
         that the first request does not wait for it: one row through slot 0."""
         x = torch.zeros(1, weights.hidden_size, dtype=torch.float32)  # [1, D]
-        if kernel_takes(x, weights):
-            offsets = torch.ones(weights.num_slots + 1, dtype=torch.long)
-            offsets[0] = 0  # [P+1]: the row belongs to slot 0
-            self.experts(x, offsets, weights)
+        for g in weights.groups:
+            one = ExpertWeights(g.w13, g.w2, SlotMap(g.size))
+            if kernel_takes(x, one):
+                offsets = torch.ones(g.size + 1, dtype=torch.long)
+                offsets[0] = 0  # [size+1]: the row belongs to the group's first slot
+                self.experts(x, offsets, one)
 
 
 def kernel_takes(x: torch.Tensor, weights: ExpertWeights) -> bool:

@@ -1,7 +1,8 @@
 """Phase `experts`: the grouped GEMM w13 → SiLU(gate)·up → w2 over each slot's rows.
 
 The plain-torch twin of the fused Triton kernel: one pair of GEMMs per non-empty slot, rows
-taken from the slot's contiguous segment; quantized slots are dequantised first.
+taken from the slot's contiguous segment; quantized slots are dequantised first (each slot in
+its own format group's format, so layers that mix formats need nothing more).
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ def run_experts(x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) 
         start, end = bounds[e], bounds[e + 1]
         if start == end:
             continue
-        h = x[start:end] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
+        w13, w2, j = weights.slot_weights(e)  # the slot's format group, its index there
+        h = x[start:end] @ slot_matrix(w13, j, x.dtype).t()  # [n_e, 2I]
         h = F.silu(h[:, :I]) * h[:, I:]  # [n_e, I]
-        y[start:end] = h @ slot_matrix(weights.w2, e, x.dtype).t()  # [n_e, D]
+        y[start:end] = h @ slot_matrix(w2, j, x.dtype).t()  # [n_e, D]
     return ExpertsOutput(y, DEFAULT_BLOCK_M)
 
 
 def slot_matrix(w: PackedWeight, slot: int, dtype: torch.dtype) -> torch.Tensor:
     """One slot's weight [N, Kd] in `dtype` (a view when the format is plain)."""
     if w.fmt == WeightFormat.NONE:
-        return w.data[slot]
+        return w.data[slot].to(dtype)
     one = PackedWeight(w.data[slot : slot + 1], w.scale[slot : slot + 1], w.fmt, w.group_size)
     return dequantize(one, dtype)[0]

@@ -78,6 +78,10 @@ class MoELayer:
         self.rerouted += out.rerouted
         return RouterOutput(out.topk_weights, out.topk_ids, routed.logits)
 
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """This layer's router applied to `x` [T, D] → topk_ids [T, K] (offload prefetch from an earlier layer)."""
+        return route(x, self.gate_weight, self.spec.router, self.selection_bias, self.backend.select_experts).topk_ids
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D] → [T, D]
         probe, i, backend = self.probe, self.layer, self.backend
         with phase_scope(probe, i, "router"):
@@ -86,7 +90,7 @@ class MoELayer:
                 routed = self._limit(routed)
         with phase_scope(probe, i, "offload_wait"):
             weights = self.store.acquire(i, routed.topk_ids)
-        self.store.prefetch(i, routed.topk_ids)
+        self.store.prefetch(i, routed.topk_ids, x)
         with phase_scope(probe, i, "permute"):
             perm = backend.permute(x, weights.slots.physical(routed.topk_ids), weights.slots.num_slots)
         with phase_scope(probe, i, "dispatch"):

@@ -55,10 +55,29 @@ class TritonBackend:
         N, P = x.shape[0], weights.num_slots
         rows = torch.arange(N, device=x.device)  # [N]
         row_slot = torch.searchsorted(offsets[1:], rows, right=True)  # [N] slot of each row
-        up, down = self.gemm_configs(x.device, P, weights.intermediate_size, N, 1, weights.w13.fmt)
-        layout = align_block_size(row_slot[:, None], P, up.block_m)  # one "copy" per row
-        y = fused_experts(x, weights.w13, weights.w2, layout, None, up, down)  # [N, D]
-        return ExpertsOutput(y, up.block_m)
+        if not weights.mixed:
+            up, down = self.gemm_configs(x.device, P, weights.intermediate_size, N, 1, weights.w13.fmt)
+            layout = align_block_size(row_slot[:, None], P, up.block_m)  # one "copy" per row
+            return ExpertsOutput(fused_experts(x, weights.w13, weights.w2, layout, None, up, down), up.block_m)
+        return self._mixed(x, row_slot, weights)
+
+    def _mixed(self, x: torch.Tensor, row_slot: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput:
+        """One fused launch pair per format group over all rows: slots outside the group map to -1
+        (their blocks are skipped and their rows come back 0), so the group outputs add up. No host
+        read-back, at the cost of one align per group."""
+        N, P = x.shape[0], weights.num_slots
+        y = torch.zeros(N, weights.hidden_size, dtype=x.dtype, device=x.device)  # [N, D]
+        slots = torch.arange(P, device=x.device)  # [P]
+        block_m = 0
+        for g in weights.groups:
+            up, down = self.gemm_configs(x.device, g.size, weights.intermediate_size, N, 1, g.w13.fmt)
+            up, down = up.with_block_m(block_m or up.block_m), down.with_block_m(block_m or up.block_m)
+            block_m = up.block_m
+            inside = (slots >= g.start) & (slots < g.stop)
+            emap = torch.where(inside, slots - g.start, -1)  # [P] slot → index in the group, -1 outside
+            layout = align_block_size(row_slot[:, None], P, block_m, emap)
+            y += fused_experts(x, g.w13, g.w2, layout, None, up, down)  # [N, D], zero outside the group
+        return ExpertsOutput(y, block_m)
 
     def unpermute(self, y_sorted: torch.Tensor, sorted_copy_ids: torch.Tensor, topk_weights: torch.Tensor,
                   shared: torch.Tensor | None) -> torch.Tensor:

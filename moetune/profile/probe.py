@@ -58,9 +58,10 @@ class Profiler:
             return
         start = time.perf_counter()
         ids = route.topk_ids.to("cpu").numpy().astype(id_dtype(self.num_experts))  # [T, K]
-        counts = permute.counts.to("cpu").numpy()  # [P]
+        slot_counts = permute.counts.to("cpu").numpy()  # [P] rows per physical slot (what the kernel pads)
+        counts = np.bincount(ids.ravel().astype(np.int64), minlength=self.num_experts)  # [E] per logical expert
         self._step_ids[layer] = ids
-        self._step_moe[layer] = (counts, padded_rows(counts, block_m))
+        self._step_moe[layer] = (counts, padded_rows(slot_counts, block_m))
         self.timer.bookkeeping[layer] += time.perf_counter() - start
 
     def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:

@@ -110,6 +110,9 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                 profiler.recording = False
                 generator.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
                 profiler.recording = True
+            if hasattr(model.experts, "reset_stats"):  # offload counters cover measured steps only
+                model.experts.drain()
+                model.experts.reset_stats()
             with _torch_trace(tmp if settings.trace else None, model.device):
                 for group in groups:
                     generator.generate(group, greedy_params(w.output_len))
@@ -148,6 +151,22 @@ def _torch_trace(root: Path | None, device):
             shutil.copyfile(written[-1], root / "trace.json")
 
 
+def offload_summary(store) -> dict:
+    """An offloading store's per-layer counters (hit rate, prefetch precision/recall, bytes per tier,
+    offload_wait, resident bytes) and their totals; {"enabled": false} for a resident store."""
+    if not hasattr(store, "stats"):
+        return {"enabled": False}
+    layers = {str(i): row for i, row in store.stats().items()}
+    total = {k: sum(r[k] for r in layers.values()) for k in ("hits", "misses", "prefetch_issued", "prefetch_used",
+                                                             "bytes_host", "bytes_disk", "offload_wait_s",
+                                                             "resident_bytes")}
+    looked = total["hits"] + total["misses"]
+    total["hit_rate"] = total["hits"] / looked if looked else 1.0
+    total["prefetch_precision"] = (total["prefetch_used"] / total["prefetch_issued"]
+                                   if total["prefetch_issued"] else None)
+    return {"enabled": True, "settings": store.settings.__dict__, "total": total, "layers": layers}
+
+
 def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
                kv_bytes: int) -> dict:
     """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
@@ -174,6 +193,7 @@ def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, l
                   "placement_experts": layout.placement.tolist(), "token_origin": "token t of a step on rank t % R"},
         memory=memory_breakdown(model, kv_bytes, max_tokens).as_dict(),
         nvml=nvml.summary(),
+        offload=offload_summary(model.experts),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)

@@ -1,5 +1,8 @@
-"""Weight formats for experts (bf16/fp16/fp32, fp8 e4m3, int8 per-channel, int4 group-wise).
+"""Per-expert precision: the formats an expert can take and the policy that picks one per expert.
 
-Not built yet: the reference packing/dequantisation lives in `moetune.kernels.quant_formats`
-(the Triton GEMM's formats); per-expert precision in the ExpertStore comes with the quantization work.
+  names.py    format names, torch-free; the kernels' int4 group sizes reconciled
+  formats.py  format names (fp32 bf16 fp16 fp8 int8 int4-g32/g64/g128) → pack / unpack, over the
+              kernels' own `PackedWeight` containers and quantisers (nothing re-implemented here)
+  table.py    PrecisionTable: a format per MoE layer × expert; from a policy (hot fraction by
+              profiled load), a JSON table file, or one format for all
 """

@@ -30,7 +30,7 @@ def write_reports(run_dir: Path, formats: list[str], out: Path | None = None) ->
     if out is not None and not Path(out).parent.is_dir():
         raise MoetuneError(f"cannot write report '{out}': directory '{Path(out).parent}' does not exist")
     run = read_run(Path(run_dir))
-    plots = all_plots(run.tables)
+    plots = all_plots(run.tables, run.summary)
     paths = [Path(out) if out is not None else default_report_path(run_dir, fmt) for fmt in formats]
     for fmt, path in zip(formats, paths):
         (_write_html if fmt == "html" else _write_markdown)(run, plots, path)

@@ -124,11 +124,29 @@ def mshape_histogram(expert_load: pd.DataFrame) -> bytes:
     return _png(plt, fig)
 
 
-def all_plots(tables) -> list[tuple[str, str, bytes]]:
-    """(file stem, caption, PNG) for every figure of a report, from a run's RunTables."""
+def offload_bars(offload: dict) -> bytes:
+    """Per MoE layer: cache hit rate and offload_wait (ms over the measured steps)."""
+    layers = sorted(offload["layers"], key=int)
+    hit = [100 * offload["layers"][k]["hit_rate"] for k in layers]
+    wait = [1e3 * offload["layers"][k]["offload_wait_s"] for k in layers]
+    plt, fig = _figure(11, 3.2)
+    for i, (values, label, color) in enumerate(((hit, "hit rate %", "#55a868"), (wait, "offload_wait ms", "#64b5cd")), 1):
+        ax = fig.add_subplot(1, 2, i)
+        ax.bar([str(k) for k in layers], values, color=color)
+        ax.set_xlabel("MoE layer")
+        ax.set_ylabel(label)
+    return _png(plt, fig)
+
+
+def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes]]:
+    """(file stem, caption, PNG) for every figure of a report, from a run's RunTables (and summary)."""
+    extra = []
+    if summary is not None and summary.get("offload", {}).get("enabled"):
+        extra.append(("offload", "Expert offloading: cache hit rate and offload_wait per layer",
+                      offload_bars(summary["offload"])))
     return [
         ("phases", "Phase breakdown, prefill vs decode (% of step time)", phase_bars(tables.phases, tables.steps)),
         ("expert_load", "Expert load heatmap (layer × expert)", load_heatmap(tables.expert_load)),
         ("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)),
         ("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load)),
-    ]
+    ] + extra

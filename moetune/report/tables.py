@@ -158,7 +158,28 @@ def memory_table(summary: dict) -> Table:
     return Table("Memory", ["part", "bytes"], rows)
 
 
+def offload_table(summary: dict) -> Table:
+    """Per MoE layer: the offloading store's cache and prefetch counters over the measured steps."""
+    off = summary["offload"]
+    rows = []
+    for layer, r in sorted(off["layers"].items(), key=lambda kv: int(kv[0])):
+        rows.append([layer, f"{100 * r['hit_rate']:.1f}%", f"{r['hits']}/{r['hits'] + r['misses']}",
+                     _num(r["prefetch_precision"], ".2f"), _num(r["prefetch_recall"], ".2f"),
+                     _mb(r["bytes_host"] + r["bytes_disk"]), f"{1e3 * r['offload_wait_s']:.2f}",
+                     _mb(r["resident_bytes"])])
+    s = off["settings"]
+    note = (f"capacity {s['capacity']} experts/layer, {s['policy']} eviction, {s['tier']} tier, prefetch depth "
+            f"{s['prefetch_depth']}. Hit rate = needed experts found resident / needed; precision = prefetched "
+            "experts used before eviction / prefetched; recall = needed experts resident thanks to a prefetch / "
+            "(those + demand fetches).")
+    return Table("Expert offloading", ["layer", "hit rate", "hits/needed", "prefetch precision", "prefetch recall",
+                                       "fetched", "offload_wait ms", "resident"], rows, note)
+
+
 def all_tables(summary: dict) -> list[Table]:
-    return [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
-            gemm_table(summary), ep_table(summary), locality_table(summary), rates_table(summary), formulas_table(summary),
-            memory_table(summary)]
+    tables = [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
+              gemm_table(summary), ep_table(summary), locality_table(summary), rates_table(summary),
+              formulas_table(summary), memory_table(summary)]
+    if summary.get("offload", {}).get("enabled"):
+        tables.append(offload_table(summary))
+    return tables

@@ -157,6 +157,24 @@ def _index_missing_shard(path: Path) -> None:
     (path / first).unlink()
 
 
+def _drop_a_scale(t: dict) -> None:
+    del t[next(n for n in sorted(t) if n.endswith(".scales"))]
+
+
+def quantized(mutate: Callable[[Path], None] | None = None) -> Prep:
+    """{d}/q: the tiny checkpoint written by moetune quantize (every expert int8), then damaged."""
+    def prep(d: Path, src: dict) -> None:
+        from moetune.model.quantize import write_quantized
+        from moetune.model.validate import read_spec
+        from moetune.quant.table import uniform
+
+        spec = read_spec(src["ck"])
+        write_quantized(src["ck"], spec, uniform("int8", spec.moe_layers, spec.moe.num_experts), d / "q")
+        if mutate is not None:
+            mutate(d / "q")
+    return prep
+
+
 G = ("generate", "-p", "def add(a, b):")  # a generate call, model to follow
 P = ("profile", "--num-requests", "2", "--batch-size", "2", "--input-len", "8", "--output-len", "2",
      "--warmup-steps", "0")
@@ -365,6 +383,23 @@ CASES: list[Case] = [
     Case("profile-trace-over-memory", "size", ("profile", "-m", "{ck}", "--num-requests", "1000000000000",
                                                "--input-len", "8", "--output-len", "2"), 1,
          ("--num-requests 1000000000000", "routing trace", "GB")),
+    # per-expert precision and offloading ({ck}: D = 48, I = 24, top-k 3)
+    Case("quantize-unknown-format", "quant", ("quantize", "-m", "{ck}", "--policy", "int9", "--out", "{d}/q"), 1,
+         ("unknown expert format 'int9'", "int4-g64")),
+    Case("quantize-group-not-dividing", "quant", ("quantize", "-m", "{ck}", "--policy", "int4-g32", "--out", "{d}/q"),
+         1, ("group size 32 does not divide", "use int8")),
+    Case("quantize-hot-without-loads", "quant", ("quantize", "-m", "{ck}", "--policy", "hot=0.25", "--out", "{d}/q"),
+         1, ("--loads",)),
+    Case("recipe-quant-unknown-format", "quant", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("unknown expert format 'fp4'",), prep=write("r.yaml", "quant:\n  experts: fp4\n")),
+    Case("quantized-missing-scales", "quant", (*G, "-m", "{d}/q"), 1, ("lacks the scales", "moetune quantize"),
+         prep=quantized(tensors(_drop_a_scale))),
+    Case("offload-capacity-below-top-k", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("resident capacity 2", "below top-k 3"), prep=write("r.yaml", "offload:\n  resident_experts: 2\n")),
+    Case("offload-dir-unusable", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("offload directory 'blocker'", "cannot be used"),
+         prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n"
+                                                          "  dir: blocker\n"))),
     # interrupts: one line, 130 / 143, nothing left behind
     Case("profile-ctrl-c", "interrupt", ("profile", "-m", "{ck}", "--num-requests", "4000", "--batch-size", "2",
                                          "--input-len", "8", "--output-len", "8", "--out", "{d}/run"), 130,

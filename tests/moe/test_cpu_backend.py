@@ -94,3 +94,28 @@ def test_auto_is_cpu_on_the_cpu_and_cpu_refuses_cuda():
     assert resolve_backend("torch", torch.device("cpu")).name == "torch"
     with pytest.raises(MoetuneError, match="runs on the CPU"):
         resolve_backend("cpu", torch.device("cuda"))
+
+
+def test_a_layer_in_several_formats_runs_each_format_group_through_the_kernels():
+    """Mixed-precision layers (format groups over contiguous slot ranges) under the cpu backend
+    equal the torch twin, which dequantises slot by slot."""
+    from moetune.experts.store import ExpertWeights, FormatGroup, SlotMap
+    from moetune.kernels.cpu import quantize_int4, quantize_int8
+    from moetune.kernels.quant_formats import plain
+    from moetune.moe.backend import TorchBackend
+    from moetune.moe.cpu_backend import CPUBackend
+    from moetune.moe.permute import permute
+
+    gen = torch.Generator().manual_seed(3)
+    E, D, I, T, K = 6, 64, 64, 5, 2
+    w13, w2 = torch.randn(E, 2 * I, D, generator=gen) * 0.1, torch.randn(E, D, I, generator=gen) * 0.1
+    groups = [FormatGroup(0, 2, plain(w13[:2]), plain(w2[:2])),
+              FormatGroup(2, 4, quantize_int8(w13[2:4]), quantize_int8(w2[2:4])),
+              FormatGroup(4, 6, quantize_int4(w13[4:], 64), quantize_int4(w2[4:], 64))]
+    weights = ExpertWeights.from_groups(groups, SlotMap(E))
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])  # [T, K]
+    perm = permute(torch.randn(T, D, generator=gen), ids, E)
+    ref = TorchBackend().experts(perm.x_sorted, perm.offsets, weights).y
+    out = CPUBackend().experts(perm.x_sorted, perm.offsets, weights).y
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    CPUBackend().warm(weights)  # compiles each group's format without tripping over the mixed layer
