@@ -125,10 +125,17 @@ def mshape_histogram(expert_load: pd.DataFrame) -> bytes:
 
 
 def all_plots(tables) -> list[tuple[str, str, bytes]]:
-    """(file stem, caption, PNG) for every figure of a report, from a run's RunTables."""
-    return [
+    """(file stem, caption, PNG) for every figure of a report, from a run's RunTables (the per-rank
+    timeline only for a run on R ranks)."""
+    plots = [
         ("phases", "Phase breakdown, prefill vs decode (% of step time)", phase_bars(tables.phases, tables.steps)),
         ("expert_load", "Expert load heatmap (layer × expert)", load_heatmap(tables.expert_load)),
         ("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)),
         ("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load)),
     ]
+    if len(tables.rank_moe):
+        from moetune.report.rank_plots import rank_timeline
+
+        plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
+                      rank_timeline(tables.rank_steps, tables.rank_moe)))
+    return plots
