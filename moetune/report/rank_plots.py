@@ -8,7 +8,7 @@ import pandas as pd
 from moetune.profile.rank_analysis import slowest_ranks
 from moetune.report.plots import _figure, _png
 
-RANK_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
+RANK_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]
 
 
 def rank_timeline(rank_steps: pd.DataFrame, rank_moe: pd.DataFrame) -> bytes:
@@ -33,7 +33,7 @@ def _lanes(ax, rank_steps: pd.DataFrame, rank_moe: pd.DataFrame, R: int) -> None
     for r in range(R):
         s, w = secs[r].to_numpy() * 1e3, wait[r].to_numpy() * 1e3
         busy = np.maximum(s - w, 0.0)
-        colors = np.where(idle[r].to_numpy(dtype=bool), "#c8c8c8", RANK_COLORS[r % len(RANK_COLORS)])
+        colors = np.where(idle[r].to_numpy(dtype=bool), "#c8c8c8", "#4c72b0")
         ax.barh(r, busy, left=starts, color=colors, height=0.6, label="computing" if r == 0 else None)
         ax.barh(r, w, left=starts + busy, color="#e34a33", height=0.6, label="waiting for the slowest rank" if r == 0 else None)
     ax.set_yticks(range(R), [f"rank {r}" for r in range(R)])
