@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, ThreadsOpt
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, PlacementOpt, RecipeOpt, RedundantOpt,
+                                 ThreadsOpt)
 
 
 def profile(
@@ -19,9 +20,12 @@ def profile(
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Cut or pad every prompt to this many tokens."),
     output_len: int = typer.Option(64, "--output-len", help="Tokens generated per request (EOS ignored)."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", help="Steps run first and excluded from all figures."),
-    ep_size: Optional[int] = typer.Option(None, "--ep-size", help="Expert-parallel ranks R to account traffic for "
-                                                                  "(default: recipe, else 1)."),
+    ep_size: Optional[int] = typer.Option(None, "--ep-size", help="Expert-parallel ranks R: runs R ranks (spawned, or "
+                                                                  "torchrun's) and measures each (default: recipe, else 1)."),
     ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="Ranks per node (default: recipe, else 1)."),
+    placement: Optional[str] = PlacementOpt,
+    redundant_experts: Optional[int] = RedundantOpt,
+    what_if: bool = typer.Option(False, "--what-if", help="Do not start R ranks: compute EP-R traffic from one process."),
     capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help="Count drops over ceil(cf·T·K/E)."),
     trace: bool = typer.Option(False, "--trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<model>-<timestamp>)."),
@@ -43,9 +47,10 @@ def profile(
     workload = Workload(prompts, num_requests, batch_size, input_len, output_len, warmup_steps)
     workload.check()
     checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, threads=threads)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, placement=placement,
+                         redundant_experts=redundant_experts, threads=threads)
     settings = ProfileSettings(cfg, workload, ep_size, ranks_per_node, capacity_factor, trace,
-                               Path(out) if out else None)
+                               Path(out) if out else None, what_if=what_if)
     if not overhead:
         checks.output_dir("--out", settings.out or settings.runs_root)
     _preflight(settings)
@@ -62,13 +67,15 @@ def _preflight(settings) -> None:
     from moetune.cli.options import Target
     from moetune.profile.workload import load_prompt_texts, prompts_path
 
-    from moetune.profile.ep import contiguous_layout
+    from moetune.engine.build import resolve_placement
     from moetune.profile.runner import _parallel
 
     w = settings.workload
     texts = load_prompt_texts(prompts_path(w))
     target = Target(settings.config)
-    contiguous_layout(target.spec.moe.num_experts, *_parallel(settings))  # a bad --ep-size, before torch
+    ep, rpn = _parallel(settings)
+    parallel = settings.config.parallel.model_copy(update={"ep_size": ep, "ranks_per_node": rpn})
+    resolve_placement(parallel, target.spec)  # a bad --ep-size, --placement or --redundant-experts, before loading
     limit = target.spec.max_position
     if w.input_len is not None:
         checks.context(f"--input-len {w.input_len} + --output-len {w.output_len}", w.input_len + w.output_len,
@@ -91,6 +98,7 @@ def _profile(settings, report: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from moetune.profile.runner import run_profile
+    from moetune.report.rank_tables import rank_tables
     from moetune.report.tables import formulas_table, imbalance_table, phase_table, rates_table
     from moetune.report.terminal import rich_table
 
@@ -100,9 +108,12 @@ def _profile(settings, report: bool) -> None:
         task = progress.add_task("loading model", total=None)
         result = run_profile(settings, on_start=lambda n: progress.update(task, total=n, description="steps"),
                              on_step=lambda kind: progress.update(task, advance=1, description=kind))
+    if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
+        return
     console = Console()
     summary = result.summary
-    for table in (phase_table(summary), imbalance_table(summary), rates_table(summary), formulas_table(summary)):
+    for table in (phase_table(summary), imbalance_table(summary), *rank_tables(summary), rates_table(summary),
+                  formulas_table(summary)):
         console.print(rich_table(table))
     if report:
         from moetune.report.build import write_reports

@@ -10,7 +10,7 @@ before the first step, so one rank's bad request fails every rank the same way.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,16 @@ from moetune.moe.all_to_all import AllToAllDispatcher
 T = TypeVar("T")
 
 
+class LockStepObserver(Protocol):
+    """Told around each lock-step's forward on this rank (the profiler's per-rank view)."""
+
+    def lockstep_begin(self) -> None: ...
+
+    def lockstep_end(self, idle: bool) -> None:
+        """idle: this rank ran the empty forward (nothing of its own to compute)."""
+        ...
+
+
 class DPGenerator:
     """One rank's generator in a group of R; every rank calls the same methods with the same arguments."""
 
@@ -37,6 +47,7 @@ class DPGenerator:
         self.rank, self.world = ctx.rank, ctx.world
         self.steps = 0  # lock-steps taken (idle ones included)
         self.idle_steps = 0  # of which this rank ran the empty forward
+        self.observer: LockStepObserver | None = None
 
     @property
     def engine(self) -> Engine:
@@ -98,13 +109,18 @@ class DPGenerator:
         if not busy.item():
             return None
         self.steps += 1
+        if self.observer is not None:
+            self.observer.lockstep_begin()
         outputs: list[RequestOutput] = []
         ran = sum(self.engine.stats.steps.values())
         if self.engine.has_unfinished():
             outputs = self.engine.step()
-        if sum(self.engine.stats.steps.values()) == ran:  # nothing to compute here this step
+        idle = sum(self.engine.stats.steps.values()) == ran  # nothing to compute here this step
+        if idle:
             self.idle_steps += 1
             self.model.idle_forward()
+        if self.observer is not None:
+            self.observer.lockstep_end(idle)
         return outputs
 
     def _add(self, ids: list[list[int]], params: list[SamplingParams], index: list[int]) -> list[int]:

@@ -60,6 +60,11 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def launching_rank() -> int:
+    """The rank this process will be: torchrun's RANK, else 0 (this process spawns the others)."""
+    return int(os.environ["RANK"]) if under_torchrun() else 0
+
+
 def launch(job: Callable[[RankContext], T], world: int, device: torch.device, timeout_s: float = 120.0) -> T | None:
     """Run job on `world` ranks; returns rank 0's result in rank 0's process, None in the others."""
     kind = "cuda" if device.type == "cuda" else "cpu"

@@ -46,10 +46,18 @@ def layer_closure(tables: RunTables) -> pd.DataFrame:
     return df.assign(ratio=df.seconds_phases / df.seconds_layer)
 
 
-def load_summary(tables: RunTables, kind: str, placement: np.ndarray, ep_size: int) -> dict:
+def rank_matrix(ep_ranks: pd.DataFrame, kind: str, column: str = "copies") -> tuple[list[int], np.ndarray]:
+    """→ (layers, [Lm, R]) a per-rank column summed over the steps of `kind`."""
+    df = ep_ranks[ep_ranks.kind == kind]
+    pivot = df.pivot_table(index="layer", columns="rank", values=column, aggfunc="sum", fill_value=0)
+    return [int(x) for x in pivot.index], pivot.to_numpy()
+
+
+def load_summary(tables: RunTables, kind: str) -> dict:
+    """Per layer: load over experts, and over ranks under the run's layout (the ep_ranks what-if)."""
     layers, counts = load_matrix(tables.expert_load, kind)  # counts: [Lm, E]
     experts = metrics.per_layer_stats(counts)
-    ranks = metrics.per_layer_stats(metrics.rank_loads(counts, placement, ep_size))
+    ranks = metrics.per_layer_stats(rank_matrix(tables.ep_ranks, kind)[1])  # [Lm, R]
     rows = [{"layer": l, "expert": asdict(e), "rank": asdict(r)} for l, e, r in zip(layers, experts, ranks)]
     return {
         "per_layer": rows,
@@ -99,8 +107,10 @@ def rates_table(tables: RunTables, dims: dict) -> pd.DataFrame:
     return phase_rates(phase_work(dims, tables.steps, tables.moe, active), tables.phases)
 
 
-def summarize(tables: RunTables, dims: dict, placement: np.ndarray, ep_size: int,
-              capacity_factor: float | None) -> dict:
+def summarize(tables: RunTables, dims: dict, layout, capacity_factor: float | None) -> dict:
+    """layout: the EPLayout of the ep_* what-if tables (with R ranks run, the run's own)."""
+    from moetune.profile.rank_analysis import rank_summary
+
     out: dict = {"kinds": {}}
     rates = rates_table(tables, dims)
     for kind in kinds_in(tables):
@@ -111,11 +121,13 @@ def summarize(tables: RunTables, dims: dict, placement: np.ndarray, ep_size: int
             "step_ms_median": float(1e3 * steps.seconds.median()),
             "step_ms_p90": float(1e3 * steps.seconds.quantile(0.9)),
             "phases": phase_breakdown(tables, kind),
-            "load": load_summary(tables, kind, placement, ep_size),
+            "load": load_summary(tables, kind),
             "padding": padding_summary(tables.moe, kind),
             "ep": ep_summary(tables, kind),
             "rates": rates[rates.kind == kind].drop(columns=["kind"]).to_dict(orient="records"),
         }
+        if len(tables.rank_moe):
+            section["ranks"] = rank_summary(tables, kind, layout)
         if capacity_factor:
             section["capacity"] = capacity_summary(tables, kind, dims["K"], dims["E"], capacity_factor)
         out["kinds"][kind] = section

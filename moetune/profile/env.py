@@ -49,7 +49,8 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
-def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_node: int) -> dict:
+def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_node: int, ran: bool = False) -> dict:
+    """ran: the run started ep_size ranks (otherwise its EP traffic is computed on one process)."""
     return {
         "model_dir": str(model_dir),
         "model_files_sha256": model_files_hash(model_dir),
@@ -62,6 +63,7 @@ def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_n
         "torch_num_threads": torch.get_num_threads(),
         "device": device_info(device),
         "topology": {"ep_size": ep_size, "ranks_per_node": ranks_per_node,
-                     "nodes": max(1, ep_size // ranks_per_node), "simulated": True,
-                     "note": "EP traffic is computed from the recorded routing on one process"},
+                     "nodes": max(1, ep_size // ranks_per_node), "simulated": not ran,
+                     "note": (f"ran on {ep_size} ranks; the what-if tables (ep_*) are computed for the same placement"
+                              if ran else "EP traffic is computed from the recorded routing on one process")},
     }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from moetune.errors import RunDirError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RERUN = "re-run `moetune profile` to write it again"
 
 TABLE_COLUMNS = {
@@ -25,6 +25,10 @@ TABLE_COLUMNS = {
     "ep_ranks": ("step", "kind", "layer", "rank", "copies", "send_bytes", "recv_bytes"),
     "ep_traffic": ("step", "kind", "layer", "same_rank_bytes", "intra_node_bytes", "inter_node_bytes"),
     "nvml": ("t", "memory_used_bytes", "gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz"),
+    "rank_steps": ("step", "kind", "rank", "rank_kind", "batch", "tokens", "seconds"),
+    "rank_moe": ("step", "kind", "layer", "rank", "tokens", "copies_sent", "copies_in", "dispatch_seconds",
+                 "combine_seconds", "moe_seconds", "wait_seconds", "transfer_seconds", "dispatch_bytes",
+                 "combine_bytes", "same_rank_bytes", "intra_node_bytes", "inter_node_bytes"),
 }
 SUMMARY_KEYS = ("kinds", "model", "workload", "parallel", "memory", "nvml")
 
@@ -99,6 +103,7 @@ class RunReader:
             trace = RoutingTrace.load(self.path / name)
         except Exception as exc:  # zipfile, zlib, numpy and KeyError all mean a damaged archive
             raise self._fail(name, f"is corrupt ({type(exc).__name__}: {exc})") from None
-        if len(trace.step_offsets) != trace.num_steps + 1 or trace.topk_ids.ndim != 3:
+        ranks_ok = trace.token_rank is None or len(trace.token_rank) == len(trace.topk_ids)
+        if len(trace.step_offsets) != trace.num_steps + 1 or trace.topk_ids.ndim != 3 or not ranks_ok:
             raise self._fail(name, "is corrupt (arrays of inconsistent sizes)")
         return trace

@@ -12,7 +12,7 @@ from typing import Callable
 
 from moetune.config import ParallelConfig, RunConfig, parse_config
 from moetune.errors import MoetuneError
-from moetune.profile.ep import contiguous_layout
+from moetune.profile.ep import placement_layout
 from moetune.profile.workload import Workload, batches, load_prompt_texts, prompts_path, request_tokens
 
 
@@ -26,6 +26,7 @@ class ProfileSettings:
     trace: bool = False  # torch.profiler trace into <run>/tb and <run>/trace.json
     out: Path | None = None  # None: runs/<model>-<timestamp>
     runs_root: Path = Path("runs")
+    what_if: bool = False  # EP-R traffic computed on one process instead of running R ranks
 
 
 @dataclass
@@ -38,13 +39,15 @@ Hooks = Callable[[str], None]
 
 
 def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | None = None,
-                on_step: Hooks | None = None) -> ProfileResult:
+                on_step: Hooks | None = None) -> ProfileResult | None:
+    """One process (R = 1, or the what-if of R ranks), or R ranks for real (rank_run.py). None in the
+    processes of ranks other than 0 under torchrun: rank 0 alone writes the run dir."""
     w = settings.workload
     w.check()
     if settings.capacity_factor is not None and settings.capacity_factor <= 0:
         raise MoetuneError("--capacity-factor must be positive")
     texts = load_prompt_texts(prompts_path(w))  # user mistakes first, before heavy imports
-    from moetune.engine.build import build_generator
+    from moetune.engine.build import build_generator, resolve_placement
     from moetune.model.loader import read_spec
     from moetune.model.registry import resolve_model
     from moetune.profile.rundir import RunDirWriter
@@ -52,10 +55,15 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     model_dir = resolve_model(settings.config.model.path)
     spec = read_spec(model_dir)
     ep, rpn = _parallel(settings)
-    layout = contiguous_layout(spec.moe.num_experts, ep, rpn)  # bad --ep-size fails before any loading
-    cfg = parse_config({**settings.config.model_dump(), "parallel": {"ep_size": ep, "ranks_per_node": rpn},
+    parallel = {**settings.config.parallel.model_dump(), "ep_size": ep, "ranks_per_node": rpn}
+    cfg = parse_config({**settings.config.model_dump(), "parallel": parallel,
                         "engine": engine_for(settings.config, w, texts, spec.max_position)}, source="command line")
+    layout = placement_layout(resolve_placement(cfg.parallel, spec), spec.moe.num_experts, ep, rpn)
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if ep > 1 and not settings.what_if:
+        from moetune.profile.rank_run import run_rank_profile
+
+        return run_rank_profile(settings, cfg, texts, writer, on_start, on_step)
     writer.check_free()
     generator = build_generator(cfg.model_copy(update={"parallel": ParallelConfig()}))  # one rank; EP is computed
     requests = request_tokens(texts, generator.encode, w)
@@ -170,6 +178,30 @@ def offload_summary(store) -> dict:
 def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
                kv_bytes: int) -> dict:
     """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
+    from moetune.profile.rates import model_dims
+    from moetune.profile.tables import build_tables
+
+    dims = model_dims(profiler.model).as_dict()
+    trace = profiler.trace()
+    tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
+    return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes),
+                     model_dir)
+
+
+@dataclass
+class RunParts:
+    """What a run dir is written from: rank 0's model (dims, memory), the tables, the routing."""
+
+    model: object  # MoETransformer
+    tables: object  # RunTables
+    trace: object  # RoutingTrace
+    layout: object  # EPLayout
+    nvml_summary: dict
+    kv_bytes: int
+    ranks: dict | None = None  # runs on R ranks: dispatcher counters, wire row bytes, dispatch dtype
+
+
+def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunParts, model_dir: Path) -> dict:
     import yaml
 
     from moetune.profile.analysis import summarize
@@ -177,28 +209,40 @@ def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, l
     from moetune.profile.memory import memory_breakdown
     from moetune.profile.rates import model_dims
     from moetune.profile.rundir import write_contents
-    from moetune.profile.tables import build_tables
 
-    model, w = profiler.model, settings.workload
+    model, w, tables, layout = parts.model, settings.workload, parts.tables, parts.layout
     dims = model_dims(model).as_dict()
-    trace = profiler.trace()
-    tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
-    summary = summarize(tables, dims, layout.placement, layout.ep_size, settings.capacity_factor)
+    summary = summarize(tables, dims, layout, settings.capacity_factor)
     max_tokens = int(tables.steps.tokens.max()) if len(tables.steps) else 0
     summary.update(
         model={"name": model_dir.name, "model_type": model.spec.model_type, "dtype": str(model.dtype).split(".")[-1],
                "device": str(model.device), **dims},
         workload={**asdict(w), "prompts": str(prompts_path(w))},
-        parallel={"ep_size": layout.ep_size, "ranks_per_node": layout.ranks_per_node, "placement": "contiguous",
-                  "placement_experts": layout.placement.tolist(), "token_origin": "token t of a step on rank t % R"},
-        memory=memory_breakdown(model, kv_bytes, max_tokens).as_dict(),
-        nvml=nvml.summary(),
+        parallel=parallel_summary(layout, parts.ranks),
+        memory=memory_breakdown(model, parts.kv_bytes, max_tokens).as_dict(),
+        nvml=parts.nvml_summary,
         offload=offload_summary(model.experts),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)
     recipe += "# profile workload (not a RunConfig key):\n" + "".join(
         f"#   {k}: {v}\n" for k, v in summary["workload"].items())
-    write_contents(tmp, recipe, environment(model_dir, model.device, layout.ep_size, layout.ranks_per_node),
-                   summary, tables, trace)
+    env = environment(model_dir, model.device, layout.ep_size, layout.ranks_per_node, ran=parts.ranks is not None)
+    write_contents(tmp, recipe, env, summary, tables, parts.trace)
     return summary
+
+
+def parallel_summary(layout, ranks: dict | None) -> dict:
+    """summary.json `parallel`: the layout; with R ranks run for real, what they measured too."""
+    out = {"ep_size": layout.ep_size, "ranks_per_node": layout.ranks_per_node, "placement": layout.policy,
+           "ran_ranks": ranks is not None, "token_origin": "token t of a step on rank t % R"}
+    if layout.slots is None:
+        out["placement_experts"] = layout.placement.tolist()
+    else:
+        out.update(redundant_experts=layout.slots.redundant, slots_per_rank=layout.slots.slots_per_rank,
+                   physical_to_logical=layout.slots.phy2log.tolist(),
+                   replica_split="copy of token t (its index on its rank) goes to replica t mod replicas")
+    if ranks is not None:
+        out.update(token_origin="request i of a batch on rank i % R (data-parallel attention); routing.npz token_rank",
+                   **ranks)
+    return out

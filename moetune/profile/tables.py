@@ -11,7 +11,19 @@ from moetune.profile.ep import EPLayout, step_traffic
 from moetune.profile.records import Records
 from moetune.profile.trace import RoutingTrace
 
-TABLES = ("steps", "phases", "layers", "moe", "expert_load", "ep_ranks", "ep_traffic", "nvml")
+TABLES = ("steps", "phases", "layers", "moe", "expert_load", "ep_ranks", "ep_traffic", "nvml", "rank_steps",
+          "rank_moe")
+RANK_STEPS_COLUMNS = ["step", "kind", "rank", "rank_kind", "batch", "tokens", "seconds"]
+RANK_MOE_COLUMNS = ["step", "kind", "layer", "rank", "tokens", "copies_sent", "copies_in", "dispatch_seconds",
+                    "combine_seconds", "moe_seconds", "wait_seconds", "transfer_seconds", "dispatch_bytes",
+                    "combine_bytes", "same_rank_bytes", "intra_node_bytes", "inter_node_bytes"]
+
+
+def typed_frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """A table with fixed column types (also when empty): str kinds, float seconds, int the rest."""
+    df = pd.DataFrame(rows, columns=columns)
+    types = {c: object if "kind" in c else float if "seconds" in c else np.int64 for c in columns}
+    return df.astype(types)
 
 
 @dataclass
@@ -24,13 +36,16 @@ class RunTables:
     ep_ranks: pd.DataFrame  # step, kind, layer, rank, copies, send_bytes, recv_bytes
     ep_traffic: pd.DataFrame  # step, kind, layer, same_rank_bytes, intra_node_bytes, inter_node_bytes
     nvml: pd.DataFrame  # t, memory_used_bytes, gpu_util_pct, mem_util_pct, power_w, sm_clock_mhz
+    rank_steps: pd.DataFrame  # RANK_STEPS_COLUMNS: measured on each of R ranks (empty for one process)
+    rank_moe: pd.DataFrame  # RANK_MOE_COLUMNS: per lock-step, MoE layer and rank (empty for one process)
 
     def items(self):
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
 def build_tables(rec: Records, trace: RoutingTrace, layout: EPLayout, row_bytes: int,
-                 nvml: pd.DataFrame | None = None) -> RunTables:
+                 nvml: pd.DataFrame | None = None, rank_steps: pd.DataFrame | None = None,
+                 rank_moe: pd.DataFrame | None = None) -> RunTables:
     ranks, traffic = ep_tables(trace, layout, row_bytes)
     return RunTables(
         steps=pd.DataFrame(rec.steps, columns=["step", "kind", "batch", "tokens", "context_tokens",
@@ -43,6 +58,8 @@ def build_tables(rec: Records, trace: RoutingTrace, layout: EPLayout, row_bytes:
         ep_traffic=traffic,
         nvml=nvml if nvml is not None else pd.DataFrame(columns=["t", "memory_used_bytes", "gpu_util_pct",
                                                                  "mem_util_pct", "power_w", "sm_clock_mhz"]),
+        rank_steps=rank_steps if rank_steps is not None else typed_frame([], RANK_STEPS_COLUMNS),
+        rank_moe=rank_moe if rank_moe is not None else typed_frame([], RANK_MOE_COLUMNS),
     )
 
 
@@ -63,13 +80,13 @@ def expert_load_table(counts: list[np.ndarray], kinds: list[str], layers: list[i
 
 
 def ep_tables(trace: RoutingTrace, layout: EPLayout, row_bytes: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per step × layer: copies and bytes per rank, and bytes by locality (see ep.py)."""
+    """Per step × layer: copies and bytes per rank, and bytes by locality, computed (see ep.py)."""
     ranks, traffic = [], []
     for s in range(trace.num_steps):
         ids = trace.step(s).astype(np.int64)  # [T, Lm, K]
-        step, kind = int(trace.step_index[s]), trace.kind(s)
+        step, kind, origin = int(trace.step_index[s]), trace.kind(s), trace.origin(s)
         for j, layer in enumerate(trace.layers):
-            t = step_traffic(ids[:, j], layout, row_bytes)
+            t = step_traffic(ids[:, j], layout, row_bytes, origin, int(layer))
             for r in range(layout.ep_size):
                 ranks.append({"step": step, "kind": kind, "layer": int(layer), "rank": r,
                               "copies": int(t.copies_in[r]), "send_bytes": int(t.send_bytes[r]),

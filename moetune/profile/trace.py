@@ -22,6 +22,7 @@ class RoutingTrace:
     step_index: np.ndarray  # [S] int64: the step ids used by the Parquet tables
     layers: np.ndarray  # [Lm] int16: model layer index of each trace column
     num_experts: int
+    token_rank: np.ndarray | None = None  # [N] int16: rank that computed each token (runs on R ranks)
 
     @property
     def num_steps(self) -> int:
@@ -34,16 +35,24 @@ class RoutingTrace:
     def kind(self, s: int) -> str:
         return KINDS[int(self.step_kind[s])]
 
+    def origin(self, s: int) -> np.ndarray | None:
+        """[T] rank of each token of the s-th step (None: the run ran one process)."""
+        if self.token_rank is None:
+            return None
+        return self.token_rank[self.step_offsets[s] : self.step_offsets[s + 1]].astype(np.int64)
+
     def save(self, path: Path) -> None:
+        extra = {} if self.token_rank is None else {"token_rank": self.token_rank}
         np.savez_compressed(path, topk_ids=self.topk_ids, step_offsets=self.step_offsets,
                             step_kind=self.step_kind, step_index=self.step_index, layers=self.layers,
-                            num_experts=np.int64(self.num_experts))
+                            num_experts=np.int64(self.num_experts), **extra)
 
     @classmethod
     def load(cls, path: Path) -> "RoutingTrace":
         with np.load(path) as data:
+            ranks = data["token_rank"] if "token_rank" in data.files else None
             return cls(data["topk_ids"], data["step_offsets"], data["step_kind"], data["step_index"],
-                       data["layers"], int(data["num_experts"]))
+                       data["layers"], int(data["num_experts"]), ranks)
 
 
 def id_dtype(num_experts: int) -> np.dtype:

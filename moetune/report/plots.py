@@ -144,9 +144,15 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
     if summary is not None and summary.get("offload", {}).get("enabled"):
         extra.append(("offload", "Expert offloading: cache hit rate and offload_wait per layer",
                       offload_bars(summary["offload"])))
-    return [
+    plots = [
         ("phases", "Phase breakdown, prefill vs decode (% of step time)", phase_bars(tables.phases, tables.steps)),
         ("expert_load", "Expert load heatmap (layer × expert)", load_heatmap(tables.expert_load)),
         ("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)),
         ("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load)),
     ] + extra
+    if len(tables.rank_moe):
+        from moetune.report.rank_plots import rank_timeline
+
+        plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
+                      rank_timeline(tables.rank_steps, tables.rank_moe)))
+    return plots

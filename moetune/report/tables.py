@@ -35,13 +35,21 @@ def overview_table(summary: dict) -> Table:
                       f"I={m['I']}" + (f" I_shared={m['I_shared']}" if m["I_shared"] else "")],
             ["workload", f"{w['num_requests']} requests, batch {w['batch_size']}, input_len {w['input_len'] or 'as is'}, "
                          f"output_len {w['output_len']}, warm-up {w['warmup_steps']} steps (excluded)"],
-            ["expert parallel", f"R={p['ep_size']}, {p['ranks_per_node']} ranks/node, {p['placement']} placement, "
-                                f"{p['token_origin']} (computed, not run)"]]
+            ["expert parallel", _parallel_line(p)]]
     for kind in _kinds(summary):
         k = summary["kinds"][kind]
         rows.append([kind, f"{k['steps']} steps, {k['tokens']} tokens, {k['tokens_per_s']:.0f} tok/s, "
                            f"step median {k['step_ms_median']:.2f} ms (p90 {k['step_ms_p90']:.2f} ms)"])
     return Table("Run", ["", "value"], rows)
+
+
+def _parallel_line(p: dict) -> str:
+    head = f"R={p['ep_size']}, {p['ranks_per_node']} ranks/node, {p['placement']} placement"
+    if p.get("redundant_experts"):
+        head += f" with {p['redundant_experts']} redundant slots"
+    if p.get("ran_ranks"):
+        return f"{head}, run on {p['ep_size']} ranks ({p['token_origin']}); ep_* tables: what-if, same placement"
+    return f"{head}, {p['token_origin']} (computed, not run)"
 
 
 def phase_table(summary: dict) -> Table:
@@ -119,7 +127,8 @@ def ep_table(summary: dict) -> Table:
     p = summary["parallel"]
     return Table(f"Expert parallel load per rank (R={p['ep_size']}, {p['ranks_per_node']} ranks/node)",
                  ["kind", "rank", "token copies", "sent", "received"], rows,
-                 "bytes = copies × D × dtype bytes, dispatch + combine; computed from the recorded routing.")
+                 "bytes = copies × D × dtype bytes, dispatch + combine; computed from the recorded routing"
+                 + (" (what-if for the run's placement)." if p.get("ran_ranks") else "."))
 
 
 def locality_table(summary: dict) -> Table:
@@ -129,8 +138,11 @@ def locality_table(summary: dict) -> Table:
         total = ep["same_rank_bytes"] + ep["intra_node_bytes"] + ep["inter_node_bytes"]
         rows.append([kind] + [f"{_mb(ep[k])} ({100 * ep[k] / total:.0f}%)" if total else "0" for k in
                               ("same_rank_bytes", "intra_node_bytes", "inter_node_bytes")])
+    p = summary["parallel"]
+    where = ("Placement: expert e on rank e // (E/R)" if p["placement"] == "contiguous" and not p.get("redundant_experts")
+             else f"Placement: {p['placement']} (physical_to_logical in summary.json)")
     return Table("Expert parallel bytes by locality", ["kind", "same rank", "intra-node", "inter-node"], rows,
-                 "Placement: expert e on rank e // (E/R); token t of a step starts on rank t % R.")
+                 f"{where}; {p['token_origin']}. Computed from the recorded routing.")
 
 
 def gemm_table(summary: dict) -> Table:
@@ -177,9 +189,11 @@ def offload_table(summary: dict) -> Table:
 
 
 def all_tables(summary: dict) -> list[Table]:
+    from moetune.report.rank_tables import rank_tables
+
     tables = [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
-              gemm_table(summary), ep_table(summary), locality_table(summary), rates_table(summary),
-              formulas_table(summary), memory_table(summary)]
+              gemm_table(summary), *rank_tables(summary), ep_table(summary), locality_table(summary),
+              rates_table(summary), formulas_table(summary), memory_table(summary)]
     if summary.get("offload", {}).get("enabled"):
         tables.append(offload_table(summary))
     return tables

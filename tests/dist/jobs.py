@@ -49,3 +49,18 @@ def dispatch_roundtrip(slot_ids: list[list[list[int]]], num_slots: int, ctx):
     every: list = [None] * R
     dist.all_gather_object(every, mine)
     return every
+
+
+def logits_and_bytes(prompts: list[list[int]], dp):
+    """Prompt logits (rank 0) and the bytes every rank's dispatcher sent for them (summed)."""
+    import torch
+    import torch.distributed as dist
+
+    from moetune.moe.layer import MoELayer
+
+    dispatcher = next(layer.mlp.dispatcher for layer in dp.model.layers if isinstance(layer.mlp, MoELayer))
+    dispatcher.reset_stats()
+    logits = dp.prompt_logits(prompts)
+    sent = torch.tensor([dispatcher.bytes_sent])
+    dist.all_reduce(sent)
+    return None if dp.rank != 0 else (logits, int(sent.item()))

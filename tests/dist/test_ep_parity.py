@@ -84,3 +84,19 @@ def test_replicas_on_one_rank_change_nothing(checkpoints, policy):
     assert tokens == ref_tokens
     for got, want in zip(logits, ref_logits):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bf16_wire_stays_close_and_sends_half_the_bytes(checkpoints):
+    """parallel.dispatch_dtype bf16: rows are cast for the all-to-alls only, so logits move by about
+    bf16's rounding of the expert inputs and outputs; every row costs 2 bytes per value, not 4."""
+    path = checkpoints["mixtral"]
+    ref_logits, _ = reference(path)
+    wire = {}
+    for dtype in ("auto", "bf16"):
+        cfg = parse_config({"model": {"path": str(path), "device": "cpu"},
+                            "parallel": {"ep_size": 2, "redundant_experts": 1, "dispatch_dtype": dtype, "timeout_s": 60}})
+        wire[dtype] = run_ranks(cfg, functools.partial(jobs.logits_and_bytes, prompts()))
+    for got, want in zip(wire["bf16"][0], ref_logits):
+        err = (got - want).abs().max().item()
+        assert 0 < err < 0.02 * want.abs().max().item()
+    assert 2 * wire["bf16"][1] == wire["auto"][1] > 0

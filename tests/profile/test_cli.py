@@ -23,6 +23,7 @@ def test_profile_then_report_end_to_end(checkpoint, tmp_path):
     assert html.count("<img") >= 4 or "<svg" in html
     assert "http" not in html  # self-contained: no network resources at all
     assert "Most imbalanced layers" in html and "Phase breakdown" in html
+    assert "Measured per rank" in html and "Per-rank timeline" in html  # --ep-size 2 ran two ranks
     md = tmp_path / "r.md"
     assert moetune("report", str(run), "--format", "md", "--out", str(md)).returncode == 0
     assert "| phase |" in md.read_text() and (tmp_path / "r_files" / "expert_load.png").is_file()
@@ -37,6 +38,14 @@ def test_an_unreadable_prompts_file_is_one_line(checkpoint, tmp_path, case):
                      "--out", str(tmp_path / "run"))
     assert_one_line_error(result, str(prompts.name) if case != "directory" else "prompts")
     assert not (tmp_path / "run").exists()
+
+
+def test_what_if_computes_ep_traffic_on_one_process(checkpoint, tmp_path):
+    run = tmp_path / "run"
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), *SMALL, "--ep-size", "3",
+                     "--what-if", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert "Measured per rank" not in result.stdout and '"simulated": true' in (run / "env.json").read_text()
 
 
 def test_a_bad_ep_size_is_one_line(checkpoint, tmp_path):

@@ -40,14 +40,17 @@ def test_two_layers_two_ranks_one_rank_gets_twice_the_tokens():
 
 
 def test_load_summary_from_a_table_over_several_steps():
-    """Same case through the expert_load table: two steps per layer, 'always' twice the tokens."""
-    rows = []
+    """Same case through the expert_load and ep_ranks tables (experts 0, 1 on rank 0; 2, 3 on rank 1):
+    two steps per layer, 'always' twice the tokens."""
+    rows, ranks = [], []
     for step in range(2):
         for layer, counts in ((0, [2, 2, 1, 1]), (1, [1, 1, 2, 2])):
             rows += [{"step": step, "kind": "decode", "layer": layer, "expert": e, "tokens": c}
                      for e, c in enumerate(counts)]
-    tables = type("T", (), {"expert_load": pd.DataFrame(rows)})()
-    out = load_summary(tables, "decode", np.array([0, 0, 1, 1]), 2)
+            ranks += [{"step": step, "kind": "decode", "layer": layer, "rank": r, "copies": sum(counts[2 * r: 2 * r + 2])}
+                      for r in range(2)]
+    tables = type("T", (), {"expert_load": pd.DataFrame(rows), "ep_ranks": pd.DataFrame(ranks)})()
+    out = load_summary(tables, "decode")
     assert [r["rank"]["balancedness"] for r in out["per_layer"]] == [pytest.approx(0.75)] * 2
     assert out["mean_over_layers"]["rank_balancedness"] == pytest.approx(0.75)
     assert out["mean_over_layers"]["rank_balancedness"] != 1.0

@@ -18,10 +18,10 @@ WORKLOAD = Workload(num_requests=4, batch_size=2, input_len=48, output_len=4, wa
 
 @pytest.fixture(scope="module")
 def run(checkpoint, tmp_path_factory):
-    """qwen2_moe: dense layers, MoE layers and a shared expert; EP over 2 ranks, 1 per node."""
+    """qwen2_moe: dense layers, MoE layers and a shared expert; EP over 2 ranks computed (one process)."""
     cfg = parse_config({"model": {"path": str(checkpoint("qwen2_moe", shard=False))}})
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    settings = ProfileSettings(cfg, WORKLOAD, ep_size=2, ranks_per_node=1, capacity_factor=1.0, out=out)
+    settings = ProfileSettings(cfg, WORKLOAD, ep_size=2, ranks_per_node=1, capacity_factor=1.0, out=out, what_if=True)
     return read_run(run_profile(settings).path)
 
 
@@ -78,6 +78,8 @@ def test_summary_has_memory_nvml_and_rates(run):
     assert 0 <= s["kinds"]["prefill"]["capacity"]["drop_rate"] < 1
     assert run.env["model_files_sha256"] and run.env["torch"]
     assert "ep_size: 2" in run.recipe_yaml
+    assert s["parallel"]["ran_ranks"] is False and run.env["topology"]["simulated"] is True
+    assert len(run.tables.rank_moe) == 0 and run.trace.token_rank is None and "ranks" not in s["kinds"]["decode"]
 
 
 def test_torch_profiler_trace_names_the_phases(checkpoint, tmp_path):

@@ -19,7 +19,16 @@ def run(checkpoint, tmp_path_factory):
     cfg = parse_config({"model": {"path": str(checkpoint("deepseek_v3", shard=False))}})
     workload = Workload(num_requests=2, batch_size=2, input_len=10, output_len=3, warmup_steps=0)
     out = tmp_path_factory.mktemp("runs") / "ds"
-    return read_run(run_profile(ProfileSettings(cfg, workload, ep_size=4, ranks_per_node=2, out=out)).path)
+    return read_run(run_profile(ProfileSettings(cfg, workload, ep_size=4, ranks_per_node=2, out=out, what_if=True)).path)
+
+
+@pytest.fixture(scope="module")
+def ranked(checkpoint, tmp_path_factory):
+    """Two ranks run for real, 1 per node; three requests: rank 1 idles through the second batch."""
+    cfg = parse_config({"model": {"path": str(checkpoint("deepseek_v3", shard=False))}})
+    workload = Workload(num_requests=3, batch_size=2, input_len=10, output_len=3, warmup_steps=0)
+    out = tmp_path_factory.mktemp("runs") / "ds2"
+    return read_run(run_profile(ProfileSettings(cfg, workload, ep_size=2, ranks_per_node=1, out=out)).path)
 
 
 def test_every_plot_is_a_png(run):
@@ -51,3 +60,20 @@ def test_ep_table_reports_intra_and_inter_node_bytes(run):
     ep = run.summary["kinds"]["decode"]["ep"]
     assert len(ep["per_rank"]) == 4
     assert ep["intra_node_bytes"] > 0 and ep["inter_node_bytes"] > 0
+
+
+def test_a_run_on_ranks_gets_the_per_rank_timeline_and_tables(ranked):
+    plots = all_plots(ranked.tables)
+    assert [stem for stem, _, _ in plots][-1] == "rank_timeline" and plots[-1][2].startswith(b"\x89PNG")
+    md = render_markdown(ranked.summary, ranked.env, [(stem, caption) for stem, caption, _ in plots])
+    assert "### Measured per rank (R=2 ranks run" in md and "### Which rank everyone waited for, per layer" in md
+    assert "run on 2 ranks" in md and "(computed, not run)" not in md
+    rows = [line for line in md.splitlines() if line.startswith("| decode | rank ") and "idle steps)" in line]
+    assert len(rows) == 2 and "(2 idle steps)" in rows[1]  # rank 1 idles through batch 2 (2 decodes)
+    html = render_html(ranked.summary, ranked.env, plots)
+    assert "Which rank everyone waited for" in html and html.count("<img") == len(plots)
+
+
+def test_a_one_process_run_has_no_rank_view(run):
+    titles = [t.title for t in all_tables(run.summary)]
+    assert not any(t.startswith("Measured per rank") for t in titles)
