@@ -102,8 +102,18 @@ class Simulator:
         layers = list(range(m.Lm))
         loads = self.src.loads if d.placement == "eplb" else None  # the engine's policies place without loads
         nodes = max(1, R // min(R, self.hw.ranks_per_node))
-        p = make_placement(d.placement, m.E, R, layers, d.redundant_experts, loads,
-                           num_nodes=nodes if R % nodes == 0 else 1)
+        if d.placement in ("contiguous", "round_robin", "eplb"):
+            p = make_placement(d.placement, m.E, R, layers, d.redundant_experts, loads,
+                               num_nodes=nodes if R % nodes == 0 else 1)
+        else:  # a placement file (a recipe's, or --space): its rows, in MoE-layer order
+            from moetune.moe.placement import read_placement
+
+            p = read_placement(d.placement)
+            if p.num_experts != m.E or p.ep_size != R or len(p.layers) != m.Lm:
+                from moetune.errors import MoetuneError
+
+                raise MoetuneError(f"placement file '{d.placement}' is for {p.num_experts} experts on {p.ep_size} "
+                                   f"ranks in {len(p.layers)} layers, not this model at ep_size {R}")
         phy2log = p.phy2log  # [Lm, P]
         P = phy2log.shape[1]
         slot_rank = np.arange(P) // (P // R)

@@ -243,6 +243,10 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None)
             data[section][name] = values[knob.name]
     if d.placement == "eplb":
         data["parallel"]["placement"] = placement_file or "eplb"
+        data["parallel"]["redundant_experts"] = 0  # the placement file carries its replicas
+    elif d.placement not in ("contiguous", "round_robin"):  # a placement file given by the recipe or --space
+        data["parallel"]["placement"] = d.placement
+        data["parallel"]["redundant_experts"] = 0
     rpn = data["parallel"].get("ranks_per_node", 1)
     if d.ep_size % rpn and rpn % d.ep_size:
         data["parallel"]["ranks_per_node"] = min(rpn, d.ep_size)
@@ -258,7 +262,11 @@ def what_if_values(d: Deployment) -> dict:
 def from_config(cfg: RunConfig, **what_if) -> Deployment:
     """The deployment a recipe describes (what-if knobs from keyword arguments)."""
     p, e = cfg.parallel, cfg.engine
-    placement = p.placement if p.placement in ("contiguous", "round_robin") else "eplb"
+    placement, redundant = p.placement, p.redundant_experts
+    if placement not in ("contiguous", "round_robin"):  # a placement file: its own replicas
+        from moetune.moe.placement import read_placement
+
+        redundant = read_placement(p.placement).redundant
     names = {f.name for f in fields(Deployment)}
     extra = {k: v for k, v in what_if.items() if k in names and v is not None}
-    return Deployment(p.ep_size, p.redundant_experts, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)
+    return Deployment(p.ep_size, redundant, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)
