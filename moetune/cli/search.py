@@ -34,6 +34,8 @@ def search(
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests (default: the run's)."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's)."),
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens (default: the run's)."),
+    grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
+                                                    "failed and re-queued (after a crash)."),
     remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
 ) -> None:
@@ -48,13 +50,14 @@ def search(
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
         checks.number(flag, value, 0, low_open=True)
     checks.number("--remeasure", remeasure, 0)
+    checks.number("--grace-s", grace_s, 2)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
     objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
-                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share))
+                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share),
+                                   heartbeat_s=max(1, grace_s // 3), grace_s=grace_s)
     from moetune.search.run import SearchSettings
 
     settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len),

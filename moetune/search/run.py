@@ -56,14 +56,25 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
 
 def run_search(settings: SearchSettings, on_trial: Callable | None = None,
                evaluator: Evaluator | None = None) -> SearchResult:
+    from moetune.search.study import check_settings
+
+    check_settings(settings.study)
     setup = prepare(settings.inputs)
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides)
     limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
+    created = not settings.out.exists()
     settings.out.mkdir(parents=True, exist_ok=True)
-    study = run_study(settings.study, space, limits, evaluator, on_trial)
+    try:
+        study = run_study(settings.study, space, limits, evaluator, on_trial)
+    except MoetuneError:
+        if created:  # a storage or study mistake: leave nothing behind
+            import shutil
+
+            shutil.rmtree(settings.out, ignore_errors=True)
+        raise
     return finish(settings, setup, study, evaluator)
 
 

@@ -50,4 +50,14 @@ def prepare(inp: Inputs) -> Setup:
     lens = (inp.input_len,) * n if inp.input_len else tuple((w.prompt_lens * (n // len(w.prompt_lens) + 1))[:n])
     w = SimWorkload(lens, inp.output_len or w.output_len)
     source = source.with_workload(w)
-    return Setup(source, hw, w, base, Simulator(source, hw, base.engine.chunked_prefill))
+    return Setup(source, hw, w, base, Simulator(source, hw, base.engine.chunked_prefill, multipliers(source, hw)))
+
+
+def multipliers(source: TraceSource, hw: Hardware) -> dict[str, float]:
+    """Call-overhead multipliers fitted on the run when it was recorded here (calibrate.py); else none."""
+    if hw.name != "this-machine" or source.scaled_from is not None or source.recorded_on != "cpu":
+        return {}
+    from moetune.search.calibrate import fit_multipliers
+    from moetune.search.simulate import CALLS
+
+    return fit_multipliers(source.tables, source.model, hw, CALLS)

@@ -65,8 +65,10 @@ class Prepared:
 
 
 class Simulator:
-    def __init__(self, source: TraceSource, hardware: Hardware, chunked_prefill: bool = True):
+    def __init__(self, source: TraceSource, hardware: Hardware, chunked_prefill: bool = True,
+                 multipliers: dict[str, float] | None = None):
         self.src, self.hw, self.chunked = source, hardware, chunked_prefill
+        self.k = dict(multipliers or {})  # phase → call-overhead multiplier (calibrate.py), 1 when absent
         self.b = hardware.act_bytes
         self._schedules: dict = {}
 
@@ -134,10 +136,13 @@ class Simulator:
 
     # ---- pricing --------------------------------------------------------------------------------
 
-    def _roof(self, flops, nbytes, calls, ranks: int):
+    def _roof(self, flops, nbytes, calls, ranks: int, phase: str):
+        """Roofline + call overhead, slowed by CPU sharing when more ranks than cores run here."""
         hw = self.hw
-        return (np.maximum(flops / (hw.rank_flops(ranks) * hw.gemm_eff), nbytes / (hw.mem_bw * hw.mem_eff))
-                + calls * hw.op_overhead_s)
+        share = max(1.0, ranks / hw.ranks_per_node) if hw.name == "this-machine" else 1.0
+        t = (np.maximum(flops / (hw.rank_flops(ranks) * hw.gemm_eff), nbytes / (hw.mem_bw * hw.mem_eff))
+             + calls * hw.op_overhead_s * self.k.get(phase, 1.0))
+        return t * share
 
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
         m, hw, b, R = self.src.model, self.hw, self.b, d.ep_size
@@ -154,7 +159,7 @@ class Simulator:
         node = np.arange(R) // rpn
         same_node = (node[:, None] == node[None, :]) & ~np.eye(R, dtype=bool)  # [R, R]
         other_node = node[:, None] != node[None, :]
-        lat = 2 * (hw.inter_latency_s if (other_node.any()) else hw.intra_latency_s)
+        lat = hw.inter_latency_s if other_node.any() else hw.intra_latency_s  # per collective
         for t in range(S):
             counts = np.zeros((R, m.Lm, m.E))
             for r in range(R):
@@ -176,12 +181,12 @@ class Simulator:
             # per-rank, per-layer costs before the dispatch
             att = self._roof(2 * T * m.attn_weights + m.pair_flops * s.pairs[t],
                              np.where(T > 0, m.attn_weights * b + s.context[t] * m.kv_elems * b + 2 * T * m.D * b, 0),
-                             np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), R)  # [R]
-            router = self._roof(2 * T * m.D * m.E, m.E * m.D * b + T * m.D * b, CALLS["router"][0], R)
-            permute = self._roof(0 * T, 2 * T * m.K * m.D * b, CALLS["permute"][0], R)
-            unperm = self._roof(2 * T * m.K * m.D, (T * m.K + T) * m.D * b, CALLS["unpermute"][0], R)
+                             np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), R, "attention")  # [R]
+            router = self._roof(2 * T * m.D * m.E, m.E * m.D * b + T * m.D * b, CALLS["router"][0], R, "router")
+            permute = self._roof(0 * T, 2 * T * m.K * m.D * b, CALLS["permute"][0], R, "permute")
+            unperm = self._roof(2 * T * m.K * m.D, (T * m.K + T) * m.D * b, CALLS["unpermute"][0], R, "unpermute")
             shared = (self._roof(6 * T * m.D * m.I_shared, 3 * m.D * m.I_shared * b + 2 * T * m.D * b,
-                                 CALLS["shared_expert"][0], R) if m.I_shared else np.zeros(R))
+                                 CALLS["shared_expert"][0], R, "shared_expert") if m.I_shared else np.zeros(R))
             # experts on the rank holding each slot
             total = counts.sum(0)  # [Lm, E]
             slot_counts = np.take_along_axis(total, prep.phy2log, axis=1)  # [Lm, P]
@@ -191,7 +196,7 @@ class Simulator:
             act_bytes_q = _per_rank(active * prep.slot_bytes, R)
             act_n_q = _per_rank(active.astype(np.float64), R)
             calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * act_n_q
-            experts = self._roof(6 * rows_q * m.D * m.I, act_bytes_q + 2 * rows_q * m.D * b, calls, R)  # [Lm, R]
+            experts = self._roof(6 * rows_q * m.D * m.I, act_bytes_q + 2 * rows_q * m.D * b, calls, R, "experts")
             rank_rows_total += rows_q
             low_copies += float((slot_rows * prep.low_share_slot).sum())
             all_copies += float(slot_rows.sum())
@@ -214,37 +219,39 @@ class Simulator:
                 inter_in = (copies * other_node[:, None, :]).sum(0).T * row_bytes
                 link = (np.maximum(intra, intra_in) / (hw.intra_bw * hw.link_eff)
                         + np.maximum(inter, inter_in) / (hw.inter_bw * hw.link_eff))  # [R, Lm]
-                a2a = lat + link.max(0) + CALLS["dispatch"][0] * hw.op_overhead_s  # [Lm]
+                a2a = link.max(0) + CALLS["dispatch"][0] * hw.op_overhead_s  # [Lm] the rows, either way
+                a2a_disp, a2a_comb = a2a + 2 * lat, a2a + lat  # dispatch also exchanges split sizes
                 a2a_bytes += 2 * float((intra + inter).sum())
                 inter_bytes += 2 * float(inter.sum())
             else:
-                a2a = np.zeros(m.Lm)
+                a2a_disp = a2a_comb = np.zeros(m.Lm)
             pre = att + router + permute  # [R]
             post = unperm + shared
             exp_stall = experts + stall  # [Lm, R]
-            layer = pre.max() + a2a + exp_stall.max(1) + a2a + post.max()  # [Lm]
+            layer = pre.max() + a2a_disp + exp_stall.max(1) + a2a_comb + post.max()  # [Lm]
             busy = (pre + post).mean() + exp_stall.mean(1)  # [Lm]
             dense_layers = len(m.dense_I)
-            dense = sum(self._roof(6 * T * m.D * i, 3 * m.D * i * b + 2 * T * m.D * b, CALLS["dense_mlp"][0], R)
+            dense = sum(self._roof(6 * T * m.D * i, 3 * m.D * i * b + 2 * T * m.D * b, CALLS["dense_mlp"][0], R, "dense_mlp")
                         for i in m.dense_I) if dense_layers else np.zeros(R)
             dense_t = (att * dense_layers + dense).max() if dense_layers else 0.0
             sampled = s.sampled[t].astype(np.float64)
-            head = self._roof(2 * sampled * m.D * m.V, np.where(sampled > 0, m.D * m.V * b, 0),
-                              CALLS["lm_head"][0] + CALLS["lm_head"][1] * sampled, R)
-            other = head + (CALLS["step"][0] + CALLS["step"][1] * B) * hw.op_overhead_s
+            other = self._roof(2 * sampled * m.D * m.V, np.where(sampled > 0, m.D * m.V * b, 0),
+                               CALLS["lm_head"][0] + CALLS["lm_head"][1] * sampled + CALLS["step"][0]
+                               + CALLS["step"][1] * B, R, "other")
+            other = other + (lat if R > 1 else 0.0)  # the lock-step all-reduce ("anything left?")
             step_s[t] = float(layer.sum() + dense_t + other.max())
             Lm = m.Lm
             phases["attention"][t] = float(att.mean() * (Lm + dense_layers))
             phases["router"][t] = float(router.mean() * Lm)
             phases["permute"][t] = float(permute.mean() * Lm)
-            phases["dispatch"][t] = phases["combine"][t] = float(a2a.sum())
+            phases["dispatch"][t], phases["combine"][t] = float(a2a_disp.sum()), float(a2a_comb.sum())
             phases["experts"][t] = float(experts.mean(1).sum())
             phases["offload_wait"][t] = float(stall.mean(1).sum())
             phases["unpermute"][t] = float(unperm.mean() * Lm)
             phases["shared_expert"][t] = float(shared.mean() * Lm)
             phases["dense_mlp"][t] = float(dense.mean())
             phases["other"][t] = float(other.max())
-            phases["straggler_wait"][t] = float((layer - busy - 2 * a2a).clip(min=0).sum()
+            phases["straggler_wait"][t] = float((layer - busy - a2a_disp - a2a_comb).clip(min=0).sum()
                                                 + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0))
         rl = rank_rows_total
         detail = {

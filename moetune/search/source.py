@@ -26,6 +26,7 @@ class TraceSource:
     recorded_on: str  # device of the run
     model_path: str | None  # the recipe's model.path of the run
     scaled_from: str | None = None
+    tables: object = None  # the run's RunTables (phase times: calibrate.py)
 
     def with_workload(self, w: SimWorkload) -> "TraceSource":
         from dataclasses import replace
@@ -61,7 +62,7 @@ def load_source(run_dir: str | Path, scale_config: str | None = None) -> TraceSo
     return TraceSource(Path(run_dir), model, ids[kinds != 1], ids[kinds == 1], loads.astype(np.float64),
                        SimWorkload(prompt_lens, int(w["output_len"])), int(w["batch_size"]),
                        str(run.env.get("device", {}).get("type", run.summary["model"].get("device", "?"))),
-                       model_path, scaled)
+                       model_path, scaled, run.tables)
 
 
 def _prompt_lens(run, w: dict) -> tuple[int, ...]:

@@ -19,6 +19,8 @@ constraints.
 from __future__ import annotations
 
 import json
+import os
+import socket
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -157,6 +159,7 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         if reason:
             trial.set_user_attr("pruned_reason", reason)
             raise optuna.TrialPruned(reason)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         reused = _finished_twin(study, trial)
         if reused is not None:
             metrics = reused.user_attrs["metrics"]
@@ -206,13 +209,22 @@ def _counted_done(study) -> int:
     return sum(1 for t in _counted(study.get_trials(deepcopy=False)) if t.state in done)
 
 
-def _finished_twin(study, trial):
+def _finished_twin(study, trial, wait_s: float = 120.0):
+    """A trial with the same parameters that finished (its result is reused); one that another worker
+    is running with a lower number is waited for, so no point is evaluated twice at once."""
+    import time
+
     import optuna
 
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.number != trial.number and t.params == trial.params and "metrics" in t.user_attrs:
-            return t
-    return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        twins = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.params == trial.params]
+        for t in twins:
+            if t.state == optuna.trial.TrialState.COMPLETE and "metrics" in t.user_attrs:
+                return t
+        if not any(t.state == optuna.trial.TrialState.RUNNING for t in twins) or time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
 
 
 def _one_line(exc: BaseException) -> str:
