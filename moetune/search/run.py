@@ -92,10 +92,9 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
     if not best:
         return result
     winner = best[0]
-    base_d = from_config(setup.base)
     try:
-        result.baseline = evaluator.evaluate(base_d)
-    except Exception:  # the baseline may not fit or run; the report then compares with itself
+        result.baseline = evaluator.evaluate(baseline(setup, evaluator))
+    except Exception:  # the baseline may not run; the report then compares the winner with itself
         result.baseline = Metrics(**winner.metrics)
     extra = []
     if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
@@ -111,6 +110,25 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
     return result
+
+
+def baseline(setup: Setup, evaluator: Evaluator):
+    """The base recipe's deployment; when it cannot run there (a large model on one GPU), the same
+    with the fewest expert-parallel ranks that fit."""
+    from dataclasses import replace
+
+    from moetune.search.space import prune
+
+    m = setup.source.model
+    lim = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
+    d = from_config(setup.base)
+    for r in [d.ep_size] + [r for r in range(1, setup.hardware.max_ranks + 1) if r != d.ep_size]:
+        cand = replace(d, ep_size=r, redundant_experts=0 if r == 1 else d.redundant_experts,
+                       placement=d.placement if r > 1 else "contiguous")
+        reason = prune(replace(cand, max_num_seqs=8, max_num_batched_tokens=max(cand.max_num_batched_tokens, 8)), lim)
+        if (reason is None or "runs the same" in reason) and evaluator.check(cand) is None:
+            return cand
+    return d
 
 
 def remeasure(setup: Setup, settings: SearchSettings, top: list[TrialRow]) -> list:

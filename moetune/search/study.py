@@ -98,7 +98,7 @@ def open_study(s: StudySettings, space: Space):
     import optuna
 
     check_settings(s)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our tables say what failed and why
     from optuna.storages import RDBStorage, RetryFailedTrialCallback
 
     try:

@@ -133,7 +133,7 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
     proc.wait()
     before = load(out, "r").get_trials(deepcopy=False)
     killed = [t for t in before if t.state == optuna.trial.TrialState.RUNNING]
-    assert len(killed) == 1 and len(before) < n
+    assert len(killed) <= 1 and len(before) < n  # killed inside a trial (or, rarely, between two)
     time.sleep(3)  # past the grace period: the dead worker's trial is stale
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -141,8 +141,9 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
     from optuna.storages import RetryFailedTrialCallback
 
     retried = {RetryFailedTrialCallback.retried_trial_number(t): t for t in trials}
-    stale = killed[0].number
-    assert stale in retried and retried[stale].params == killed[0].params  # its point was run again: not lost
+    stale = killed[0].number if killed else -1
+    if killed:
+        assert stale in retried and retried[stale].params == killed[0].params  # its point was run again: not lost
     counted = [t for t in trials if t.number != stale and not t.user_attrs.get("surplus")]
     assert len(counted) == n
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
