@@ -8,7 +8,8 @@ time is divided by its sketched call overhead (CALLS × the microbenchmarked cos
 
     k_phase = Σ max(measured − roofline, 0) / Σ calls(B, active) · op_overhead      over every (step, layer)
 
-and the simulator multiplies that phase's call overhead by k_phase. One number per phase, fitted
+and the simulator multiplies that phase's call overhead by k_phase. One number per phase and step
+kind (`attention/prefill`, `attention/decode`, and `attention` over both as the fallback), fitted
 on the run's own batch; the schedule, EP, placement and batch-size effects are still the model's.
 The run's probes add a few µs per phase, which the fit absorbs.
 """
@@ -32,22 +33,28 @@ def fit_multipliers(tables, m: SimModel, hw: Hardware, calls: dict) -> dict[str,
     rows = tables.moe.set_index(["step", "layer"]).rows
     out = {}
     for phase in FITTED:
-        df = ph[ph.phase == phase]
-        if df.empty:
-            continue
-        B = steps.batch.reindex(df.step).to_numpy(dtype=float)
-        T = steps.tokens.reindex(df.step).to_numpy(dtype=float)
-        pairs = steps.attn_pairs.reindex(df.step).to_numpy(dtype=float)
-        ctx = steps.context_tokens.reindex(df.step).to_numpy(dtype=float)
-        idx = pd.MultiIndex.from_arrays([df.step, df.layer])
-        act = active.reindex(idx).fillna(0).to_numpy(dtype=float)
-        r = rows.reindex(idx).fillna(0).to_numpy(dtype=float)
-        roof, n_calls = _roof_and_calls(phase, m, hw, calls, B, T, pairs, ctx, act, r)
-        overhead = n_calls * hw.op_overhead_s
-        residual = np.maximum(df.seconds.to_numpy() - roof, 0.0)
-        if overhead.sum() > 0:
-            out[phase] = float(residual.sum() / overhead.sum())
+        for kind in (None, "prefill", "decode"):
+            df = ph[(ph.phase == phase) & ((ph.kind == kind) if kind else True)]
+            k = _fit(df, phase, steps, active, rows, m, hw, calls)
+            if k is not None:
+                out[phase if kind is None else f"{phase}/{kind}"] = k
     return out
+
+
+def _fit(df, phase, steps, active, rows, m, hw, calls) -> float | None:
+    if df.empty:
+        return None
+    B = steps.batch.reindex(df.step).to_numpy(dtype=float)
+    T = steps.tokens.reindex(df.step).to_numpy(dtype=float)
+    pairs = steps.attn_pairs.reindex(df.step).to_numpy(dtype=float)
+    ctx = steps.context_tokens.reindex(df.step).to_numpy(dtype=float)
+    idx = pd.MultiIndex.from_arrays([df.step, df.layer])
+    act = active.reindex(idx).fillna(0).to_numpy(dtype=float)
+    r = rows.reindex(idx).fillna(0).to_numpy(dtype=float)
+    roof, n_calls = _roof_and_calls(phase, m, hw, calls, B, T, pairs, ctx, act, r)
+    overhead = n_calls * hw.op_overhead_s
+    residual = np.maximum(df.seconds.to_numpy() - roof, 0.0)
+    return float(residual.sum() / overhead.sum()) if overhead.sum() > 0 else None
 
 
 def _roof_and_calls(phase, m: SimModel, hw: Hardware, calls, B, T, pairs, ctx, active, rows):

@@ -207,3 +207,32 @@ def _available_ram() -> float:
     except OSError:
         pass
     return 8 * GB
+
+
+def collective_latency(ranks: int = 2, rounds: int = 200) -> float:
+    """Seconds per small all-to-all between `ranks` local gloo processes (this-machine's EP link), the
+    way the dispatcher calls it (one-thread CPU ranks, spawned by the engine's launcher)."""
+    import torch
+
+    from moetune.engine.ep_launch import launch
+
+    return float(launch(_PingJob(rounds), ranks, torch.device("cpu"), 60.0))
+
+
+class _PingJob:
+    """Picklable: every rank exchanges one int per peer `rounds` times; rank 0 returns s / exchange."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+
+    def __call__(self, ctx) -> float:
+        import torch
+        import torch.distributed as dist
+
+        send, recv = torch.ones(ctx.world, dtype=torch.long), torch.empty(ctx.world, dtype=torch.long)
+        for _ in range(10):
+            dist.all_to_all_single(recv, send)
+        start = time.perf_counter()
+        for _ in range(self.rounds):
+            dist.all_to_all_single(recv, send)
+        return (time.perf_counter() - start) / self.rounds

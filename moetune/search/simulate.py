@@ -71,6 +71,8 @@ class Simulator:
         self.k = dict(multipliers or {})  # phase → call-overhead multiplier (calibrate.py), 1 when absent
         self.b = hardware.act_bytes
         self._schedules: dict = {}
+        self._link_measured = False
+        self._kind = "decode"  # the kind of the step being priced (picks the fitted multipliers)
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -141,10 +143,26 @@ class Simulator:
         hw = self.hw
         share = max(1.0, ranks / hw.ranks_per_node) if hw.name == "this-machine" else 1.0
         t = (np.maximum(flops / (hw.rank_flops(ranks) * hw.gemm_eff), nbytes / (hw.mem_bw * hw.mem_eff))
-             + calls * hw.op_overhead_s * self.k.get(phase, 1.0))
+             + calls * hw.op_overhead_s * self.k.get(f"{phase}/{self._kind}", self.k.get(phase, 1.0)))
         return t * share
 
+    def _measure_link(self, ranks: int) -> None:
+        """this-machine's collective latency, measured the first time a multi-rank deployment is priced
+        (local gloo processes: a few seconds; it depends on how busy the machine is, so it is not assumed)."""
+        from dataclasses import replace
+
+        from moetune.search.hardware import collective_latency
+
+        if self.hw.name != "this-machine" or self._link_measured:
+            return
+        lat = collective_latency(min(ranks, max(self.hw.ranks_per_node, 2)))
+        self.hw = replace(self.hw, intra_latency_s=lat, inter_latency_s=lat,
+                          source=self.hw.source + f"; gloo all-to-all latency measured: {lat * 1e6:.0f} µs")
+        self._link_measured = True
+
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
+        if d.ep_size > 1:
+            self._measure_link(d.ep_size)
         m, hw, b, R = self.src.model, self.hw, self.b, d.ep_size
         S = s.num_steps
         step_s = np.zeros(S)
@@ -161,6 +179,7 @@ class Simulator:
         other_node = node[:, None] != node[None, :]
         lat = hw.inter_latency_s if other_node.any() else hw.intra_latency_s  # per collective
         for t in range(S):
+            self._kind = "prefill" if s.prefill[t].any() else "decode"
             counts = np.zeros((R, m.Lm, m.E))
             for r in range(R):
                 rows = []

@@ -134,3 +134,16 @@ def test_simulate_command_user_mistakes_are_one_line(run_dir, tmp_path):
     bad.write_text("model: {path: stdlib-moe}\nparallel: {ep_size: 3}\n")
     assert_one_line_error(moetune("simulate", "--trace", str(run_dir), "--recipe", str(bad), "--hardware", "H100"),
                           "does not divide")
+
+
+def test_on_this_machine_call_overheads_are_fitted_on_the_run_and_reproduce_it(run_dir):
+    import json
+
+    from moetune.search.one import simulate_recipe
+
+    setup, d, m = simulate_recipe(Inputs(str(run_dir), "this-machine"))
+    assert {"attention", "experts", "other", "attention/decode"} <= set(setup.sim.k)
+    measured = json.loads((run_dir / "summary.json").read_text())["kinds"]["decode"]
+    step_ms = 1e3 * measured["seconds"] / measured["steps"]
+    assert m.phases_ms["decode"]["step"] == pytest.approx(step_ms, rel=0.35)  # fitted on this very run
+    assert get_hardware("H100").name == "H100" and not prepare(Inputs(str(run_dir), "H100")).sim.k
