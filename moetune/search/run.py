@@ -50,7 +50,10 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
         raise MoetuneError("--evaluator measure runs here: use --hardware this-machine and no --scale-model")
     from moetune.search.measure import request_prompts
 
-    prompts = request_prompts(setup.base, settings.prompts, setup.workload)
+    prompts_file = settings.prompts or setup.source.prompts
+    if prompts_file and not Path(prompts_file).is_file():
+        prompts_file = None  # the run was recorded elsewhere: the bundled prompts
+    prompts = request_prompts(setup.base, prompts_file, setup.workload)
     return MeasureEvaluator(setup.base, setup.sim, setup.workload, prompts, settings.out / "placements")
 
 

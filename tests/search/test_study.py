@@ -89,13 +89,13 @@ def test_a_failing_trial_is_recorded_with_its_reason_and_the_study_goes_on(run_d
     from moetune.search.evaluate import SimulateEvaluator
     from moetune.search.setup import prepare
 
-    s = settings(run_dir, tmp_path / "fail", sampler="grid", n=6,
+    s = settings(run_dir, tmp_path / "fail", sampler="grid", n=8,
                  space=_space(tmp_path, "ep_size: [1, 2]\nredundant_experts: 0\nplacement: contiguous\n"
-                                        "max_num_seqs: [2, 4, 8]\nmax_num_batched_tokens: 1024\n"))
+                                        "max_num_seqs: [2, 4]\nmax_num_batched_tokens: [512, 1024]\n"))
     setup = prepare(s.inputs)
     result = run_search(s, evaluator=Failing(SimulateEvaluator(setup.sim, setup.workload)))
     failed = [r for r in result.rows if r.state == "FAIL"]
-    assert len(failed) == 3 and all("out of memory (injected)" in r.reason for r in failed)
+    assert len(failed) == 4 and all("out of memory (injected)" in r.reason for r in failed)
     assert result.winner is not None and result.winner.deployment.ep_size == 1
     assert "FAIL" in (tmp_path / "fail" / "trials.csv").read_text()
 
