@@ -14,7 +14,8 @@ efficiency, because no kernel reaches peak):
 | PCIe host link per GPU | 55 GB/s | 55 GB/s | 55 GB/s | PCIe Gen5 x16: 64 GB/s raw per direction, ~55 achievable |
 
 Efficiencies (`gemm_eff` 0.6, `mem_eff` 0.8, `link_eff` 0.7) and the launch / collective
-latencies (5 µs, 20 µs intra-node, 35 µs across nodes) are assumptions, stated here and in
+latencies (2 µs per kernel as replayed in a CUDA graph, 20 µs per collective intra-node, 35 µs
+across nodes) are assumptions, stated here and in
 every `--hardware` file; override them with a YAML file of the same keys.
 
 `this-machine` is measured when asked for (a fraction of a second): fp32 matmul FLOP/s with one
@@ -54,10 +55,11 @@ class Hardware:
     gemm_eff: float = 0.6
     mem_eff: float = 0.8
     link_eff: float = 0.7
-    op_overhead_s: float = 5e-6  # per kernel launch (GPU) / per torch call (CPU)
+    op_overhead_s: float = 2e-6  # per kernel launch (GPU, replayed in a CUDA graph) / per torch call (CPU)
     intra_latency_s: float = 20e-6  # per collective inside a node
     inter_latency_s: float = 35e-6  # per collective across nodes
-    grouped_experts: bool = True  # one grouped GEMM launch per rank (GPU); False: one call per expert slot
+    grouped_experts: bool = True  # fused kernels (GPU): one grouped GEMM per rank, batched attention;
+    # False: one call per expert slot and per sequence (moetune's torch path on a CPU)
     act_bytes: int = 2  # activation / weight dtype bytes (bf16 on GPUs, fp32 on CPU)
     threads_one_rank: int = 1  # this-machine: threads a lone rank uses
     flops_one_thread: float = 0.0  # this-machine: FLOP/s of one thread (a rank among several)

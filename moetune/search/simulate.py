@@ -196,7 +196,7 @@ class Simulator:
                     flat = (np.arange(m.Lm)[None, :, None] * m.E + ids).reshape(-1)
                     counts[r] = np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
             T = (s.prefill[t] + s.decode[t]).astype(np.float64)  # [R]
-            B = s.seqs[t].astype(np.float64)
+            B = s.seqs[t].astype(np.float64) * (0.0 if hw.grouped_experts else 1.0)  # fused kernels: no per-seq calls
             # per-rank, per-layer costs before the dispatch
             att = self._roof(2 * T * m.attn_weights + m.pair_flops * s.pairs[t],
                              np.where(T > 0, m.attn_weights * b + s.context[t] * m.kv_elems * b + 2 * T * m.D * b, 0),
@@ -255,7 +255,7 @@ class Simulator:
             dense_t = (att * dense_layers + dense).max() if dense_layers else 0.0
             sampled = s.sampled[t].astype(np.float64)
             other = self._roof(2 * sampled * m.D * m.V, np.where(sampled > 0, m.D * m.V * b, 0),
-                               CALLS["lm_head"][0] + CALLS["lm_head"][1] * sampled + CALLS["step"][0]
+                               CALLS["lm_head"][0] + CALLS["lm_head"][1] * np.minimum(sampled, B) + CALLS["step"][0]
                                + CALLS["step"][1] * B, R, "other")
             other = other + (lat if R > 1 else 0.0)  # the lock-step all-reduce ("anything left?")
             step_s[t] = float(layer.sum() + dense_t + other.max())
