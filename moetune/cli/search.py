@@ -89,7 +89,15 @@ def _run(settings) -> None:
             text = f"best {objective} {best['v']:,.4g} ({tag}) {best['label']}" if best else "trials"
             progress.update(task, completed=done, description=text)
 
-        result = run_search(settings, on_trial)
+        import warnings
+
+        with warnings.catch_warnings():  # Optuna's experimental / deprecation notes are not the user's business
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            from optuna.exceptions import ExperimentalWarning
+
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            result = run_search(settings, on_trial)
     console = Console()
     console.print(rich_table(states_table(result.rows)))
     if result.winner is None:

@@ -33,8 +33,4 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
 
 
 def _invalid(d: Deployment, lim: Limits) -> str | None:
-    """The pruning rules that make a deployment impossible (not the ones that only say 'same as')."""
-    reason = prune(replace(d, max_num_seqs=8, max_num_batched_tokens=max(d.max_num_batched_tokens, 8)), lim)
-    if reason and ("does not divide" in reason or "more ranks" in reason or "resident" in reason):
-        return reason
-    return None
+    return prune(d, lim)

@@ -128,8 +128,7 @@ def baseline(setup: Setup, evaluator: Evaluator):
     for r in [d.ep_size] + [r for r in range(1, setup.hardware.max_ranks + 1) if r != d.ep_size]:
         cand = replace(d, ep_size=r, redundant_experts=0 if r == 1 else d.redundant_experts,
                        placement=d.placement if r > 1 else "contiguous")
-        reason = prune(replace(cand, max_num_seqs=8, max_num_batched_tokens=max(cand.max_num_batched_tokens, 8)), lim)
-        if (reason is None or "runs the same" in reason) and evaluator.check(cand) is None:
+        if prune(cand, lim) is None and evaluator.check(cand) is None:
             return cand
     return d
 

@@ -4,18 +4,19 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | knob | recipe key | domain | pruned when |
 |---|---|---|---|
 | ep_size | parallel.ep_size | divisors of E + N up to the hardware's ranks | (E + N) % R ≠ 0; R > ranks available |
-| redundant_experts | parallel.redundant_experts | 0 .. E/2 (step E/16) | N > 0 with R = 1 (a replica on the same rank balances nothing) |
-| placement | parallel.placement | contiguous, round_robin, eplb | ≠ contiguous at R = 1 (the same deployment) |
-| max_num_seqs | engine.max_num_seqs | 8 .. 256, powers of 2 | above the requests per rank (the same as the smallest value that holds them) |
+| redundant_experts | parallel.redundant_experts | 0 .. E/2 (step E/16) | — (moot at R = 1: same as 0) |
+| placement | parallel.placement | contiguous, round_robin, eplb | — (moot at R = 1: same as contiguous) |
+| max_num_seqs | engine.max_num_seqs | 8 .. 256, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
 | quant_low_format | quant.low_format | none, fp8, int8, int4 | what-if only until `quant` is a RunConfig section |
-| quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | > 0 with low format none; = 0 with low format none is the baseline |
-| offload_resident_fraction | offload.resident_fraction | 1, 0.75, 0.5, 0.25 | < top-K experts per rank resident |
-| offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | > 0 with nothing offloaded |
-| offload_eviction | offload.eviction | lru, lfu | ≠ lru with nothing offloaded |
+| quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
+| offload_resident_fraction | offload.resident_fraction | 1, 0.75, 0.5, 0.25 | fewer resident slots per rank than top-K |
+| offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
+| offload_eviction | offload.eviction | lru, lfu | — (moot with nothing offloaded) |
 
 and, for every candidate, the memory rule: the simulator's per-rank memory estimate must fit the
-hardware (else pruned with both figures).
+hardware (else pruned with both figures). "Moot" knobs are not invalid: `canonical` maps such a
+point onto its twin, which is timed once; the other twins reuse its result (`reused_from`).
 
 A knob is searched only when RunConfig accepts its key (`recipe_accepts`). The quant / offload
 knobs join automatically once their sections exist in `moetune/config.py` (issue 11); before that
@@ -84,7 +85,7 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
         Knob("redundant_experts", "parallel.redundant_experts", tuple(range(0, E // 2 + 1, step)),
              "extra slots for hot-expert replicas N"),
         Knob("placement", "parallel.placement", ("contiguous", "round_robin", "eplb"), "placement policy"),
-        Knob("max_num_seqs", "engine.max_num_seqs", (8, 16, 32, 64, 128, 256), "sequences running per rank"),
+        Knob("max_num_seqs", "engine.max_num_seqs", SEQS, "sequences running per rank"),
         Knob("max_num_batched_tokens", "engine.max_num_batched_tokens", (256, 512, 1024, 2048, 4096, 8192, 16384),
              "tokens per step per rank"),
         Knob("quant_low_format", "quant.low_format", ("none", "fp8", "int8", "int4"), "format of the cold experts"),
@@ -193,37 +194,49 @@ class Limits:
 
 
 def prune(d: Deployment, lim: Limits) -> str | None:
-    """The reason this deployment is never timed, or None when it is valid (memory is checked
-    by the evaluator's estimate, `memory_reason`)."""
+    """The reason this deployment cannot run (it is never timed), or None (memory is checked by the
+    evaluator's estimate, `memory_reason`)."""
     E, R, N = lim.num_experts, d.ep_size, d.redundant_experts
     if R > lim.max_ranks:
         return f"ep_size {R} needs more ranks than the hardware has ({lim.max_ranks})"
     if (E + N) % R:
         return f"ep_size {R} does not divide the {E} experts + {N} redundant slots"
-    if R == 1 and N > 0:
-        return "redundant experts at ep_size 1 balance nothing (every replica is on the one rank)"
-    if R == 1 and d.placement in ("round_robin", "eplb"):
-        return f"placement {d.placement} at ep_size 1 is the same deployment as contiguous"
-    per_rank = -(-lim.requests // R)
-    smaller = [s for s in (8, 16, 32, 64, 128, 256) if s >= per_rank and s < d.max_num_seqs]
-    if smaller:
-        return (f"max_num_seqs {d.max_num_seqs} runs the same as {smaller[0]}: a rank never has more than "
-                f"{per_rank} requests")
     if d.max_num_batched_tokens < d.max_num_seqs:
         return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below max_num_seqs {d.max_num_seqs} "
                 "(not one decode per running sequence)")
     return _prune_what_if(d, lim)
 
 
+def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
+    """The same deployment with knobs that change nothing set to one value, and why: a point that
+    runs the same as another is timed once (its twins reuse the result).
+
+    - at ep_size 1, replicas and placement policies change nothing (contiguous, 0 redundant);
+    - max_num_seqs above the requests a rank ever holds runs the same as the smallest value holding them;
+    - with no low format the hot fraction is moot; with every expert resident, prefetch and eviction are."""
+    notes, out = [], d
+    if d.ep_size == 1 and (d.redundant_experts or d.placement != "contiguous"):
+        out = replace(out, redundant_experts=0, placement="contiguous")
+        notes.append("at ep_size 1 replicas and placement change nothing")
+    per_rank = -(-lim.requests // d.ep_size)
+    holding = [s for s in SEQS if s >= per_rank]
+    if holding and d.max_num_seqs > holding[0]:
+        out = replace(out, max_num_seqs=holding[0], max_num_batched_tokens=max(d.max_num_batched_tokens, holding[0]))
+        notes.append(f"max_num_seqs {d.max_num_seqs} runs the same as {holding[0]} (at most {per_rank} requests a rank)")
+    if d.quant_low_format == "none" and d.quant_hot_fraction:
+        out = replace(out, quant_hot_fraction=0.0)
+        notes.append("no low format: the hot fraction is moot")
+    if d.offload_resident_fraction >= 1 and (d.offload_prefetch_depth or d.offload_eviction != "lru"):
+        out = replace(out, offload_prefetch_depth=0, offload_eviction="lru")
+        notes.append("every expert resident: prefetch and eviction are moot")
+    return out, notes
+
+
+SEQS = (8, 16, 32, 64, 128, 256)
+
+
 def _prune_what_if(d: Deployment, lim: Limits) -> str | None:
-    if d.quant_low_format == "none" and d.quant_hot_fraction > 0:
-        return "quant_hot_fraction > 0 with no low format: nothing is quantized either way"
-    offloaded = d.offload_resident_fraction < 1
-    if not offloaded and d.offload_prefetch_depth > 0:
-        return "prefetch depth > 0 with every expert resident: nothing to prefetch"
-    if not offloaded and d.offload_eviction != "lru":
-        return "eviction policy with every expert resident: nothing is evicted"
-    if offloaded:
+    if d.offload_resident_fraction < 1:
         slots = (lim.num_experts + d.redundant_experts) // max(d.ep_size, 1)
         resident = int(slots * d.offload_resident_fraction)
         if resident < min(lim.top_k, slots):

@@ -27,7 +27,7 @@ from typing import Callable
 from moetune.errors import MoetuneError
 from moetune.search.evaluate import Evaluator
 from moetune.search.metrics import OBJECTIVES, Metrics
-from moetune.search.space import Deployment, Limits, Space, prune
+from moetune.search.space import Deployment, Limits, Space, canonical, prune
 
 SAMPLERS = ("tpe", "nsga2", "grid", "random")
 
@@ -99,11 +99,11 @@ def open_study(s: StudySettings, space: Space):
 
     check_settings(s)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our tables say what failed and why
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage
 
     try:
         storage = RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
-                             failed_trial_callback=RetryFailedTrialCallback(max_retry=3))
+                             failed_trial_callback=_retry_callback()(max_retry=3))
     except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable server
         raise SearchError(f"--storage {s.storage!r} cannot be opened ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:160]})") from None
@@ -155,12 +155,18 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
             raise optuna.TrialPruned("budget reached by other trials")
         d = suggest(trial, space)
         trial.set_user_attr("constraints", [1.0] * max(s.constraints.count(), 1))
-        reason = prune(d, limits) or evaluator.check(d)
+        reason = prune(d, limits)
+        d, notes = canonical(d, limits)
+        reason = reason or evaluator.check(d)
         if reason:
             trial.set_user_attr("pruned_reason", reason)
             raise optuna.TrialPruned(reason)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        reused = _finished_twin(study, trial)
+        key = json.dumps(d.as_dict(), sort_keys=True)
+        trial.set_user_attr("canonical", key)
+        if notes:
+            trial.set_user_attr("same_as", "; ".join(notes))
+        reused = _finished_twin(study, trial, key)
         if reused is not None:
             metrics = reused.user_attrs["metrics"]
             trial.set_user_attr("reused_from", reused.number)
@@ -188,10 +194,20 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
     return study
 
 
-def _counted(trials) -> list:
-    from optuna.storages import RetryFailedTrialCallback
+def _retry_callback():
+    """Optuna's callback that re-queues a stale trial with its parameters (renamed in Optuna 4.9)."""
+    import optuna.storages as st
 
-    retried = {RetryFailedTrialCallback.retried_trial_number(t) for t in trials}
+    return getattr(st, "RetryHeartbeatStaleTrialCallback", None) or st.RetryFailedTrialCallback
+
+
+def retried_number(trial) -> int | None:
+    """The number of the stale trial this one re-runs, or None."""
+    return _retry_callback().retried_trial_number(trial)
+
+
+def _counted(trials) -> list:
+    retried = {retried_number(t) for t in trials}
     return [t for t in trials if not t.user_attrs.get("surplus") and t.number not in retried]
 
 
@@ -209,16 +225,17 @@ def _counted_done(study) -> int:
     return sum(1 for t in _counted(study.get_trials(deepcopy=False)) if t.state in done)
 
 
-def _finished_twin(study, trial, wait_s: float = 120.0):
-    """A trial with the same parameters that finished (its result is reused); one that another worker
-    is running with a lower number is waited for, so no point is evaluated twice at once."""
+def _finished_twin(study, trial, key: str, wait_s: float = 120.0):
+    """A trial of the same canonical deployment that finished (its result is reused); one that another
+    worker is running with a lower number is waited for, so no point is evaluated twice at once."""
     import time
 
     import optuna
 
     deadline = time.monotonic() + wait_s
     while True:
-        twins = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.params == trial.params]
+        twins = [t for t in study.get_trials(deepcopy=False)
+                 if t.number < trial.number and t.user_attrs.get("canonical") == key]
         for t in twins:
             if t.state == optuna.trial.TrialState.COMPLETE and "metrics" in t.user_attrs:
                 return t

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moetune.search.space import (Deployment, Limits, SpaceError, build_space, default_knobs, prune, recipe_accepts,
+from moetune.search.space import (Deployment, canonical, Limits, SpaceError, build_space, default_knobs, prune, recipe_accepts,
                                   to_config, from_config)
 from moetune.config import RunConfig
 
@@ -13,14 +13,7 @@ LIM = Limits(num_experts=16, top_k=2, max_ranks=8, requests=64)
     (Deployment(ep_size=16), "needs more ranks"),
     (Deployment(ep_size=3), "does not divide the 16 experts + 0"),
     (Deployment(ep_size=4, redundant_experts=2), "does not divide"),
-    (Deployment(ep_size=1, redundant_experts=2), "balance nothing"),
-    (Deployment(ep_size=1, placement="eplb"), "same deployment as contiguous"),
-    (Deployment(ep_size=1, placement="round_robin"), "same deployment as contiguous"),
-    (Deployment(ep_size=2, max_num_seqs=256), "runs the same as 32"),
     (Deployment(ep_size=2, max_num_seqs=32, max_num_batched_tokens=16), "not one decode"),
-    (Deployment(quant_hot_fraction=0.25), "nothing is quantized"),
-    (Deployment(offload_prefetch_depth=2), "nothing to prefetch"),
-    (Deployment(offload_eviction="lfu"), "nothing is evicted"),
     (Deployment(ep_size=8, max_num_seqs=8, offload_resident_fraction=0.25), "cannot hold one token's 2 experts"),
 ])
 def test_each_invalid_combination_is_pruned_with_its_reason(d, fragment):
@@ -37,6 +30,18 @@ def test_each_invalid_combination_is_pruned_with_its_reason(d, fragment):
 ])
 def test_valid_combinations_pass(d):
     assert prune(d, LIM) is None
+
+
+@pytest.mark.parametrize("d, twin, fragment", [
+    (Deployment(redundant_experts=2, placement="eplb"), Deployment(), "at ep_size 1"),
+    (Deployment(ep_size=2, max_num_seqs=256), Deployment(ep_size=2, max_num_seqs=32), "runs the same as 32"),
+    (Deployment(quant_hot_fraction=0.25), Deployment(), "hot fraction is moot"),
+    (Deployment(offload_prefetch_depth=2, offload_eviction="lfu"), Deployment(), "prefetch and eviction are moot"),
+])
+def test_moot_knobs_map_a_point_onto_its_twin(d, twin, fragment):
+    got, notes = canonical(d, LIM)
+    assert got == twin and any(fragment in n for n in notes), notes
+    assert canonical(twin, LIM) == (twin, [])
 
 
 def test_only_knobs_runconfig_accepts_are_searched_unless_what_if():

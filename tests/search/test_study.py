@@ -138,9 +138,9 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     trials = load(out, "r").get_trials(deepcopy=False)
-    from optuna.storages import RetryFailedTrialCallback
+    from moetune.search.study import retried_number
 
-    retried = {RetryFailedTrialCallback.retried_trial_number(t): t for t in trials}
+    retried = {retried_number(t): t for t in trials}
     stale = killed[0].number if killed else -1
     if killed:
         assert stale in retried and retried[stale].params == killed[0].params  # its point was run again: not lost
