@@ -101,12 +101,7 @@ def open_study(s: StudySettings, space: Space):
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our tables say what failed and why
     from optuna.storages import RDBStorage
 
-    try:
-        storage = RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
-                             failed_trial_callback=_retry_callback()(max_retry=3))
-    except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable server
-        raise SearchError(f"--storage {s.storage!r} cannot be opened ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0][:160]})") from None
+    storage = _storage(s, RDBStorage)
     directions = [OBJECTIVES[o][1] for o in s.objectives]
     try:
         study = optuna.create_study(study_name=s.study, storage=storage, directions=directions,
@@ -117,6 +112,24 @@ def open_study(s: StudySettings, space: Space):
         raise SearchError(f"study '{s.study}' exists with other objectives; use another --study name")
     study.set_metric_names(list(s.objectives))
     return study
+
+
+def _storage(s: StudySettings, RDBStorage, attempts: int = 5):
+    """Open the RDB storage; workers starting together race to create its tables, so an integrity
+    error on a fresh database is retried after a moment (the other worker has created them)."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
+                              failed_trial_callback=_retry_callback()(max_retry=3))
+        except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable server
+            racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError", "OperationalError")
+            if racing and attempt + 1 < attempts:
+                time.sleep(0.5 + attempt)
+                continue
+            raise SearchError(f"--storage {s.storage!r} cannot be opened ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160]})") from None
 
 
 def make_sampler(s: StudySettings, space: Space):
