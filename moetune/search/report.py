@@ -22,6 +22,8 @@ def why_it_wins(win: Metrics, base: Metrics) -> list[str]:
         out.append(f"Output throughput {win.output_tok_s:,.4g} vs {base.output_tok_s:,.4g} tokens/s "
                    f"({win.output_tok_s / base.output_tok_s:.2f}×), per rank {win.output_tok_s_per_rank:,.4g} vs "
                    f"{base.output_tok_s_per_rank:,.4g} ({win.tag} vs {base.tag}).")
+    out.append(f"Latency: TTFT {win.ttft_ms:,.4g} vs {base.ttft_ms:,.4g} ms, TPOT {win.tpot_ms:,.4g} vs "
+               f"{base.tpot_ms:,.4g} ms (a faster baseline that breaks a TTFT/TPOT limit does not qualify).")
     wd, bd = win.detail, base.detail
     if "rank_imbalance" in wd and win.ranks > 1:
         out.append(f"Expert load across ranks: imbalance (max/mean rows) {wd['rank_imbalance']:.2f}"
