@@ -121,8 +121,12 @@ def _storage(s: StudySettings, RDBStorage, attempts: int = 5):
 
     for attempt in range(attempts):
         try:
-            return RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
-                              failed_trial_callback=_retry_callback()(max_retry=3))
+            import warnings
+
+            with warnings.catch_warnings():  # deprecated in Optuna 4.9 but the one that re-queues (tested)
+                warnings.simplefilter("ignore", FutureWarning)
+                return RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
+                                  failed_trial_callback=_retry_callback()(max_retry=3))
         except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable server
             racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError", "OperationalError")
             if racing and attempt + 1 < attempts:
@@ -162,6 +166,8 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
     study = open_study(s, space)
 
     def objective(trial):
+        if trial.user_attrs.get("requeued_from") is None:
+            _requeue_stale(study)
         if _rank(study, trial.number) >= s.n_trials:
             trial.set_user_attr("surplus", True)
             study.stop()
@@ -202,26 +208,56 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         if _counted_done(study_) >= s.n_trials:
             study_.stop()
 
+    _requeue_stale(study)
     if _counted_done(study) < s.n_trials:
         study.optimize(objective, n_trials=None, callbacks=[after], catch=(Exception,), gc_after_trial=False)
     return study
 
 
 def _retry_callback():
-    """Optuna's callback that re-queues a stale trial with its parameters (renamed in Optuna 4.9)."""
+    """Optuna's callback that re-queues a stale trial with its parameters."""
+    import warnings
+
     import optuna.storages as st
 
-    return getattr(st, "RetryHeartbeatStaleTrialCallback", None) or st.RetryFailedTrialCallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return st.RetryFailedTrialCallback
 
 
 def retried_number(trial) -> int | None:
     """The number of the stale trial this one re-runs, or None."""
+    if "requeued_from" in trial.user_attrs:
+        return int(trial.user_attrs["requeued_from"])
     return _retry_callback().retried_trial_number(trial)
 
 
+def _requeue_stale(study) -> None:
+    """A trial failed by Optuna's heartbeat check (its worker died: no `fail_reason` of ours) is queued
+    again with its parameters unless that happened already."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    done = {retried_number(t) for t in trials}
+    for t in trials:
+        if (t.state == optuna.trial.TrialState.FAIL and "fail_reason" not in t.user_attrs
+                and t.number not in done and t.params):
+            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+
+
 def _counted(trials) -> list:
+    """Trials that count against the budget: not surplus, not a dead worker's trial (re-queued, or
+    killed before it chose a point)."""
+    import optuna
+
     retried = {retried_number(t) for t in trials}
-    return [t for t in trials if not t.user_attrs.get("surplus") and t.number not in retried]
+    return [t for t in trials if not t.user_attrs.get("surplus") and t.number not in retried
+            and not (t.state == optuna.trial.TrialState.FAIL and not t.params)]
 
 
 def _rank(study, number: int) -> int:
