@@ -17,10 +17,12 @@ from moetune.cli.placement import placement
 from moetune.cli.profile import profile
 from moetune.cli.quantize import quantize
 from moetune.cli.report import report
+from moetune.cli.search import search
 from moetune.cli.serve import serve
+from moetune.cli.simulate import simulate
 from moetune.cli.tune_kernels import tune_kernels
 
-COMMANDS = ["generate", "bench", "models", "profile", "report", "tune-kernels"]
+COMMANDS = ["generate", "bench", "models", "profile", "report", "tune-kernels", "search", "simulate"]
 
 app = typer.Typer(
     help="Profile, tune and serve Mixture-of-Experts models.",
@@ -39,6 +41,8 @@ app.command()(serve)
 app.command(name="bench-serve")(bench_serve)
 app.command()(quantize)
 app.command(name="eval")(eval_command)
+app.command()(search)
+app.command()(simulate)
 
 
 def main() -> None:

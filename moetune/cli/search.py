@@ -1,0 +1,112 @@
+"""`moetune search`: an Optuna study over the deployment knobs; the winner emitted as a recipe."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def search(
+    trace: str = typer.Option(..., "--trace", "-t", help="Run directory of `moetune profile` (routing + workload)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Base recipe (default: the run's model)."),
+    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here)."),
+    hardware: str = typer.Option("this-machine", "--hardware", help="H100 | H200 | B200 | NxH200 | this-machine "
+                                                                    "| a YAML file."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes of the hardware."),
+    scale_model: Optional[str] = typer.Option(None, "--scale-model", help="config.json of a larger model."),
+    study: str = typer.Option("moetune-search", "--study", help="Study name; the same name continues the study."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="RDB URL (default: sqlite:///OUT/study.db; "
+                                                                  "postgresql://... for several workers)."),
+    sampler: Optional[str] = typer.Option(None, "--sampler", help="tpe | nsga2 | grid | random (default: tpe, "
+                                                                  "nsga2 with two objectives)."),
+    objective: str = typer.Option("throughput", "--objective", help="Comma-separated: throughput, "
+                                                                    "throughput_per_rank, tpot, ttft, memory."),
+    n_trials: int = typer.Option(40, "--n-trials", help="Trials in the study in total (all workers)."),
+    seed: Optional[int] = typer.Option(0, "--seed", help="Sampler seed."),
+    space: Optional[str] = typer.Option(None, "--space", help="YAML: knob → value or list (narrow or fix)."),
+    what_if: bool = typer.Option(False, "--what-if", help="Also search quant/offload knobs (simulate only)."),
+    max_mem_gb: Optional[float] = typer.Option(None, "--max-mem-gb", help="Constraint: peak GB per rank."),
+    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT."),
+    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT."),
+    max_low_share: Optional[float] = typer.Option(None, "--max-low-share", help="Constraint (quality stand-in): "
+                                                                                "share of copies on low-bit experts."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests (default: the run's)."),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's)."),
+    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens (default: the run's)."),
+    grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
+                                                    "failed and re-queued (after a crash)."),
+    remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
+    out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
+) -> None:
+    """Search EP size, replicas, placement and batching knobs for the best deployment; emit the winner."""
+    from pathlib import Path
+
+    from moetune.cli import checks
+    from moetune.search.setup import Inputs
+    from moetune.search.study import Constraints, StudySettings
+
+    for flag, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
+                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
+        checks.number(flag, value, 0, low_open=True)
+    checks.number("--remeasure", remeasure, 0)
+    checks.number("--grace-s", grace_s, 2)
+    out_dir = Path(out)
+    checks.output_dir("--out", out_dir)
+    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
+    storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
+    study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
+                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share),
+                                   heartbeat_s=max(1, grace_s // 3), grace_s=grace_s)
+    from moetune.search.run import SearchSettings
+
+    settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len),
+                              study_settings, out_dir, evaluator, space, what_if, remeasure)
+    _run(settings)
+
+
+def _run(settings) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from moetune.report.terminal import rich_table
+    from moetune.search.run import run_search
+    from moetune.search.tables import trials_table, states_table
+
+    err = Console(stderr=True)
+    objective = settings.study.objectives[0]
+    best: dict = {}
+    tag = "estimated" if settings.evaluator == "simulate" else "measured"
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("trials", total=settings.study.n_trials)
+
+        def on_trial(row, done: int) -> None:
+            if row.state == "COMPLETE" and row.values and row.feasible:
+                v = row.values[0]
+                if not best or (v > best["v"]) == (objective.startswith("throughput")):
+                    best.update(v=v, label=row.deployment.label())
+            text = f"best {objective} {best['v']:,.4g} ({tag}) {best['label']}" if best else "trials"
+            progress.update(task, completed=done, description=text)
+
+        import warnings
+
+        with warnings.catch_warnings():  # Optuna's experimental / deprecation notes are not the user's business
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            from optuna.exceptions import ExperimentalWarning
+
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            result = run_search(settings, on_trial)
+    console = Console()
+    console.print(rich_table(states_table(result.rows)))
+    if result.winner is None:
+        console.print("no feasible trial finished; see trials.csv for the reasons")
+        return
+    console.print(rich_table(trials_table(result.ranked, settings.study.objectives)))
+    if result.remeasured:
+        from moetune.search.tables import remeasure_table
+
+        console.print(rich_table(remeasure_table(result.remeasured)))
+    for name, path in result.files.items():
+        console.print(f"{name}: {path}")

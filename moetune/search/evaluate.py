@@ -1,0 +1,72 @@
+"""The two evaluators behind one surface: `check(d)` (a reason not to time it, or None) and
+`evaluate(d) -> Metrics`. `simulate` prices a deployment from the trace; `measure` runs it here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from moetune.config import RunConfig
+from moetune.search.measure import measure, placement_file_for
+from moetune.search.metrics import Metrics
+from moetune.search.schedule import SimWorkload
+from moetune.search.simulate import Simulator
+from moetune.search.space import Deployment, recipe_accepts, to_config, default_knobs
+
+
+class Evaluator(Protocol):
+    name: str
+
+    def check(self, d: Deployment) -> str | None: ...
+
+    def evaluate(self, d: Deployment) -> Metrics: ...
+
+
+@dataclass
+class SimulateEvaluator:
+    sim: Simulator
+    workload: SimWorkload
+    name: str = "simulate"
+
+    def check(self, d: Deployment) -> str | None:
+        return self.sim.memory_reason(d)
+
+    def evaluate(self, d: Deployment) -> Metrics:
+        return self.sim.evaluate(d, self.workload)
+
+
+@dataclass
+class MeasureEvaluator:
+    """Runs each deployment on this machine; `sim` (hardware this-machine) supplies the memory rule."""
+
+    base: RunConfig
+    sim: Simulator
+    workload: SimWorkload
+    prompts: tuple
+    work_dir: Path
+    name: str = "measure"
+    _files: dict = field(default_factory=dict)
+
+    def check(self, d: Deployment) -> str | None:
+        values = d.as_dict()
+        neutral = Deployment().as_dict()
+        for knob in default_knobs(1, 1):
+            if not recipe_accepts(knob.key) and values[knob.name] != neutral[knob.name]:
+                return f"{knob.key} is a what-if knob (no recipe key on this branch): simulate only"
+        return self.sim.memory_reason(d)
+
+    def config(self, d: Deployment) -> RunConfig:
+        placement = None
+        if d.placement == "eplb":
+            key = (d.ep_size, d.redundant_experts)
+            if key not in self._files:
+                self._files[key] = placement_file_for(self.base, self.sim.src.loads, self.work_dir,
+                                                      d.redundant_experts, d.ep_size)
+            placement = self._files[key]
+        return to_config(self.base, d, placement)
+
+    def evaluate(self, d: Deployment) -> Metrics:
+        act = self.sim.memory(d).activations
+        return measure(self.config(d), self.prompts, self.workload, act_bytes_estimate=act)

@@ -1,0 +1,46 @@
+"""What both evaluators return for one deployment (simulate marks every figure as estimated).
+
+Definitions (the same for `measure` and `simulate`): all requests of the workload arrive at once;
+prefill tokens/s = prompt tokens / seconds of the steps that compute prompt tokens; decode tokens/s
+= tokens sampled in decode-only steps / their seconds; output tokens/s = tokens generated / time
+until the last request finishes; TTFT = median over requests of the time to its first token; TPOT
+= median over requests of (finish − first token) / (output tokens − 1); memory = the largest
+rank's peak bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+OBJECTIVES = {  # name → (metric attribute, direction)
+    "throughput": ("output_tok_s", "maximize"),
+    "throughput_per_rank": ("output_tok_s_per_rank", "maximize"),
+    "tpot": ("tpot_ms", "minimize"),
+    "ttft": ("ttft_ms", "minimize"),
+    "memory": ("peak_mem_gb", "minimize"),
+}
+
+
+@dataclass
+class Metrics:
+    estimated: bool  # True: simulated (every figure is an estimate), False: measured here
+    prefill_tok_s: float
+    decode_tok_s: float
+    output_tok_s: float
+    output_tok_s_per_rank: float
+    ttft_ms: float
+    tpot_ms: float
+    peak_mem_gb: float  # largest rank
+    ranks: int
+    phases_ms: dict = field(default_factory=dict)  # kind → phase → ms per step (mean over ranks)
+    detail: dict = field(default_factory=dict)  # imbalance, bytes, stalls, memory parts, low-precision share
+
+    def value(self, objective: str) -> float:
+        return float(getattr(self, OBJECTIVES[objective][0]))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def tag(self) -> str:
+        return "estimated" if self.estimated else "measured"

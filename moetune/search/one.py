@@ -1,0 +1,36 @@
+"""`moetune simulate`: one recipe's estimate, phase by phase.
+
+By default the workload is the run's own, run the way `moetune profile` runs it (batches of
+`batch_size` requests, one prefill then decodes), so the estimate can be put beside
+`moetune profile --recipe R` on this machine; `--serve` prices the recipe's own engine knobs with
+every request at once (what `moetune search` evaluates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moetune.search.metrics import Metrics
+from moetune.search.setup import Inputs, Setup, prepare
+from moetune.search.space import Deployment, Limits, from_config, prune
+
+
+def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None = None) -> tuple[Setup, Deployment, Metrics]:
+    from moetune.errors import MoetuneError
+
+    setup = prepare(inp)
+    d = from_config(setup.base, **(what_if or {}))
+    if as_profile:
+        batch = min(setup.source.batch_size, setup.workload.num_requests)
+        tokens = max(d.max_num_batched_tokens, batch * max(setup.workload.prompt_lens))
+        d = replace(d, max_num_seqs=batch, max_num_batched_tokens=tokens)
+    m = setup.source.model
+    reason = _invalid(d, Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests))
+    reason = reason or setup.sim.memory_reason(d)
+    if reason:
+        raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")
+    return setup, d, setup.sim.evaluate(d)
+
+
+def _invalid(d: Deployment, lim: Limits) -> str | None:
+    return prune(d, lim)

@@ -1,0 +1,120 @@
+"""The search report (markdown + one self-contained HTML): Pareto plot, parameter importances, the
+winner's phase breakdown next to the baseline's, and in words why the winner wins."""
+
+from __future__ import annotations
+
+import io
+from html import escape
+from pathlib import Path
+
+from moetune.report.html import CSS, figure_html, table_html
+from moetune.report.markdown import table_markdown
+from moetune.report.tables import Table
+from moetune.search.metrics import OBJECTIVES, Metrics
+from moetune.search.study import TrialRow
+from moetune.search.tables import phase_table, states_table, trials_table
+
+
+def why_it_wins(win: Metrics, base: Metrics) -> list[str]:
+    """Sentences comparing the winner to the baseline on what moved: time, imbalance, bytes, memory, stalls."""
+    out = []
+    if base.output_tok_s > 0:
+        out.append(f"Output throughput {win.output_tok_s:,.4g} vs {base.output_tok_s:,.4g} tokens/s "
+                   f"({win.output_tok_s / base.output_tok_s:.2f}×), per rank {win.output_tok_s_per_rank:,.4g} vs "
+                   f"{base.output_tok_s_per_rank:,.4g} ({win.tag} vs {base.tag}).")
+    out.append(f"Latency: TTFT {win.ttft_ms:,.4g} vs {base.ttft_ms:,.4g} ms, TPOT {win.tpot_ms:,.4g} vs "
+               f"{base.tpot_ms:,.4g} ms (a faster baseline that breaks a TTFT/TPOT limit does not qualify).")
+    wd, bd = win.detail, base.detail
+    if "rank_imbalance" in wd and win.ranks > 1:
+        out.append(f"Expert load across ranks: imbalance (max/mean rows) {wd['rank_imbalance']:.2f}"
+                   + (f" vs {bd['rank_imbalance']:.2f}" if base.ranks > 1 else " (baseline has one rank)")
+                   + "; the slowest rank sets every MoE layer's time.")
+    if wd.get("a2a_bytes") or bd.get("a2a_bytes"):
+        out.append(f"All-to-all bytes {wd.get('a2a_bytes', 0) / 1e9:.3g} GB vs {bd.get('a2a_bytes', 0) / 1e9:.3g} GB "
+                   f"(across nodes {wd.get('inter_node_bytes', 0) / 1e9:.3g} GB).")
+    out.append(f"Peak memory per rank {win.peak_mem_gb:.3g} GB vs {base.peak_mem_gb:.3g} GB.")
+    if wd.get("offload_stall_s"):
+        out.append(f"Offload stalls {wd['offload_stall_s'] * 1e3:.1f} ms in total, cache hit rate "
+                   f"{wd.get('cache_hit_rate', 1):.1%}.")
+    wp, bp = _decode_phases(win), _decode_phases(base)
+    if wp and bp:
+        deltas = sorted(((bp.get(p, 0) - wp.get(p, 0), p) for p in set(wp) | set(bp) if p not in ("step", "steps")),
+                        reverse=True)
+        gains = [f"{p} −{d:.3g} ms" for d, p in deltas[:3] if d > 0]
+        if gains:
+            out.append("Per decode step the time saved is mostly in " + ", ".join(gains) + ".")
+    return out
+
+
+def _decode_phases(m: Metrics) -> dict:
+    return m.phases_ms.get("decode") or next(iter(m.phases_ms.values()), {})
+
+
+def pareto_png(rows: list[TrialRow], front: list[TrialRow], objectives: tuple[str, ...]) -> bytes | None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r.state == "COMPLETE" and r.metrics]
+    if not done:
+        return None
+    y_key = OBJECTIVES[objectives[0]][0]
+    x_key = OBJECTIVES[objectives[1]][0] if len(objectives) > 1 else ("tpot_ms" if y_key != "tpot_ms" else "output_tok_s")
+    fig = plt.figure(figsize=(6.5, 4.2), dpi=100)
+    ax = fig.add_subplot(111)
+    ax.scatter([r.metrics[x_key] for r in done], [r.metrics[y_key] for r in done], s=12, c="#999999", label="trials")
+    fr = [r for r in front if r.metrics]
+    ax.scatter([r.metrics[x_key] for r in fr], [r.metrics[y_key] for r in fr], s=30, c="#c44e52", label="Pareto front")
+    tag = "estimated" if done[0].metrics.get("estimated") else "measured"
+    ax.set_xlabel(f"{x_key} ({tag})")
+    ax.set_ylabel(f"{y_key} ({tag})")
+    ax.legend()
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def importances(study) -> Table:
+    import optuna
+
+    try:
+        imp = optuna.importance.get_param_importances(study, target=lambda t: t.values[0])
+    except Exception as exc:  # too few complete trials or a single value: say so
+        return Table("Parameter importances", ["parameter", "importance"], [], f"not computed: {exc}")
+    return Table("Parameter importances (first objective, fANOVA)", ["parameter", "importance"],
+                 [[k, f"{v:.3f}"] for k, v in imp.items()])
+
+
+def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list[TrialRow], objectives, study,
+           winner: Metrics, baseline: Metrics, extra: list[Table]) -> tuple[str, str, bytes | None]:
+    """→ (markdown, html, Pareto PNG)."""
+    png = pareto_png(rows, front, tuple(objectives))
+    why = why_it_wins(winner, baseline)
+    tables = [trials_table(ranked, tuple(objectives)), states_table(rows), importances(study),
+              phase_table("Winner vs baseline, per step kind and phase", winner, baseline, "baseline"), *extra]
+    md = [f"# {title}", "", "## Why the winner wins", "", *[f"- {s}" for s in why], ""]
+    if png:
+        md += ["![Pareto front](pareto.png)", ""]
+    md += [table_markdown(t) for t in tables]
+    html = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title><style>{CSS}</style>"
+            f"</head><body><h1>{escape(title)}</h1><h2>Why the winner wins</h2><ul>"
+            + "".join(f"<li>{escape(s)}</li>" for s in why) + "</ul>"]
+    if png:
+        html.append(figure_html("Trials and Pareto front", png))
+    html += [table_html(t) for t in tables]
+    html.append("</body></html>\n")
+    return "\n".join(md), "".join(html), png
+
+
+def write_report(out: Path, md: str, html: str, png: bytes | None) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(md)
+    (out / "report.html").write_text(html)
+    written = [out / "report.md", out / "report.html"]
+    if png:
+        (out / "pareto.png").write_bytes(png)
+        written.append(out / "pareto.png")
+    return written

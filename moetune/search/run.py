@@ -1,0 +1,149 @@
+"""`moetune search` end to end: set up, run the study, re-measure the top trials (this machine),
+emit the winner (recipe, flags, SGLang JSON), the CSVs and the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from moetune.errors import MoetuneError
+from moetune.search.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
+from moetune.search.metrics import Metrics
+from moetune.search.setup import Inputs, Setup, prepare
+from moetune.search.space import Limits, build_space, from_config, read_space_file
+from moetune.search.study import StudySettings, TrialRow, pareto, ranked, rows, run_study
+
+EVALUATORS = ("simulate", "measure")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    inputs: Inputs
+    study: StudySettings
+    out: Path
+    evaluator: str = "simulate"
+    space_file: str | None = None
+    what_if: bool = False
+    remeasure: int = 0  # top N re-measured on this machine after a simulated search
+    prompts: str | None = None  # the measure evaluator's prompts (default: the profile's bundled ones)
+
+
+@dataclass
+class SearchResult:
+    out: Path
+    rows: list[TrialRow]
+    ranked: list[TrialRow]
+    front: list[TrialRow]
+    winner: TrialRow | None
+    baseline: Metrics | None
+    files: dict = field(default_factory=dict)
+    remeasured: list = field(default_factory=list)
+
+
+def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluator:
+    if kind == "simulate":
+        return SimulateEvaluator(setup.sim, setup.workload)
+    if kind != "measure":
+        raise MoetuneError(f"--evaluator {kind!r} is not one of {', '.join(EVALUATORS)}")
+    if setup.hardware.name != "this-machine" or setup.source.scaled_from is not None:
+        raise MoetuneError("--evaluator measure runs here: use --hardware this-machine and no --scale-model")
+    from moetune.search.measure import request_prompts
+
+    prompts_file = settings.prompts or setup.source.prompts
+    if prompts_file and not Path(prompts_file).is_file():
+        prompts_file = None  # the run was recorded elsewhere: the bundled prompts
+    prompts = request_prompts(setup.base, prompts_file, setup.workload)
+    return MeasureEvaluator(setup.base, setup.sim, setup.workload, prompts, settings.out / "placements")
+
+
+def run_search(settings: SearchSettings, on_trial: Callable | None = None,
+               evaluator: Evaluator | None = None) -> SearchResult:
+    from moetune.search.study import check_settings
+
+    check_settings(settings.study)
+    setup = prepare(settings.inputs)
+    m = setup.source.model
+    overrides = read_space_file(settings.space_file) if settings.space_file else None
+    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides)
+    limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
+    evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
+    created = not settings.out.exists()
+    settings.out.mkdir(parents=True, exist_ok=True)
+    try:
+        study = run_study(settings.study, space, limits, evaluator, on_trial)
+    except MoetuneError:
+        if created:  # a storage or study mistake: leave nothing behind
+            import shutil
+
+            shutil.rmtree(settings.out, ignore_errors=True)
+        raise
+    return finish(settings, setup, study, evaluator)
+
+
+def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) -> SearchResult:
+    from moetune.search.emit import write_csv, write_winner
+    from moetune.search.report import render, write_report
+    from moetune.search.tables import remeasure_table
+
+    all_rows, best, front = rows(study), ranked(study), pareto(study)
+    objectives = settings.study.objectives
+    out = settings.out
+    write_csv(all_rows, out / "trials.csv", objectives)
+    write_csv(front, out / "pareto.csv", objectives)
+    result = SearchResult(out, all_rows, best, front, best[0] if best else None, None)
+    if not best:
+        return result
+    winner = best[0]
+    try:
+        result.baseline = evaluator.evaluate(baseline(setup, evaluator))
+    except Exception:  # the baseline may not run; the report then compares the winner with itself
+        result.baseline = Metrics(**winner.metrics)
+    extra = []
+    if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
+        result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
+        extra.append(remeasure_table(result.remeasured))
+    how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
+    result.files = write_winner(out, setup.base, winner.deployment, winner.metrics, how, setup.source.model,
+                                setup.source.loads)
+    title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
+    md, html, png = render(title, all_rows, best, front, objectives, study, Metrics(**winner.metrics),
+                           result.baseline, extra)
+    for path in write_report(out, md, html, png):
+        result.files["report_" + path.suffix.lstrip(".")] = path
+    result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
+    return result
+
+
+def baseline(setup: Setup, evaluator: Evaluator):
+    """The base recipe's deployment; when it cannot run there (a large model on one GPU), the same
+    with the fewest expert-parallel ranks that fit."""
+    from dataclasses import replace
+
+    from moetune.search.space import prune
+
+    m = setup.source.model
+    lim = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
+    d = from_config(setup.base)
+    for r in [d.ep_size] + [r for r in range(1, setup.hardware.max_ranks + 1) if r != d.ep_size]:
+        cand = replace(d, ep_size=r, redundant_experts=0 if r == 1 else d.redundant_experts,
+                       placement=d.placement if r > 1 else "contiguous")
+        if prune(cand, lim) is None and evaluator.check(cand) is None:
+            return cand
+    return d
+
+
+def remeasure(setup: Setup, settings: SearchSettings, top: list[TrialRow]) -> list:
+    evaluator = make_evaluator("measure", setup, settings)
+    out = []
+    for row in top:
+        d = row.deployment
+        reason = evaluator.check(d)
+        if reason:
+            out.append((row, None, reason))
+            continue
+        try:
+            out.append((row, evaluator.evaluate(d), None))
+        except Exception as exc:  # a failed re-measure is a row of the table, not the end of the report
+            out.append((row, None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+    return out

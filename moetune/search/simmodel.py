@@ -1,0 +1,65 @@
+"""The model as the simulator sees it: sizes that set FLOPs and bytes, read from a ModelSpec.
+
+Attention per token per layer: GQA projections D·(2·H·Dh + 2·Hkv·Dh) weights, K/V cache 2·Hkv·Dh
+elements per token, scores + values 4·H·Dh FLOPs per (query, key) pair. MLA (absorbed form): the
+projections of DeepSeek-V3 (q through q_lora_rank, kv_a, kv_b, o), a latent cache of
+kv_lora_rank + rope dims per token, 4·H·kv_lora_rank + 2·H·rope FLOPs per pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moetune.spec import GQASpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class SimModel:
+    name: str
+    D: int
+    E: int
+    K: int
+    I: int
+    I_shared: int
+    L: int  # decoder layers
+    moe_layers: tuple[int, ...]
+    dense_I: tuple[int, ...]  # intermediate size of each dense (non-MoE) layer
+    V: int
+    attn_weights: int  # per layer
+    kv_elems: int  # cached elements per token per layer
+    pair_flops: int  # per (query, key) pair per layer
+    tied: bool
+
+    @property
+    def Lm(self) -> int:
+        return len(self.moe_layers)
+
+    @property
+    def expert_weights(self) -> int:  # one routed expert: w1, w3, w2
+        return 3 * self.D * self.I
+
+    def dense_weights(self) -> int:
+        """Every weight outside the routed experts (replicated on each rank)."""
+        embed = self.V * self.D * (1 if self.tied else 2)
+        per_moe = 3 * self.D * self.I_shared + self.D * self.E
+        return embed + self.L * self.attn_weights + sum(3 * self.D * i for i in self.dense_I) + self.Lm * per_moe
+
+    def total_weights(self) -> int:
+        return self.dense_weights() + self.Lm * self.E * self.expert_weights
+
+
+def sim_model(spec: ModelSpec, name: str = "") -> SimModel:
+    att = spec.attention
+    D = spec.hidden_size
+    if isinstance(att, GQASpec):
+        H, Hkv, Dh = att.num_heads, att.num_kv_heads, att.head_dim
+        weights, kv, pair = D * (2 * H * Dh + 2 * Hkv * Dh), 2 * Hkv * Dh, 4 * H * Dh
+    else:
+        H, qk, rope, lora = att.num_heads, att.qk_head_dim, att.qk_rope_head_dim, att.kv_lora_rank
+        q = D * att.q_lora_rank + att.q_lora_rank * H * qk if att.q_lora_rank else D * H * qk
+        weights = q + D * (lora + rope) + lora * H * (att.qk_nope_head_dim + att.v_head_dim) + H * att.v_head_dim * D
+        kv, pair = lora + rope, 4 * H * lora + 2 * H * rope
+    dense = tuple(l.dense_intermediate for l in spec.layers if not l.is_moe)
+    return SimModel(name or spec.model_type, D, spec.moe.num_experts, spec.moe.router.top_k, spec.moe.intermediate_size,
+                    spec.moe.shared_intermediate_size, spec.num_layers, tuple(spec.moe_layers), dense,
+                    spec.vocab_size, weights, kv, pair, spec.tie_word_embeddings)

@@ -1,0 +1,285 @@
+"""The search space: a table of knobs, each mapped to a RunConfig key, with its domain; and the
+pruning rules that keep an invalid combination from ever being timed (each says why).
+
+| knob | recipe key | domain | pruned when |
+|---|---|---|---|
+| ep_size | parallel.ep_size | divisors of E + N up to the hardware's ranks | (E + N) % R ≠ 0; R > ranks available |
+| redundant_experts | parallel.redundant_experts | 0 .. E/2 (step E/16) | — (moot at R = 1: same as 0) |
+| placement | parallel.placement | contiguous, round_robin, eplb | — (moot at R = 1: same as contiguous) |
+| max_num_seqs | engine.max_num_seqs | 8 .. 256, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
+| max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
+| quant_low_format | quant.low_format | none, fp8, int8, int4 | what-if only until `quant` is a RunConfig section |
+| quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
+| offload_resident_fraction | offload.resident_fraction | 1, 0.75, 0.5, 0.25 | fewer resident slots per rank than top-K |
+| offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
+| offload_eviction | offload.eviction | lru, lfu | — (moot with nothing offloaded) |
+
+and, for every candidate, the memory rule: the simulator's per-rank memory estimate must fit the
+hardware (else pruned with both figures). "Moot" knobs are not invalid: `canonical` maps such a
+point onto its twin, which is timed once; the other twins reuse its result (`reused_from`).
+
+A knob is searched only when RunConfig accepts its key (`recipe_accepts`). The quant / offload
+knobs join automatically once their sections exist in `moetune/config.py` (issue 11); before that
+`--what-if` adds them to simulated searches only, and the emitted recipe carries them as comments.
+To add a knob: one `Knob(...)` row in `KNOBS`, a field in `Deployment`, and, when it has one, a
+pruning rule in `prune`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from moetune.config import RunConfig, parse_config
+from moetune.errors import MoetuneError
+
+
+class SpaceError(MoetuneError):
+    """A malformed --space file (unknown knob, value outside its domain)."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One point of the space: the knobs' values (what-if knobs at their neutral values by default)."""
+
+    ep_size: int = 1
+    redundant_experts: int = 0
+    placement: str = "contiguous"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    quant_low_format: str = "none"
+    quant_hot_fraction: float = 0.0
+    offload_resident_fraction: float = 1.0
+    offload_prefetch_depth: int = 0
+    offload_eviction: str = "lru"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def label(self) -> str:
+        parts = [f"R={self.ep_size}", f"N={self.redundant_experts}", self.placement,
+                 f"seqs={self.max_num_seqs}", f"tok={self.max_num_batched_tokens}"]
+        if self.quant_low_format != "none":
+            parts.append(f"{self.quant_low_format}/hot={self.quant_hot_fraction:g}")
+        if self.offload_resident_fraction < 1:
+            parts.append(f"resident={self.offload_resident_fraction:g}/pf={self.offload_prefetch_depth}"
+                         f"/{self.offload_eviction}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str  # Deployment field and Optuna parameter name
+    key: str  # the RunConfig key it sets ("section.field")
+    values: tuple  # the domain, in order
+    what: str
+
+
+def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
+    E = num_experts
+    step = max(1, E // 16)
+    divisors = tuple(r for r in range(1, max_ranks + 1) if any((E + n) % r == 0 for n in range(0, E // 2 + 1, step)))
+    return [
+        Knob("ep_size", "parallel.ep_size", divisors, "expert-parallel ranks R"),
+        Knob("redundant_experts", "parallel.redundant_experts", tuple(range(0, E // 2 + 1, step)),
+             "extra slots for hot-expert replicas N"),
+        Knob("placement", "parallel.placement", ("contiguous", "round_robin", "eplb"), "placement policy"),
+        Knob("max_num_seqs", "engine.max_num_seqs", SEQS, "sequences running per rank"),
+        Knob("max_num_batched_tokens", "engine.max_num_batched_tokens", (256, 512, 1024, 2048, 4096, 8192, 16384),
+             "tokens per step per rank"),
+        Knob("quant_low_format", "quant.low_format", ("none", "fp8", "int8", "int4"), "format of the cold experts"),
+        Knob("quant_hot_fraction", "quant.hot_fraction", (0.0, 0.125, 0.25, 0.5), "experts kept in full precision"),
+        Knob("offload_resident_fraction", "offload.resident_fraction", (1.0, 0.75, 0.5, 0.25),
+             "expert slots resident per rank"),
+        Knob("offload_prefetch_depth", "offload.prefetch_depth", (0, 1, 2, 3), "layers prefetched ahead"),
+        Knob("offload_eviction", "offload.eviction", ("lru", "lfu"), "which resident expert leaves"),
+    ]
+
+
+def recipe_accepts(key: str) -> bool:
+    """Whether RunConfig has this `section.field` on this branch."""
+    section, _, name = key.partition(".")
+    field = RunConfig.model_fields.get(section)
+    if field is None or not hasattr(field.annotation, "model_fields"):
+        return False
+    return name in field.annotation.model_fields
+
+
+@dataclass(frozen=True)
+class Space:
+    knobs: tuple[Knob, ...]  # searched knobs (one value = fixed)
+
+    def grid(self) -> dict[str, list]:
+        return {k.name: list(k.values) for k in self.knobs}
+
+    def size(self) -> int:
+        n = 1
+        for k in self.knobs:
+            n *= len(k.values)
+        return n
+
+    def points(self) -> list[Deployment]:
+        """Every point of the grid (unpruned), in a fixed order."""
+        import itertools
+
+        names = [k.name for k in self.knobs]
+        return [Deployment(**dict(zip(names, combo))) for combo in itertools.product(*(k.values for k in self.knobs))]
+
+
+def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrides: dict | None = None) -> Space:
+    """The knobs RunConfig accepts (plus the what-if ones when asked), narrowed by `overrides`
+    ({knob: [values]} or {knob: value})."""
+    knobs = [k for k in default_knobs(num_experts, max_ranks) if what_if or recipe_accepts(k.key)]
+    overrides = dict(overrides or {})
+    by_name = {k.name: k for k in default_knobs(num_experts, max_ranks)}
+    unknown = sorted(set(overrides) - set(by_name))
+    if unknown:
+        raise SpaceError(f"--space: unknown knob '{unknown[0]}' (knobs: {', '.join(by_name)})")
+    out = []
+    for knob in knobs:
+        if knob.name in overrides:
+            values = overrides.pop(knob.name)
+            values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+            if not values:
+                raise SpaceError(f"--space: knob '{knob.name}' has no values")
+            knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
+        out.append(knob)
+    for name, values in overrides.items():  # a what-if knob fixed by the file while not searched: keep it fixed
+        values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+        out.append(replace(by_name[name], values=tuple(_coerce(by_name[name], v) for v in values)))
+    return Space(tuple(out))
+
+
+def _coerce(knob: Knob, value: Any):
+    kind = type(knob.values[0])
+    if kind is str:
+        if knob.name == "placement" and (str(value).endswith(".json")):
+            return str(value)
+        if str(value) not in knob.values:
+            raise SpaceError(f"--space: knob '{knob.name}' value {value!r} is not one of {list(knob.values)}")
+        return str(value)
+    try:
+        coerced = kind(value)
+    except (TypeError, ValueError):
+        raise SpaceError(f"--space: knob '{knob.name}' value {value!r} is not a {kind.__name__}") from None
+    if isinstance(value, bool) or coerced < 0:
+        raise SpaceError(f"--space: knob '{knob.name}' value {value!r} must be a non-negative {kind.__name__}")
+    return coerced
+
+
+def read_space_file(path: str | Path) -> dict:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpaceError(f"space file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpaceError(f"space file '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SpaceError(f"space file '{path}' must map knob names to a value or a list of values")
+    return data
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the pruning rules need to know about the model, hardware and workload."""
+
+    num_experts: int
+    top_k: int
+    max_ranks: int
+    requests: int  # requests in the workload (all ranks)
+
+
+def prune(d: Deployment, lim: Limits) -> str | None:
+    """The reason this deployment cannot run (it is never timed), or None (memory is checked by the
+    evaluator's estimate, `memory_reason`)."""
+    E, R, N = lim.num_experts, d.ep_size, d.redundant_experts
+    if R > lim.max_ranks:
+        return f"ep_size {R} needs more ranks than the hardware has ({lim.max_ranks})"
+    if (E + N) % R:
+        return f"ep_size {R} does not divide the {E} experts + {N} redundant slots"
+    if d.max_num_batched_tokens < d.max_num_seqs:
+        return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below max_num_seqs {d.max_num_seqs} "
+                "(not one decode per running sequence)")
+    return _prune_what_if(d, lim)
+
+
+def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
+    """The same deployment with knobs that change nothing set to one value, and why: a point that
+    runs the same as another is timed once (its twins reuse the result).
+
+    - at ep_size 1, replicas and placement policies change nothing (contiguous, 0 redundant);
+    - max_num_seqs above the requests a rank ever holds runs the same as the smallest value holding them;
+    - with no low format the hot fraction is moot; with every expert resident, prefetch and eviction are."""
+    notes, out = [], d
+    if d.ep_size == 1 and (d.redundant_experts or d.placement != "contiguous"):
+        out = replace(out, redundant_experts=0, placement="contiguous")
+        notes.append("at ep_size 1 replicas and placement change nothing")
+    per_rank = -(-lim.requests // d.ep_size)
+    holding = [s for s in SEQS if s >= per_rank]
+    if holding and d.max_num_seqs > holding[0]:
+        out = replace(out, max_num_seqs=holding[0], max_num_batched_tokens=max(d.max_num_batched_tokens, holding[0]))
+        notes.append(f"max_num_seqs {d.max_num_seqs} runs the same as {holding[0]} (at most {per_rank} requests a rank)")
+    if d.quant_low_format == "none" and d.quant_hot_fraction:
+        out = replace(out, quant_hot_fraction=0.0)
+        notes.append("no low format: the hot fraction is moot")
+    if d.offload_resident_fraction >= 1 and (d.offload_prefetch_depth or d.offload_eviction != "lru"):
+        out = replace(out, offload_prefetch_depth=0, offload_eviction="lru")
+        notes.append("every expert resident: prefetch and eviction are moot")
+    return out, notes
+
+
+SEQS = (8, 16, 32, 64, 128, 256)
+
+
+def _prune_what_if(d: Deployment, lim: Limits) -> str | None:
+    if d.offload_resident_fraction < 1:
+        slots = (lim.num_experts + d.redundant_experts) // max(d.ep_size, 1)
+        resident = int(slots * d.offload_resident_fraction)
+        if resident < min(lim.top_k, slots):
+            return (f"{resident} resident expert slots per rank cannot hold one token's {lim.top_k} experts "
+                    f"(resident_fraction {d.offload_resident_fraction:g} of {slots})")
+    return None
+
+
+def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None) -> RunConfig:
+    """The trial's RunConfig: the base recipe with the knobs RunConfig accepts set; what-if knobs
+    (no recipe key yet) are not in it (the emitted recipe lists them as comments)."""
+    data = base.model_dump()
+    values = d.as_dict()
+    for knob in default_knobs(1, 1):  # only the names and keys are used here
+        section, _, name = knob.key.partition(".")
+        if recipe_accepts(knob.key):
+            data[section][name] = values[knob.name]
+    if d.placement == "eplb":
+        data["parallel"]["placement"] = placement_file or "eplb"
+        data["parallel"]["redundant_experts"] = 0  # the placement file carries its replicas
+    elif d.placement not in ("contiguous", "round_robin"):  # a placement file given by the recipe or --space
+        data["parallel"]["placement"] = d.placement
+        data["parallel"]["redundant_experts"] = 0
+    rpn = data["parallel"].get("ranks_per_node", 1)
+    if d.ep_size % rpn and rpn % d.ep_size:
+        data["parallel"]["ranks_per_node"] = min(rpn, d.ep_size)
+    return parse_config(data, source="search trial")
+
+
+def what_if_values(d: Deployment) -> dict:
+    """The knobs RunConfig does not take yet, with their values (for comments and reports)."""
+    values = d.as_dict()
+    return {k.key: values[k.name] for k in default_knobs(1, 1) if not recipe_accepts(k.key)}
+
+
+def from_config(cfg: RunConfig, **what_if) -> Deployment:
+    """The deployment a recipe describes (what-if knobs from keyword arguments)."""
+    p, e = cfg.parallel, cfg.engine
+    placement, redundant = p.placement, p.redundant_experts
+    if placement not in ("contiguous", "round_robin"):  # a placement file: its own replicas
+        from moetune.moe.placement import read_placement
+
+        redundant = read_placement(p.placement).redundant
+    names = {f.name for f in fields(Deployment)}
+    extra = {k: v for k, v in what_if.items() if k in names and v is not None}
+    return Deployment(p.ep_size, redundant, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)

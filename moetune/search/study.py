@@ -1,0 +1,346 @@
+"""The Optuna study: samplers, storage, budget across workers and restarts, pruning, failures,
+constraints.
+
+- Storage: an RDB URL (SQLite file by default; PostgreSQL for several workers on several
+  machines). The same command with the same `--study` continues the study: `n_trials` is the
+  study's total, not this process's.
+- A worker that dies leaves its trial RUNNING; every worker beats a heartbeat, and a trial whose
+  heartbeat stopped for `grace_s` is marked failed and re-queued with the same parameters
+  (Optuna's `RetryFailedTrialCallback`), so no trial is lost; a finished trial is never run again
+  (a re-suggested point reuses the finished trial's result, `reused_from`).
+- Budget: a trial counts unless it is a stale trial that was re-queued or a surplus one; a trial
+  whose rank among counted trials (by number) reaches `n_trials` is marked `surplus` and not run,
+  so several workers finish exactly `n_trials` between them.
+- Invalid points are pruned (state PRUNED, `pruned_reason`); a trial whose evaluator raises is
+  FAIL with `fail_reason`, and the study goes on.
+- Constraints (value − limit ≤ 0 is feasible) go to the samplers as Optuna constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Callable
+
+from moetune.errors import MoetuneError
+from moetune.search.evaluate import Evaluator
+from moetune.search.metrics import OBJECTIVES, Metrics
+from moetune.search.space import Deployment, Limits, Space, canonical, prune
+
+SAMPLERS = ("tpe", "nsga2", "grid", "random")
+
+
+class SearchError(MoetuneError):
+    """A search setting that cannot work (unknown sampler or objective, unreachable storage)."""
+
+
+@dataclass(frozen=True)
+class Constraints:
+    max_mem_gb: float | None = None
+    max_ttft_ms: float | None = None
+    max_tpot_ms: float | None = None
+    max_low_share: float | None = None  # quality stand-in until `moetune eval` feeds quality deltas
+
+    def values(self, m: Metrics) -> list[float]:
+        out = []
+        for limit, value in ((self.max_mem_gb, m.peak_mem_gb), (self.max_ttft_ms, m.ttft_ms),
+                             (self.max_tpot_ms, m.tpot_ms),
+                             (self.max_low_share, m.detail.get("low_precision_share", 0.0))):
+            if limit is not None:
+                out.append(float(value - limit))
+        return out
+
+    def count(self) -> int:
+        return sum(x is not None for x in (self.max_mem_gb, self.max_ttft_ms, self.max_tpot_ms, self.max_low_share))
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    study: str
+    storage: str
+    objectives: tuple[str, ...] = ("throughput",)
+    sampler: str = "tpe"
+    n_trials: int = 50
+    seed: int | None = 0
+    constraints: Constraints = Constraints()
+    heartbeat_s: int = 2
+    grace_s: int = 6
+
+
+@dataclass
+class TrialRow:
+    number: int
+    state: str
+    params: dict
+    values: list | None
+    metrics: dict | None
+    reason: str | None = None
+    feasible: bool = True
+
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment(**{**Deployment().as_dict(), **self.params})
+
+
+def check_settings(s: StudySettings) -> None:
+    if s.sampler not in SAMPLERS:
+        raise SearchError(f"--sampler {s.sampler!r} is not one of {', '.join(SAMPLERS)}")
+    for o in s.objectives:
+        if o not in OBJECTIVES:
+            raise SearchError(f"--objective {o!r} is not one of {', '.join(OBJECTIVES)}")
+    if s.n_trials < 1:
+        raise SearchError("--n-trials must be at least 1")
+
+
+def open_study(s: StudySettings, space: Space):
+    import optuna
+
+    check_settings(s)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our tables say what failed and why
+    from optuna.storages import RDBStorage
+
+    storage = _storage(s, RDBStorage)
+    directions = [OBJECTIVES[o][1] for o in s.objectives]
+    try:
+        study = optuna.create_study(study_name=s.study, storage=storage, directions=directions,
+                                    sampler=make_sampler(s, space), load_if_exists=True)
+    except ValueError as exc:
+        raise SearchError(f"study '{s.study}': {exc}") from None
+    if [d.name.lower() for d in study.directions] != directions:
+        raise SearchError(f"study '{s.study}' exists with other objectives; use another --study name")
+    study.set_metric_names(list(s.objectives))
+    return study
+
+
+def _storage(s: StudySettings, RDBStorage, attempts: int = 5):
+    """Open the RDB storage; workers starting together race to create its tables, so an integrity
+    error on a fresh database is retried after a moment (the other worker has created them)."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            import warnings
+
+            with warnings.catch_warnings():  # deprecated in Optuna 4.9 but the one that re-queues (tested)
+                warnings.simplefilter("ignore", FutureWarning)
+                return RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
+                                  failed_trial_callback=_retry_callback()(max_retry=3))
+        except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable server
+            racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError", "OperationalError")
+            if racing and attempt + 1 < attempts:
+                time.sleep(0.5 + attempt)
+                continue
+            raise SearchError(f"--storage {s.storage!r} cannot be opened ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160]})") from None
+
+
+def make_sampler(s: StudySettings, space: Space):
+    import optuna
+
+    cons = _constraints_func if s.constraints.count() else None
+    if s.sampler == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=s.seed)
+    if s.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    if s.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=s.seed, constraints_func=cons, population_size=20)
+    return optuna.samplers.TPESampler(seed=s.seed, constraints_func=cons, multivariate=True, n_startup_trials=10)
+
+
+def _constraints_func(trial) -> list[float]:
+    return trial.user_attrs.get("constraints", [1.0])
+
+
+def suggest(trial, space: Space) -> Deployment:
+    values = {k.name: trial.suggest_categorical(k.name, list(k.values)) for k in space.knobs}
+    return Deployment(**{**Deployment().as_dict(), **values})
+
+
+def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluator,
+              on_trial: Callable[[TrialRow, int], None] | None = None):
+    """Run trials until the study holds `n_trials` counted trials; returns the study."""
+    import optuna
+
+    study = open_study(s, space)
+
+    def objective(trial):
+        if trial.user_attrs.get("requeued_from") is None:
+            _requeue_stale(study)
+        if _rank(study, trial.number) >= s.n_trials:
+            trial.set_user_attr("surplus", True)
+            study.stop()
+            raise optuna.TrialPruned("budget reached by other trials")
+        d = suggest(trial, space)
+        trial.set_user_attr("constraints", [1.0] * max(s.constraints.count(), 1))
+        reason = prune(d, limits)
+        d, notes = canonical(d, limits)
+        reason = reason or evaluator.check(d)
+        if reason:
+            trial.set_user_attr("pruned_reason", reason)
+            raise optuna.TrialPruned(reason)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        key = json.dumps(d.as_dict(), sort_keys=True)
+        trial.set_user_attr("canonical", key)
+        if notes:
+            trial.set_user_attr("same_as", "; ".join(notes))
+        reused = _finished_twin(study, trial, key)
+        if reused is not None:
+            metrics = reused.user_attrs["metrics"]
+            trial.set_user_attr("reused_from", reused.number)
+        else:
+            try:
+                metrics = evaluator.evaluate(d).as_dict()
+            except Exception as exc:  # recorded on the trial; the study goes on
+                trial.set_user_attr("fail_reason", _one_line(exc))
+                raise
+        m = Metrics(**metrics)
+        trial.set_user_attr("metrics", metrics)
+        trial.set_user_attr("constraints", s.constraints.values(m) or [0.0])
+        trial.set_user_attr("evaluator", evaluator.name)
+        values = [m.value(o) for o in s.objectives]
+        return values[0] if len(values) == 1 else values
+
+    def after(study_, frozen):
+        if on_trial is not None and not frozen.user_attrs.get("surplus"):
+            on_trial(to_row(frozen), _counted_done(study_))
+        if _counted_done(study_) >= s.n_trials:
+            study_.stop()
+
+    _requeue_stale(study)
+    if _counted_done(study) < s.n_trials:
+        study.optimize(objective, n_trials=None, callbacks=[after], catch=(Exception,), gc_after_trial=False)
+    return study
+
+
+def _retry_callback():
+    """Optuna's callback that re-queues a stale trial with its parameters."""
+    import warnings
+
+    import optuna.storages as st
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return st.RetryFailedTrialCallback
+
+
+def retried_number(trial) -> int | None:
+    """The number of the stale trial this one re-runs, or None."""
+    if "requeued_from" in trial.user_attrs:
+        return int(trial.user_attrs["requeued_from"])
+    return _retry_callback().retried_trial_number(trial)
+
+
+def _requeue_stale(study) -> None:
+    """A trial failed by Optuna's heartbeat check (its worker died: no `fail_reason` of ours) is queued
+    again with its parameters unless that happened already."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    done = {retried_number(t) for t in trials}
+    for t in trials:
+        if (t.state == optuna.trial.TrialState.FAIL and "fail_reason" not in t.user_attrs
+                and t.number not in done and t.params):
+            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+
+
+def _counted(trials) -> list:
+    """Trials that count against the budget: not surplus, not a dead worker's trial (re-queued, or
+    killed before it chose a point)."""
+    import optuna
+
+    retried = {retried_number(t) for t in trials}
+    return [t for t in trials if not t.user_attrs.get("surplus") and t.number not in retried
+            and not (t.state == optuna.trial.TrialState.FAIL and not t.params)]
+
+
+def _rank(study, number: int) -> int:
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    return sum(1 for t in _counted(trials) if t.number < number and t.state != optuna.trial.TrialState.WAITING)
+
+
+def _counted_done(study) -> int:
+    import optuna
+
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+    return sum(1 for t in _counted(study.get_trials(deepcopy=False)) if t.state in done)
+
+
+def _finished_twin(study, trial, key: str, wait_s: float = 120.0):
+    """A trial of the same canonical deployment that finished (its result is reused); one that another
+    worker is running with a lower number is waited for, so no point is evaluated twice at once."""
+    import time
+
+    import optuna
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        twins = [t for t in study.get_trials(deepcopy=False)
+                 if t.number < trial.number and t.user_attrs.get("canonical") == key]
+        for t in twins:
+            if t.state == optuna.trial.TrialState.COMPLETE and "metrics" in t.user_attrs:
+                return t
+        if not any(t.state == optuna.trial.TrialState.RUNNING for t in twins) or time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def to_row(t) -> TrialRow:
+    reason = t.user_attrs.get("pruned_reason") or t.user_attrs.get("fail_reason")
+    if t.state.name == "FAIL" and reason is None:
+        reason = "worker stopped (heartbeat lost); re-queued" if t.system_attrs.get("fail_reason") is None \
+            else t.system_attrs.get("fail_reason")
+    cons = t.user_attrs.get("constraints") or []
+    return TrialRow(t.number, t.state.name, dict(t.params), list(t.values) if t.values else None,
+                    t.user_attrs.get("metrics"), reason, all(c <= 0 for c in cons))
+
+
+def rows(study) -> list[TrialRow]:
+    return [to_row(t) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
+
+
+def pareto(study) -> list[TrialRow]:
+    """Feasible, complete, non-dominated trials (one objective: the best)."""
+    directions = [d.name.lower() for d in study.directions]
+    done = [r for r in rows(study) if r.state == "COMPLETE" and r.feasible and r.values]
+    sign = [1 if d == "maximize" else -1 for d in directions]
+
+    def dominates(a, b):
+        better = [sa * x >= sa * y for sa, x, y in zip(sign, a.values, b.values)]
+        strictly = [sa * x > sa * y for sa, x, y in zip(sign, a.values, b.values)]
+        return all(better) and any(strictly)
+
+    front = [r for r in done if not any(dominates(o, r) for o in done if o is not r)]
+    unique, seen = [], set()
+    for r in sorted(front, key=lambda r: [-s * v for s, v in zip(sign, r.values)]):
+        key = json.dumps(r.params, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    return unique
+
+
+def ranked(study) -> list[TrialRow]:
+    """Feasible complete trials, best first on the first objective."""
+    sign = 1 if study.directions[0].name.lower() == "maximize" else -1
+    done = [r for r in rows(study) if r.state == "COMPLETE" and r.feasible and r.values]
+    unique, seen = [], set()
+    for r in sorted(done, key=lambda r: -sign * r.values[0]):
+        key = json.dumps(r.params, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    return unique

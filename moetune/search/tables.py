@@ -1,0 +1,93 @@
+"""Search tables (plain rows, rendered by rich, markdown and HTML alike). Every simulated figure
+carries "(estimated)" in its column or cell."""
+
+from __future__ import annotations
+
+from moetune.report.tables import Table
+from moetune.search.metrics import Metrics
+from moetune.search.study import TrialRow
+
+PHASE_ORDER = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
+               "shared_expert", "dense_mlp", "other", "straggler_wait")
+
+
+def _tag(m: dict | Metrics | None) -> str:
+    if m is None:
+        return ""
+    est = m.estimated if isinstance(m, Metrics) else m.get("estimated")
+    return "estimated" if est else "measured"
+
+
+def metrics_table(title: str, m: Metrics) -> Table:
+    tag = _tag(m)
+    rows = [[k, f"{getattr(m, a):,.4g}", tag] for k, a in (
+        ("output tokens/s", "output_tok_s"), ("output tokens/s per rank", "output_tok_s_per_rank"),
+        ("prefill tokens/s", "prefill_tok_s"), ("decode tokens/s", "decode_tok_s"), ("TTFT ms (median)", "ttft_ms"),
+        ("TPOT ms (median)", "tpot_ms"), ("peak memory GB per rank", "peak_mem_gb"))]
+    for k, v in m.detail.items():
+        if isinstance(v, (int, float)):
+            rows.append([k, f"{v:,.4g}", tag])
+    return Table(title, ["figure", "value", "how"], rows)
+
+
+def phase_table(title: str, m: Metrics, other: Metrics | None = None, other_name: str = "") -> Table:
+    """ms per step by step kind and phase; with `other`, side by side."""
+    tag = _tag(m)
+    cols = ["kind", "phase", f"ms/step ({tag})"]
+    if other is not None:
+        cols += [f"{other_name} ms/step ({_tag(other)})"]
+    rows = []
+    for kind, phases in m.phases_ms.items():
+        for p in (*PHASE_ORDER, "step"):
+            if p not in phases or (phases[p] == 0 and p != "step"):
+                continue
+            row = [kind, p, f"{phases[p]:.3f}"]
+            if other is not None:
+                o = (other.phases_ms.get(kind) or {}).get(p)
+                row.append("" if o is None else f"{o:.3f}")
+            rows.append(row)
+        rows.append([kind, "steps", str(phases.get("steps", ""))] + ([""] if other is not None else []))
+    return Table(title, cols, rows, "mean over ranks per lock-step; straggler_wait = time ranks wait for the "
+                                    "slowest one inside MoE layers")
+
+
+def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 10) -> Table:
+    cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", "figures"]
+    out = []
+    for r in rows[:top]:
+        m = r.metrics or {}
+        out.append([str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
+                    f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
+                    _tag(m)])
+    return Table(f"Best {min(top, len(rows))} trials", cols, out)
+
+
+def states_table(rows: list[TrialRow]) -> Table:
+    counts: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+        if r.reason and r.state != "COMPLETE":
+            key = r.reason.split(":")[0][:90]
+            reasons[key] = reasons.get(key, 0) + 1
+    out = [[s, str(n)] for s, n in sorted(counts.items())]
+    out += [[f"  {k}", str(n)] for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:8]]
+    return Table("Trials by state (pruned / failed: why)", ["state", "trials"], out)
+
+
+def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]]) -> Table:
+    cols = ["trial", "deployment", "output tok/s (estimated)", "output tok/s (measured)", "TPOT ms (estimated)",
+            "TPOT ms (measured)", "TTFT ms (estimated)", "TTFT ms (measured)", "error"]
+    out = []
+    for r, m, err in pairs:
+        e = r.metrics or {}
+        if m is None:
+            out.append([str(r.number), r.deployment.label(), f"{e.get('output_tok_s', 0):.4g}", "failed", "", "", "",
+                        "", err or ""])
+            continue
+        rel = (e.get("output_tok_s", 0) - m.output_tok_s) / m.output_tok_s if m.output_tok_s else 0.0
+        out.append([str(r.number), r.deployment.label(), f"{e.get('output_tok_s', 0):.4g}", f"{m.output_tok_s:.4g}",
+                    f"{e.get('tpot_ms', 0):.4g}", f"{m.tpot_ms:.4g}", f"{e.get('ttft_ms', 0):.4g}",
+                    f"{m.ttft_ms:.4g}", f"{rel:+.1%}"])
+    return Table("Top trials re-measured on this machine: estimated vs measured", cols, out,
+                 "error = (estimated − measured) / measured output tokens/s")

@@ -1,0 +1,59 @@
+"""The `measure` evaluator on this machine (R = 1 in process, R = 2 through run_ranks), top-N
+re-measure beside the estimates, and the emitted recipe: it loads, profiles and serves."""
+
+import csv
+
+import yaml
+
+from moetune.config import load_recipe, parse_config
+from moetune.profile.runner import ProfileSettings, run_profile
+from moetune.profile.workload import Workload
+from moetune.search.run import SearchSettings, run_search
+from moetune.search.setup import Inputs
+from moetune.search.study import StudySettings
+
+SPACE = "redundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 4\nmax_num_batched_tokens: 1024\n"
+
+
+def _settings(run_dir, tmp_path, evaluator, space, remeasure=0, n=2):
+    path = tmp_path / "space.yaml"
+    path.write_text(space)
+    out = tmp_path / "out"
+    st = StudySettings("m", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", n, 0)
+    return SearchSettings(Inputs(str(run_dir), "this-machine", num_requests=4, output_len=4), st, out, evaluator,
+                          str(path), False, remeasure)
+
+
+def test_a_measured_study_runs_one_and_two_ranks_and_its_winner_profiles(run_dir, tmp_path):
+    result = run_search(_settings(run_dir, tmp_path, "measure", "ep_size: [1, 2]\n" + SPACE))
+    done = [r for r in result.rows if r.state == "COMPLETE"]
+    assert {r.deployment.ep_size for r in done} == {1, 2}
+    assert all(r.metrics["estimated"] is False and r.metrics["output_tok_s"] > 0 for r in done)
+    assert {r["figures"] for r in csv.DictReader((tmp_path / "out" / "trials.csv").open())} == {"measured"}
+    cfg = load_recipe(tmp_path / "out" / "winner.yaml")
+    w = Workload(num_requests=2, batch_size=2, input_len=16, output_len=3, warmup_steps=0)
+    profiled = run_profile(ProfileSettings(cfg, w, out=tmp_path / "winner-run"))
+    assert profiled.summary["parallel"]["ep_size"] == cfg.parallel.ep_size
+
+
+def test_top_trials_are_remeasured_beside_their_estimates_and_the_winner_serves(run_dir, tmp_path):
+    import httpx
+
+    from tests.serve.conftest import start_server
+
+    result = run_search(_settings(run_dir, tmp_path, "simulate", "ep_size: 1\n" + SPACE, remeasure=1, n=1))
+    (row, measured, error), = result.remeasured
+    assert error is None and measured.estimated is False and row.metrics["estimated"] is True
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "estimated vs measured" in md and "(measured)" in md and "(estimated)" in md
+    recipe = yaml.safe_load((tmp_path / "out" / "winner.yaml").read_text())
+    recipe.pop("model")
+    recipe.pop("name")
+    running, stop = start_server(recipe, api_key=None)
+    try:
+        reply = httpx.post(f"{running.url}/v1/completions", json={"model": running.model, "prompt": "def f(",
+                                                                  "max_tokens": 3, "temperature": 0}, timeout=60)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+    finally:
+        stop()
+    assert parse_config(yaml.safe_load((tmp_path / "out" / "winner.yaml").read_text())).engine.max_num_seqs == 4

@@ -1,0 +1,77 @@
+"""Pruning rules and the knob table (pure: no model, no trace)."""
+
+import pytest
+
+from moetune.search.space import (Deployment, canonical, Limits, SpaceError, build_space, default_knobs, prune, recipe_accepts,
+                                  to_config, from_config)
+from moetune.config import RunConfig
+
+LIM = Limits(num_experts=16, top_k=2, max_ranks=8, requests=64)
+
+
+@pytest.mark.parametrize("d, fragment", [
+    (Deployment(ep_size=16), "needs more ranks"),
+    (Deployment(ep_size=3), "does not divide the 16 experts + 0"),
+    (Deployment(ep_size=4, redundant_experts=2), "does not divide"),
+    (Deployment(ep_size=2, max_num_seqs=32, max_num_batched_tokens=16), "not one decode"),
+    (Deployment(ep_size=8, max_num_seqs=8, offload_resident_fraction=0.25), "cannot hold one token's 2 experts"),
+])
+def test_each_invalid_combination_is_pruned_with_its_reason(d, fragment):
+    reason = prune(d, LIM)
+    assert reason is not None and fragment in reason, reason
+
+
+@pytest.mark.parametrize("d", [
+    Deployment(), Deployment(ep_size=2, redundant_experts=2, placement="eplb", max_num_seqs=32),
+    Deployment(ep_size=4, redundant_experts=4, placement="round_robin", max_num_seqs=16, max_num_batched_tokens=256),
+    Deployment(quant_low_format="int4", quant_hot_fraction=0.25),
+    Deployment(ep_size=2, max_num_seqs=32, offload_resident_fraction=0.5, offload_prefetch_depth=1,
+               offload_eviction="lfu"),
+])
+def test_valid_combinations_pass(d):
+    assert prune(d, LIM) is None
+
+
+@pytest.mark.parametrize("d, twin, fragment", [
+    (Deployment(redundant_experts=2, placement="eplb"), Deployment(), "at ep_size 1"),
+    (Deployment(ep_size=2, max_num_seqs=256), Deployment(ep_size=2, max_num_seqs=32), "runs the same as 32"),
+    (Deployment(quant_hot_fraction=0.25), Deployment(), "hot fraction is moot"),
+    (Deployment(offload_prefetch_depth=2, offload_eviction="lfu"), Deployment(), "prefetch and eviction are moot"),
+])
+def test_moot_knobs_map_a_point_onto_its_twin(d, twin, fragment):
+    got, notes = canonical(d, LIM)
+    assert got == twin and any(fragment in n for n in notes), notes
+    assert canonical(twin, LIM) == (twin, [])
+
+
+def test_only_knobs_runconfig_accepts_are_searched_unless_what_if():
+    plain = {k.name for k in build_space(16, 8).knobs}
+    assert plain == {"ep_size", "redundant_experts", "placement", "max_num_seqs", "max_num_batched_tokens"}
+    assert not recipe_accepts("quant.low_format") and recipe_accepts("parallel.ep_size")
+    every = {k.name for k in build_space(16, 8, what_if=True).knobs}
+    assert every == {k.name for k in default_knobs(16, 8)}
+
+
+def test_space_file_narrows_and_fixes_knobs():
+    space = build_space(16, 8, overrides={"ep_size": [1, 2], "placement": "eplb", "max_num_seqs": 8})
+    grid = space.grid()
+    assert grid["ep_size"] == [1, 2] and grid["placement"] == ["eplb"] and grid["max_num_seqs"] == [8]
+    assert space.size() == 2 * 9 * 1 * 1 * 7
+    with pytest.raises(SpaceError, match="unknown knob 'ep'"):
+        build_space(16, 8, overrides={"ep": 2})
+    with pytest.raises(SpaceError, match="not one of"):
+        build_space(16, 8, overrides={"placement": "random"})
+    with pytest.raises(SpaceError, match="non-negative"):
+        build_space(16, 8, overrides={"ep_size": -2})
+
+
+def test_grid_covers_at_least_500_points_for_the_bundled_model():
+    assert build_space(16, 8).size() >= 500
+
+
+def test_a_deployment_round_trips_through_a_recipe():
+    d = Deployment(ep_size=2, redundant_experts=4, placement="round_robin", max_num_seqs=16,
+                   max_num_batched_tokens=1024)
+    cfg = to_config(RunConfig(), d)
+    assert (cfg.parallel.ep_size, cfg.parallel.redundant_experts, cfg.engine.max_num_seqs) == (2, 4, 16)
+    assert from_config(cfg) == d
