@@ -117,8 +117,8 @@ class RoutedExperts:
             self.ids.append(topk_ids)
         return self.store.acquire(layer, topk_ids)
 
-    def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
-        self.store.prefetch(layer, topk_ids)
+    def prefetch(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        self.store.prefetch(layer, topk_ids, hidden)
 
     @contextlib.contextmanager
     def counting(self):
