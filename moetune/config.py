@@ -155,18 +155,25 @@ class RunConfig(_Section):
 
 
 def load_recipe(path: str | Path) -> RunConfig:
+    data = read_yaml_mapping(path, "recipe", RecipeError, "a mapping of sections (model, parallel, ...)")
+    return parse_config(data, source=str(path))
+
+
+def read_yaml_mapping(path: str | Path, what: str, error: type[Exception], shape: str) -> dict:
+    """A YAML file holding one mapping (a recipe, a search space): missing, malformed or not a
+    mapping is one `error` line naming the file."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"recipe '{path}' does not exist")
+        raise error(f"{what} '{path}' does not exist")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise error(f"{what} '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise RecipeError(f"recipe '{path}' must be a mapping of sections (model, parallel, ...)")
-    return parse_config(data, source=str(path))
+        raise error(f"{what} '{path}' must be {shape}")
+    return data
 
 
 def parse_config(data: dict, source: str = "recipe") -> RunConfig:

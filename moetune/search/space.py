@@ -169,18 +169,9 @@ def _coerce(knob: Knob, value: Any):
 
 
 def read_space_file(path: str | Path) -> dict:
-    import yaml
+    from moetune.config import read_yaml_mapping
 
-    path = Path(path)
-    if not path.is_file():
-        raise SpaceError(f"space file '{path}' does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SpaceError(f"space file '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise SpaceError(f"space file '{path}' must map knob names to a value or a list of values")
-    return data
+    return read_yaml_mapping(path, "space file", SpaceError, "a map of knob names to a value or a list of values")
 
 
 @dataclass(frozen=True)
