@@ -23,6 +23,7 @@ import torch
 
 from moetune.bench.timing import Timing, measure
 from moetune.model.transformer import MoETransformer, storage_bytes
+from moetune.tensors import distinct, span
 from moetune.spec import GQASpec
 
 STREAM_BYTES = 512 * 2**20
@@ -74,10 +75,8 @@ def expert_bytes(model: MoETransformer) -> float:
 def prefill_flops(model: MoETransformer, S: int) -> float:
     """FLOPs of one prefill step over a fresh prompt of S tokens (see the module docstring)."""
     spec = model.spec
-    skip = {model.embed.untyped_storage().data_ptr(), model.lm_head.untyped_storage().data_ptr()}
-    mats = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size()
-            for t in model.dense_tensors() if t.dim() >= 2}
-    dense_params = sum(n for ptr, n in mats.items() if ptr not in skip)
+    skip = {span(model.embed), span(model.lm_head)}
+    dense_params = sum(t.numel() for t in distinct(model.dense_tensors()) if t.dim() >= 2 and span(t) not in skip)
     D, I, K = spec.hidden_size, spec.moe.intermediate_size, spec.moe.router.top_k
     experts = 2 * S * K * 3 * D * I * len(spec.moe_layers)
     pairs = S * (S + 1) / 2

@@ -25,7 +25,8 @@ def search(
     n_trials: int = typer.Option(40, "--n-trials", help="Trials in the study in total (all workers)."),
     seed: Optional[int] = typer.Option(0, "--seed", help="Sampler seed."),
     space: Optional[str] = typer.Option(None, "--space", help="YAML: knob → value or list (narrow or fix)."),
-    what_if: bool = typer.Option(False, "--what-if", help="Also search quant/offload knobs (simulate only)."),
+    what_if: bool = typer.Option(False, "--what-if", help="Also search knobs a recipe cannot say yet "
+                                 "(simulate only; none at present: every knob is a recipe key)."),
     max_mem_gb: Optional[float] = typer.Option(None, "--max-mem-gb", help="Constraint: peak GB per rank."),
     max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT."),
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT."),

@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 
+from moetune.tensors import nbytes as tensor_bytes
+
 from moetune.kernels.quant_formats import PackedWeight, plain
 
 
@@ -128,7 +130,7 @@ class ExpertWeights:
         return [t for g in self.groups for w in (g.w13, g.w2) for t in (w.data, w.scale) if t is not None]
 
     def nbytes(self) -> int:
-        return sum(t.untyped_storage().nbytes() for t in self.tensors())
+        return tensor_bytes(self.tensors())
 
 
 class ExpertStore(Protocol):
@@ -167,3 +169,7 @@ class ResidentExpertStore:
 
     def nbytes(self) -> int:
         return sum(w.nbytes() for w in self._layers.values())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every resident expert tensor (data and scales)."""
+        return [t for w in self._layers.values() for t in w.tensors()]

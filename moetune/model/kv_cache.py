@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from moetune.model.batch import StepBatch
+from moetune.model.hugepages import huge_empty
 from moetune.spec import GQASpec, MLASpec, ModelSpec
 
 
@@ -23,8 +24,7 @@ class PagedKVCache:
         self.num_blocks, self.block_size = num_blocks, block_size
         shapes = entry_shapes(spec.attention)
         rows = (num_blocks + 1) * block_size  # + the null block 0
-        self.layers = [tuple(torch.empty(rows, *shape, device=device, dtype=dtype) for shape in shapes)
-                       for _ in range(spec.num_layers)]
+        self.layers = [tuple(_pool((rows, *shape), device, dtype) for shape in shapes) for _ in range(spec.num_layers)]
         self.zero_blocks([0])
 
     def zero_blocks(self, blocks: list[int]) -> None:
@@ -56,6 +56,13 @@ class PagedKVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for entries in self.layers for t in entries)
+
+
+def _pool(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised; on the CPU in huge pages (attention reads blocks scattered over the pool)."""
+    if torch.device(device).type == "cpu":
+        return huge_empty(shape, dtype)
+    return torch.empty(shape, device=device, dtype=dtype)
 
 
 def entry_shapes(attention: GQASpec | MLASpec) -> list[tuple[int, ...]]:

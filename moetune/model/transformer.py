@@ -18,6 +18,7 @@ from moetune.model.rope import Rotary
 from moetune.spec import ModelSpec
 from moetune.moe.layer import MoELayer
 from moetune.probe import Probe, phase_scope
+from moetune.tensors import nbytes as tensor_bytes
 
 
 @dataclass
@@ -106,6 +107,5 @@ class MoETransformer:
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind `tensors` (views and tied weights counted once)."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
+    """Bytes of memory behind `tensors`, each byte once (views, tied weights and one arena)."""
+    return tensor_bytes(tensors)

@@ -101,13 +101,15 @@ def _fmt(x) -> str:
     return "" if x is None else f"{x:.6g}"
 
 
-def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None, how: str, model, loads) -> dict:
-    """Recipe, flags, placement and SGLang JSON of the winner into `out`; returns their paths."""
+def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None, how: str, model, loads,
+                 run_dir: Path | None = None) -> dict:
+    """Recipe, flags, placement and SGLang JSON of the winner into `out`; returns their paths.
+    `run_dir`: the trace's run directory (a quant hot fraction ranks experts by its loads)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     placed = write_placement_files(d, model, loads, (out / "winner.placement.json").resolve())
     placement_file = str(placed[0]) if placed and d.placement == "eplb" else None
-    cfg = to_config(base, d, placement_file)
+    cfg = to_config(base, d, placement_file, loads=str(Path(run_dir).resolve()) if run_dir else None)
     (out / "winner.yaml").write_text(recipe_text(cfg, d, metrics, how))
     files["recipe"] = out / "winner.yaml"
     name = base.model.path or model.name

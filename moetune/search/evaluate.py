@@ -65,7 +65,7 @@ class MeasureEvaluator:
                 self._files[key] = placement_file_for(self.base, self.sim.src.loads, self.work_dir,
                                                       d.redundant_experts, d.ep_size)
             placement = self._files[key]
-        return to_config(self.base, d, placement)
+        return to_config(self.base, d, placement, loads=str(self.sim.src.run_dir))
 
     def evaluate(self, d: Deployment) -> Metrics:
         act = self.sim.memory(d).activations

@@ -105,7 +105,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         extra.append(remeasure_table(result.remeasured))
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
     result.files = write_winner(out, setup.base, winner.deployment, winner.metrics, how, setup.source.model,
-                                setup.source.loads)
+                                setup.source.loads, setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     md, html, png = render(title, all_rows, best, front, objectives, study, Metrics(**winner.metrics),
                            result.baseline, extra)

@@ -39,7 +39,7 @@ from moetune.search.metrics import Metrics
 from moetune.search.offload import OffloadState
 from moetune.search.schedule import Schedule, SimWorkload, simulate_schedule
 from moetune.search.source import TraceSource
-from moetune.search.space import Deployment
+from moetune.search.space import Deployment, resident_slots
 
 # torch calls per phase and layer: (fixed, per sequence in the step); "step" is once per step.
 CALLS = {
@@ -168,7 +168,7 @@ class Simulator:
         step_s = np.zeros(S)
         phases = {k: np.zeros(S) for k in PHASES}
         pre_cursor = dec_cursor = 0
-        offload = (OffloadState(max(1, int((m.E + d.redundant_experts) // R * d.offload_resident_fraction)),
+        offload = (OffloadState(max(1, resident_slots(d, m.E)),
                    d.offload_eviction, d.offload_prefetch_depth) if d.offload_resident_fraction < 1 else None)
         a2a_bytes = inter_bytes = 0.0
         rank_rows_total = np.zeros((m.Lm, R))

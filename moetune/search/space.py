@@ -8,21 +8,23 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | placement | parallel.placement | contiguous, round_robin, eplb | — (moot at R = 1: same as contiguous) |
 | max_num_seqs | engine.max_num_seqs | 8 .. 256, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
-| quant_low_format | quant.low_format | none, fp8, int8, int4 | what-if only until `quant` is a RunConfig section |
+| quant_low_format | quant.low / quant.experts | none, fp8, int8, int4 (= int4-g64) | — |
 | quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
-| offload_resident_fraction | offload.resident_fraction | 1, 0.75, 0.5, 0.25 | fewer resident slots per rank than top-K |
+| offload_resident_fraction | offload.resident_experts | 1, 0.75, 0.5, 0.25 of a rank's slots | fewer resident slots per rank than top-K |
 | offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
-| offload_eviction | offload.eviction | lru, lfu | — (moot with nothing offloaded) |
+| offload_eviction | offload.policy | lru, lfu | — (moot with nothing offloaded) |
 
 and, for every candidate, the memory rule: the simulator's per-rank memory estimate must fit the
 hardware (else pruned with both figures). "Moot" knobs are not invalid: `canonical` maps such a
 point onto its twin, which is timed once; the other twins reuse its result (`reused_from`).
 
-A knob is searched only when RunConfig accepts its key (`recipe_accepts`). The quant / offload
-knobs join automatically once their sections exist in `moetune/config.py` (issue 11); before that
-`--what-if` adds them to simulated searches only, and the emitted recipe carries them as comments.
-To add a knob: one `Knob(...)` row in `KNOBS`, a field in `Deployment`, and, when it has one, a
-pruning rule in `prune`.
+The quant and offload knobs become whole recipe sections (`quant_section`, `offload_section`): a
+low format with hot fraction 0 is `quant.experts`; with a hot fraction, the hot experts (ranked by
+the trace's expert loads) keep the model's precision; the resident fraction is written as a count
+of the rank's slots, rounded up, the same number the simulator prices. A knob is searched only
+when RunConfig accepts its key (`recipe_accepts`); `--what-if` adds knobs a recipe cannot say yet
+to simulated searches (none at present). To add a knob: one `Knob(...)` row in `KNOBS`, a field in
+`Deployment`, its recipe mapping in `to_config`, and, when it has one, a pruning rule in `prune`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import math
 
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
@@ -88,22 +92,23 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
         Knob("max_num_seqs", "engine.max_num_seqs", SEQS, "sequences running per rank"),
         Knob("max_num_batched_tokens", "engine.max_num_batched_tokens", (256, 512, 1024, 2048, 4096, 8192, 16384),
              "tokens per step per rank"),
-        Knob("quant_low_format", "quant.low_format", ("none", "fp8", "int8", "int4"), "format of the cold experts"),
+        Knob("quant_low_format", "quant.low", ("none", "fp8", "int8", "int4"), "format of the cold experts"),
         Knob("quant_hot_fraction", "quant.hot_fraction", (0.0, 0.125, 0.25, 0.5), "experts kept in full precision"),
         Knob("offload_resident_fraction", "offload.resident_fraction", (1.0, 0.75, 0.5, 0.25),
              "expert slots resident per rank"),
         Knob("offload_prefetch_depth", "offload.prefetch_depth", (0, 1, 2, 3), "layers prefetched ahead"),
-        Knob("offload_eviction", "offload.eviction", ("lru", "lfu"), "which resident expert leaves"),
+        Knob("offload_eviction", "offload.policy", ("lru", "lfu"), "which resident expert leaves"),
     ]
 
 
 def recipe_accepts(key: str) -> bool:
-    """Whether RunConfig has this `section.field` on this branch."""
+    """Whether RunConfig has this `section.field` (optional sections included)."""
     section, _, name = key.partition(".")
     field = RunConfig.model_fields.get(section)
-    if field is None or not hasattr(field.annotation, "model_fields"):
+    if field is None:
         return False
-    return name in field.annotation.model_fields
+    kinds = [field.annotation, *getattr(field.annotation, "__args__", ())]  # `X | None` → X
+    return any(name in getattr(kind, "model_fields", {}) for kind in kinds)
 
 
 @dataclass(frozen=True)
@@ -226,24 +231,34 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
 SEQS = (8, 16, 32, 64, 128, 256)
 
 
+def resident_slots(d: Deployment, num_experts: int) -> int:
+    """Expert slots kept resident per rank and MoE layer: the fraction of the rank's slots, rounded up
+    (as the engine rounds `offload.resident_fraction`)."""
+    slots = (num_experts + d.redundant_experts) // max(d.ep_size, 1)
+    return min(slots, math.ceil(slots * d.offload_resident_fraction - 1e-9))
+
+
 def _prune_what_if(d: Deployment, lim: Limits) -> str | None:
     if d.offload_resident_fraction < 1:
         slots = (lim.num_experts + d.redundant_experts) // max(d.ep_size, 1)
-        resident = int(slots * d.offload_resident_fraction)
+        resident = resident_slots(d, lim.num_experts)
         if resident < min(lim.top_k, slots):
             return (f"{resident} resident expert slots per rank cannot hold one token's {lim.top_k} experts "
                     f"(resident_fraction {d.offload_resident_fraction:g} of {slots})")
     return None
 
 
-def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None) -> RunConfig:
-    """The trial's RunConfig: the base recipe with the knobs RunConfig accepts set; what-if knobs
-    (no recipe key yet) are not in it (the emitted recipe lists them as comments)."""
+def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None,
+              loads: str | None = None) -> RunConfig:
+    """The trial's RunConfig: the base recipe with the knobs set. Quant and offload knobs become
+    whole `quant` / `offload` sections (`quant_section`, `offload_section`); at their neutral values
+    (no low format, everything resident) the base recipe's own sections are kept. `loads`: the run
+    directory whose expert loads rank hot experts (the trace); needed by a hot fraction."""
     data = base.model_dump()
     values = d.as_dict()
     for knob in default_knobs(1, 1):  # only the names and keys are used here
         section, _, name = knob.key.partition(".")
-        if recipe_accepts(knob.key):
+        if section in ("parallel", "engine") and recipe_accepts(knob.key):
             data[section][name] = values[knob.name]
     if d.placement == "eplb":
         data["parallel"]["placement"] = placement_file or "eplb"
@@ -254,7 +269,39 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None)
     rpn = data["parallel"].get("ranks_per_node", 1)
     if d.ep_size % rpn and rpn % d.ep_size:
         data["parallel"]["ranks_per_node"] = min(rpn, d.ep_size)
+    quant = quant_section(d, loads, base.model.dtype)
+    if quant is not None:
+        data["quant"] = quant
+    offload = offload_section(d, base)
+    if offload is not None:
+        data["offload"] = offload
     return parse_config(data, source="search trial")
+
+
+QUANT_FORMATS = {"fp8": "fp8", "int8": "int8", "int4": "int4-g64"}  # knob value → moetune.quant format name
+
+
+def quant_section(d: Deployment, loads: str | None, dtype: str | None) -> dict | None:
+    """The `quant` section of a deployment (None: no low format). Hot experts keep the model's
+    precision (bf16 / fp16 when the recipe says so, else fp32); int4 is group-wise, group 64."""
+    if d.quant_low_format == "none":
+        return None
+    low = QUANT_FORMATS[d.quant_low_format]
+    if not d.quant_hot_fraction:
+        return {"experts": low}
+    if loads is None:
+        raise MoetuneError("a quant hot fraction needs the run directory whose expert loads rank the experts")
+    high = dtype if dtype in ("bf16", "fp16") else "fp32"
+    return {"hot_fraction": d.quant_hot_fraction, "high": high, "low": low, "loads": str(loads)}
+
+
+def offload_section(d: Deployment, base: RunConfig) -> dict | None:
+    """The `offload` section of a deployment (None: every expert resident). The resident count is
+    written out (`resident_slots`), so that the engine and the simulator keep the same number."""
+    if d.offload_resident_fraction >= 1:
+        return None
+    return {"resident_experts": resident_slots(d, _num_experts(base)), "policy": d.offload_eviction,
+            "prefetch_depth": d.offload_prefetch_depth, "tier": "host"}
 
 
 def what_if_values(d: Deployment) -> dict:
@@ -264,7 +311,9 @@ def what_if_values(d: Deployment) -> dict:
 
 
 def from_config(cfg: RunConfig, **what_if) -> Deployment:
-    """The deployment a recipe describes (what-if knobs from keyword arguments)."""
+    """The deployment a recipe describes: parallel and engine keys, its quant and offload sections
+    where a knob can say them (a precision table or an explicit resident count that is no fraction
+    of the knobs' grid is read as its nearest knob value), and keyword overrides."""
     p, e = cfg.parallel, cfg.engine
     placement, redundant = p.placement, p.redundant_experts
     if placement not in ("contiguous", "round_robin"):  # a placement file: its own replicas
@@ -272,5 +321,35 @@ def from_config(cfg: RunConfig, **what_if) -> Deployment:
 
         redundant = read_placement(p.placement).redundant
     names = {f.name for f in fields(Deployment)}
-    extra = {k: v for k, v in what_if.items() if k in names and v is not None}
+    extra = {**_sections_as_knobs(cfg, redundant), **{k: v for k, v in what_if.items() if k in names and v is not None}}
     return Deployment(p.ep_size, redundant, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)
+
+
+def _sections_as_knobs(cfg: RunConfig, redundant: int) -> dict:
+    out: dict = {}
+    q = cfg.quant
+    if q is not None and (q.experts or q.hot_fraction is not None):
+        low = q.experts if q.experts else q.low
+        kind = next((k for k, v in QUANT_FORMATS.items() if v == low or (k == "int4" and low.startswith("int4"))), None)
+        if kind is not None:
+            out.update(quant_low_format=kind, quant_hot_fraction=float(q.hot_fraction or 0.0))
+    o = cfg.offload
+    if o is not None:
+        if o.resident_fraction is not None:
+            out["offload_resident_fraction"] = float(o.resident_fraction)
+        else:  # a count: the knob value that gives it (as `offload_section` wrote it), else the plain ratio
+            E = _num_experts(cfg)
+            slots = (E + redundant) // max(cfg.parallel.ep_size, 1)
+            same = [f for f in (1.0, 0.75, 0.5, 0.25) if resident_slots(
+                Deployment(cfg.parallel.ep_size, redundant, offload_resident_fraction=f), E) == o.resident_experts]
+            out["offload_resident_fraction"] = same[0] if same else min(1.0, o.resident_experts / slots)
+        out.update(offload_prefetch_depth=o.prefetch_depth,
+                   offload_eviction=o.policy if o.policy in ("lru", "lfu") else "lru")
+    return out
+
+
+def _num_experts(cfg: RunConfig) -> int:
+    from moetune.model.registry import resolve_model
+    from moetune.model.validate import read_spec
+
+    return read_spec(resolve_model(cfg.model.path)).moe.num_experts

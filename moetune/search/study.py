@@ -242,12 +242,72 @@ def _requeue_stale(study) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)
+    _fail_never_beaten(study)
     trials = study.get_trials(deepcopy=False)
     done = {retried_number(t) for t in trials}
     for t in trials:
+        params = _chosen_params(t)
         if (t.state == optuna.trial.TrialState.FAIL and "fail_reason" not in t.user_attrs
-                and t.number not in done and t.params):
-            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+                and t.number not in done and params):
+            study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+
+
+def _chosen_params(trial) -> dict:
+    """The point a trial runs: its suggested parameters, or, for a queued trial that died before it
+    suggested them, the parameters it was queued with."""
+    return dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
+
+
+def _fail_never_beaten(study) -> None:
+    """Fail the RUNNING trials whose worker died before their first heartbeat.
+
+    Optuna's stale check only looks at trials that have a heartbeat row. A worker creates its trial
+    (`study.ask`, which also runs the sampler) and only then starts the heartbeat thread, so a
+    worker killed in between leaves a RUNNING trial that Optuna never fails: the study would count
+    it forever and never run its point. Such a trial older than the grace period is failed here
+    (and re-queued by the caller). Its age is the worker's start time against this machine's clock,
+    so workers on several machines need clocks in step to well within the grace period."""
+    import datetime
+
+    import optuna
+
+    storage = study._storage
+    grace = getattr(_rdb(storage), "grace_period", None)
+    beating = _trials_with_heartbeat(study)
+    if grace is None or beating is None:
+        return
+    now = datetime.datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t._trial_id in beating or t.datetime_start is None:
+            continue
+        if (now - t.datetime_start).total_seconds() > grace:
+            try:
+                storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:  # its worker (or another) finished it
+                pass
+
+
+def _rdb(storage):
+    """The RDB storage behind Optuna's caching wrapper."""
+    return getattr(storage, "_backend", storage)
+
+
+def _trials_with_heartbeat(study) -> set[int] | None:
+    """Trial ids of this study that have a heartbeat row (RDB storage), or None where that cannot be
+    read (another storage, or an Optuna whose RDB layout differs)."""
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:
+        return None
+    storage = _rdb(study._storage)
+    if not hasattr(storage, "scoped_session"):
+        return None
+    with _create_scoped_session(storage.scoped_session) as session:
+        rows = (session.query(models.TrialHeartbeatModel.trial_id)
+                .join(models.TrialModel, models.TrialModel.trial_id == models.TrialHeartbeatModel.trial_id)
+                .filter(models.TrialModel.study_id == study._study_id).all())
+    return {trial_id for (trial_id,) in rows}
 
 
 def _counted(trials) -> list:

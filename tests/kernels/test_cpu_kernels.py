@@ -74,8 +74,8 @@ def experts_case(rows_per_expert: list[int], D: int, I: int, fmt: str, seed: int
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows", [[1, 0, 0, 1], [0, 0, 19, 0], [3, 0, 5, 17], [0, 0, 0, 0]],
-                         ids=["decode-top2", "all-to-one", "uneven-empty", "no-rows"])
+@pytest.mark.parametrize("rows", [[1, 0, 0, 1], [0, 0, 19, 0], [3, 0, 5, 17], [0, 0, 0, 0], [1, 0, 6, 1]],
+                         ids=["decode-top2", "all-to-one", "uneven-empty", "no-rows", "one-and-many"])
 def test_experts_match_twin(fmt, rows, threads):
     D, I = (256, 128) if fmt.startswith("int4") else (47, 95)
     x, offsets, w13, w2 = experts_case(rows, D, I, fmt)

@@ -12,7 +12,10 @@ from moetune.search.run import SearchSettings, run_search
 from moetune.search.setup import Inputs
 from moetune.search.study import StudySettings
 
-SPACE = "redundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 4\nmax_num_batched_tokens: 1024\n"
+NEUTRAL = ("quant_low_format: none\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
+           "offload_prefetch_depth: 0\noffload_eviction: lru\n")  # quant and offload knobs fixed
+SPACE = ("redundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 4\nmax_num_batched_tokens: 1024\n"
+         + NEUTRAL)
 
 
 def _settings(run_dir, tmp_path, evaluator, space, remeasure=0, n=2):

@@ -44,19 +44,18 @@ def test_moot_knobs_map_a_point_onto_its_twin(d, twin, fragment):
     assert canonical(twin, LIM) == (twin, [])
 
 
-def test_only_knobs_runconfig_accepts_are_searched_unless_what_if():
+def test_every_knob_has_a_recipe_key_so_every_knob_is_searched():
+    assert recipe_accepts("quant.low") and recipe_accepts("offload.prefetch_depth")  # optional sections
+    assert recipe_accepts("parallel.ep_size") and not recipe_accepts("quant.warp") and not recipe_accepts("x.y")
     plain = {k.name for k in build_space(16, 8).knobs}
-    assert plain == {"ep_size", "redundant_experts", "placement", "max_num_seqs", "max_num_batched_tokens"}
-    assert not recipe_accepts("quant.low_format") and recipe_accepts("parallel.ep_size")
-    every = {k.name for k in build_space(16, 8, what_if=True).knobs}
-    assert every == {k.name for k in default_knobs(16, 8)}
+    assert plain == {k.name for k in default_knobs(16, 8)} == {k.name for k in build_space(16, 8, what_if=True).knobs}
 
 
 def test_space_file_narrows_and_fixes_knobs():
     space = build_space(16, 8, overrides={"ep_size": [1, 2], "placement": "eplb", "max_num_seqs": 8})
     grid = space.grid()
     assert grid["ep_size"] == [1, 2] and grid["placement"] == ["eplb"] and grid["max_num_seqs"] == [8]
-    assert space.size() == 2 * 9 * 1 * 1 * 7
+    assert space.size() == 2 * 9 * 1 * 1 * 7 * (4 * 4) * (4 * 4 * 2)
     with pytest.raises(SpaceError, match="unknown knob 'ep'"):
         build_space(16, 8, overrides={"ep": 2})
     with pytest.raises(SpaceError, match="not one of"):
@@ -75,3 +74,25 @@ def test_a_deployment_round_trips_through_a_recipe():
     cfg = to_config(RunConfig(), d)
     assert (cfg.parallel.ep_size, cfg.parallel.redundant_experts, cfg.engine.max_num_seqs) == (2, 4, 16)
     assert from_config(cfg) == d
+
+
+def test_quant_and_offload_knobs_become_recipe_sections(checkpoint, tmp_path):
+    base = RunConfig.model_validate({"model": {"path": str(checkpoint("mixtral"))}})
+    d = Deployment(quant_low_format="int8", offload_resident_fraction=0.5, offload_prefetch_depth=2,
+                   offload_eviction="lfu")
+    cfg = to_config(base, d)
+    assert cfg.quant.experts == "int8" and cfg.quant.hot_fraction is None
+    from moetune.model.validate import read_spec
+
+    E = read_spec(checkpoint("mixtral")).moe.num_experts
+    assert (cfg.offload.resident_experts, cfg.offload.prefetch_depth, cfg.offload.policy) == (-(-E // 2), 2, "lfu")
+    assert from_config(cfg) == d
+    hot = Deployment(quant_low_format="int4", quant_hot_fraction=0.25)
+    with pytest.raises(Exception, match="run directory"):
+        to_config(base, hot)  # a hot fraction ranks experts by a trace's loads
+    cfg = to_config(base, hot, loads=str(tmp_path))
+    assert (cfg.quant.hot_fraction, cfg.quant.high, cfg.quant.low, cfg.quant.loads) == (0.25, "fp32", "int4-g64",
+                                                                                          str(tmp_path))
+    assert from_config(cfg) == hot
+    neutral = to_config(base.model_copy(update={"quant": cfg.quant}), Deployment())
+    assert neutral.quant == cfg.quant and neutral.offload is None  # neutral knobs keep the recipe's own sections

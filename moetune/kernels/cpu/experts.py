@@ -73,7 +73,7 @@ def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.
     y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
     if active.numel() == 0 or D == 0 or in_features(w2) == 0:
         return y
-    with launch(threads, weight_bytes(w13, w2) * active.numel() // w13.data.shape[0]) as k:
+    with launch(threads, weight_bytes(w13, w2) * active.numel() // w13.data.shape[0], dynamic=True) as k:
         run = _run_int4 if w13.fmt == WeightFormat.INT4 else _run_dense
         run(k, x_sorted, off.numpy(), active.numpy(), w13, w2, y)
     return y

@@ -56,22 +56,30 @@ def set_threads(threads: int | None) -> None:
 
 
 @contextlib.contextmanager
-def launch(threads: int | None, weight_bytes: int) -> Iterator[ModuleType]:
+def launch(threads: int | None, weight_bytes: int, dynamic: bool = False) -> Iterator[ModuleType]:
     """with launch(threads, weight_bytes) as k: k.some_kernel(...) — the kernels module, with
     `threads` (None: the current default) for this call only, one thread when the weights are under
     SERIAL_BYTES (waking a second thread costs more than it saves, and much more on a busy
-    machine), and dynamic scheduling for the parallel loops launched inside."""
+    machine). `dynamic`: threads take CHUNK work items at a time (for uneven items, such as experts
+    with different row counts); else the items are split evenly up front, which costs nothing per
+    item. Thread counts are only set when they change (each set costs a few microseconds, and a
+    decode step launches ~50 kernels)."""
     k = jit()
     import numba
 
     before = numba.get_num_threads()
-    want = before if threads is None else threads
-    set_threads(1 if weight_bytes < SERIAL_BYTES else want)
+    want = 1 if weight_bytes < SERIAL_BYTES else (before if threads is None else threads)
+    if want != before:
+        set_threads(want)
     try:
-        with numba.parallel_chunksize(CHUNK):
+        if dynamic:
+            with numba.parallel_chunksize(CHUNK):
+                yield k
+        else:
             yield k
     finally:
-        numba.set_num_threads(before)
+        if want != before:
+            numba.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,71 @@
+"""Paged decode attention on CPU: one query token per sequence over its cached keys and values,
+read in place through the block table (no gathered copy of the context).
+
+  q [B, H, Dh] ── K, V pools [rows, Hkv, Dh], block_tables [B, nb], context_lens [B] ──► out [B, H, Dh]
+
+Row of position i of sequence b: block_tables[b, i // block_size] * block_size + i % block_size.
+Grouped-query heads: query head h reads kv head h // (H / Hkv). `window` > 0 keeps the last
+`window` positions (sliding-window attention). fp32 throughout. Twin: `decode_attention_ref`
+(gather the blocks, then masked `scaled_dot_product_attention`), which the model uses elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from moetune.kernels.cpu.runtime import launch, numpy_view
+
+
+def _check(q, k_pool, v_pool, block_tables, context_lens, block_size: int) -> None:
+    tensors = (q, k_pool, v_pool)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 3 for t in tensors):
+        raise ValueError("q, k_pool and v_pool must be 3-D fp32 CPU tensors")
+    B, H, Dh = q.shape
+    if k_pool.shape != v_pool.shape or k_pool.shape[2] != Dh or H % k_pool.shape[1]:
+        raise ValueError(f"pools {tuple(k_pool.shape)} / {tuple(v_pool.shape)} do not fit q {tuple(q.shape)}")
+    if block_tables.shape[0] != B or context_lens.shape != (B,):
+        raise ValueError("block_tables must be [B, nb] and context_lens [B]")
+    if B and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
+        raise ValueError("every context length must be in [1, blocks in the table × block_size]")
+
+
+def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, block_size: int, scale: float, window: int = 0,
+                     threads: int | None = None) -> torch.Tensor:
+    """q [B, H, Dh] fp32 → [B, H, Dh]: softmax(q·Kᵀ·scale)·V over each sequence's cached positions."""
+    _check(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    out = torch.empty_like(q)  # [B, H, Dh]
+    if q.shape[0] == 0:
+        return out
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    B, H, Hkv = q.shape[0], q.shape[1], k_pool.shape[1]
+    longest = int(lens.max()) if window <= 0 else min(int(lens.max()), window)
+    scores = torch.empty(B * Hkv, H // Hkv, longest)  # [B*Hkv, G, positions] scratch
+    read = int(lens.sum()) * Hkv * k_pool.shape[2] * 8  # K and V bytes the call reads
+    with launch(threads, read) as k:
+        k.decode_attention(numpy_view(q), numpy_view(k_pool), numpy_view(v_pool), tables.numpy(), lens.numpy(),
+                           block_size, float(scale), int(window), scores.numpy(), out.numpy())
+    return out
+
+
+def decode_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                         context_lens: torch.Tensor, block_size: int, scale: float, window: int = 0,
+                         threads: int | None = None) -> torch.Tensor:
+    """Twin of `decode_attention`: gather each sequence's blocks, mask, `scaled_dot_product_attention`."""
+    _check(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    B, S = q.shape[0], int(context_lens.max()) if q.shape[0] else 0
+    if B == 0:
+        return torch.empty_like(q)
+    blocks = block_tables[:, : -(-S // block_size)].long()  # [B, nb]
+    rows = (blocks[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :S]  # [B, S]
+    k, v = k_pool[rows], v_pool[rows]  # [B, S, Hkv, Dh] each
+    cols = torch.arange(S)[None, :]  # [1, S]
+    ctx = context_lens.long()[:, None]  # [B, 1]
+    mask = cols < ctx
+    if window > 0:
+        mask &= cols >= ctx - window
+    o = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True)
+    return o[:, :, 0, :]  # [B, H, Dh]

@@ -1,0 +1,48 @@
+"""Weights moved into the huge-page arena keep their values, shapes, views and sharing."""
+
+import mmap
+
+import pytest
+import torch
+
+from moetune.model.hugepages import huge_empty, to_huge_pages
+
+
+def test_moved_tensors_keep_values_views_and_ties():
+    a = torch.randn(300, 70)
+    view = a[10:20]  # a view of a: moved with it
+    tied = a  # the same object twice (a tied LM head)
+    b = torch.randn(5, dtype=torch.float16)
+    c = torch.arange(7, dtype=torch.int8)
+    before = [t.clone() for t in (a, view, b, c)]
+    moved = to_huge_pages([a, view, tied, b, c])
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        assert moved == 0
+        return
+    assert moved >= a.numel() * 4 + b.numel() * 2 + c.numel()
+    for t, old in zip((a, view, b, c), before):
+        assert torch.equal(t, old) and t.dtype == old.dtype
+    assert view.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()  # still a view of a
+    view.zero_()
+    assert a[10:20].abs().sum() == 0
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # one arena
+    assert a.data_ptr() % 64 == 0 and b.data_ptr() % 64 == 0 and c.data_ptr() % 64 == 0
+
+
+def test_nothing_to_move_and_huge_empty():
+    assert to_huge_pages([]) == 0
+    assert to_huge_pages([torch.empty(0)]) == 0
+    t = huge_empty((3, 4, 5), torch.bfloat16)
+    assert t.shape == (3, 4, 5) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    t.fill_(1.5)
+    assert float(t.float().sum()) == pytest.approx(90.0)
+
+
+def test_a_loaded_cpu_model_lives_in_one_arena(checkpoint):
+    from moetune.model.loader import load_model
+
+    model = load_model(checkpoint("mixtral"), torch.float32, "cpu")
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this platform")
+    arenas = {t.untyped_storage().data_ptr() for t in model.dense_tensors() + model.experts.tensors()}
+    assert len(arenas) == 1
