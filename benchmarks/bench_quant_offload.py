@@ -18,6 +18,7 @@ offload table, per tier (host, disk) × resident capacity (25/50/75/100 % of E) 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -74,6 +75,7 @@ def quant_table(model: str, loads: str, s: EvalSettings, steps: int, runs: int) 
         print(f"| {name} | {ppl:.3f} | {a['kl']:.5f} | {a['top1_agreement']:.4f} | {a['greedy_match']:.3f} | "
               f"{gen.model.experts.nbytes() / 1e6:.2f} | {rate:.1f} |", flush=True)
         del gen
+        gc.collect()
 
 
 def offload_table(model: str, s: EvalSettings, steps: int, runs: int, offload_dir: str | None) -> None:
@@ -103,6 +105,7 @@ def offload_table(model: str, s: EvalSettings, steps: int, runs: int, offload_di
                       f"{rate:.1f} |", flush=True)
                 gen.model.experts.close()
                 del gen
+                gc.collect()  # the engine and model refer to each other: free this model before the next
 
 
 def main() -> None:

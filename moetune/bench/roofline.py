@@ -1,7 +1,8 @@
 """The machine's own limits, measured in the same run as the bench, and the work each workload does.
 
   read limit    GB/s     = STREAM_BYTES of fp32 buffers / median time of `sum()` over them all
-                           (torch, all its threads; far larger than the caches)
+                           (torch, all its threads; far larger than the caches; on the CPU the buffers
+                           are in huge pages, as the model's weights are: `model/hugepages.py`)
   matmul limit  GFLOP/s  = 2·N³ / median time of an fp32 [N, N] @ [N, N], N = MATMUL_N
 
   decode  GB/s     = weight bytes the decode steps read / their time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from moetune.bench.timing import Timing, measure
+from moetune.model.hugepages import huge_empty
 from moetune.model.transformer import MoETransformer, storage_bytes
 from moetune.tensors import distinct, span
 from moetune.spec import GQASpec
@@ -30,7 +32,7 @@ STREAM_BYTES = 512 * 2**20
 MATMUL_N = 2048
 
 FORMULAS = {
-    "read limit": "GB/s = bytes summed / time of sum() over 512 MiB of fp32",
+    "read limit": "GB/s = bytes summed / time of sum() over 512 MiB of fp32 (CPU: in huge pages, like the weights)",
     "matmul limit": f"GFLOP/s = 2·N³ / time of an fp32 N×N matmul, N = {MATMUL_N}",
     "decode": "GB/s = Σ_steps (dense weight bytes + Σ_layers distinct experts × expert bytes) / time",
     "prefill": "GFLOP/s = (2·S·dense params + 2·S·K·3·D·I·MoE layers + attention + 2·D·V) / time",
@@ -48,12 +50,19 @@ class Limits:
 def measure_limits(device: torch.device, runs: int = 5) -> Limits:
     """The read-stream and fp32-matmul rates of this machine, now (medians of `runs`)."""
     n = STREAM_BYTES // 4 // 64
-    bufs = [torch.ones(n, device=device) for _ in range(64)]  # 64 buffers: no one of them stays cached
+    bufs = [_stream_buffer(n, device) for _ in range(64)]  # 64 buffers: no one of them stays cached
     read = measure(lambda: [b.sum() for b in bufs], device, runs)
     a = torch.randn(MATMUL_N, MATMUL_N, device=device)
     b = torch.randn(MATMUL_N, MATMUL_N, device=device)
     mm = measure(lambda: a @ b, device, runs)
     return Limits(STREAM_BYTES / read.median_s / 1e9, read, 2 * MATMUL_N**3 / mm.median_s / 1e9, mm)
+
+
+def _stream_buffer(n: int, device: torch.device) -> torch.Tensor:
+    """n fp32 ones, in the kind of memory the weights live in (huge pages on the CPU)."""
+    if device.type == "cpu":
+        return huge_empty((n,), torch.float32).fill_(1.0)
+    return torch.ones(n, device=device)
 
 
 def dense_weight_bytes(model: MoETransformer) -> int:

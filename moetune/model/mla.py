@@ -23,8 +23,11 @@ class MLAttention:
     def __init__(self, layer: int, spec: MLASpec, rope: RopeSpec, q_a: Linear | None, q_a_norm: RMSNorm | None,
                  q_b: Linear, kv_a: Linear, kv_a_norm: RMSNorm, kv_b: Linear, o: Linear, rotary: Rotary):
         self.layer, self.spec = layer, spec
-        self.q_a, self.q_a_norm, self.q_b = q_a, q_a_norm, q_b  # q_b is q_proj when q_lora_rank is None
-        self.kv_a, self.kv_a_norm, self.o = kv_a, kv_a_norm, o
+        self.q_a_norm, self.q_b = q_a_norm, q_b  # q_b is q_proj when q_lora_rank is None
+        self.kv_a_norm, self.o = kv_a_norm, o
+        # x is read once for both down-projections: [q_lora | r + dr] (or [r + dr] without a q LoRA)
+        self.x_a = Linear.fused([q_a, kv_a], kv_a.small_m) if q_a is not None else kv_a
+        self.q_lora = q_a.weight.shape[0] if q_a is not None else 0
         self.rotary = rotary
         H, r = spec.num_heads, spec.kv_lora_rank
         w = kv_b.weight.view(H, spec.qk_nope_head_dim + spec.v_head_dim, r)  # [H, dn+dv, r]
@@ -33,15 +36,16 @@ class MLAttention:
         self.scale = spec.qk_head_dim**-0.5 * softmax_scale_multiplier(rope)
 
     def tensors(self) -> list[torch.Tensor]:
-        parts = [self.q_a, self.q_a_norm, self.q_b, self.kv_a, self.kv_a_norm, self.o]
+        parts = [self.x_a, self.q_a_norm, self.q_b, self.kv_a_norm, self.o]
         return [t for part in parts if part is not None for t in part.tensors()] + [self.w_uk, self.w_uv]
 
     def __call__(self, x: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos, sin) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_a is not None else self.q_b(x)  # [T, H*dqk]
+        xa = self.x_a(x)  # [T, q_lora + r + dr]
+        ckv = xa[:, self.q_lora :]  # [T, r + dr]
+        q = self.q_b(self.q_a_norm(xa[:, : self.q_lora])) if self.q_lora else self.q_b(x)  # [T, H*dqk]
         q = q.view(T, s.num_heads, s.qk_head_dim)
         q_nope, q_rot = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)  # [T, H, dn], [T, H, dr]
-        ckv = self.kv_a(x)  # [T, r + dr]
         latent = self.kv_a_norm(ckv[:, : s.kv_lora_rank])  # [T, r]
         k_rot = ckv[:, s.kv_lora_rank :].view(T, 1, s.qk_rope_head_dim)  # [T, 1, dr]
         q_rot = self.rotary.apply(q_rot, cos, sin)

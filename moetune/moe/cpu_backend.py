@@ -1,7 +1,7 @@
 """The `cpu` kernel backend: the MoE `experts` phase through the numba CPU kernels (`moetune.kernels.cpu`).
 
   router, permute, unpermute → the torch phases, as `TorchBackend`
-  experts → slots with at most MAX_ROWS rows (every slot of a decode step): one
+  experts → slots with at most MAX_ROWS rows (SMALL_EXPERT_ROWS for experts under 1 MiB): one
             `fused_experts_cpu` call, each expert's weights read once for all its rows and no
             Python loop over experts; slots with more rows (prefill) take torch's GEMMs, which run
             near the matmul rate there. The output is the same [N, D] in the same row order.
@@ -22,14 +22,25 @@ from moetune.moe.backend import TorchBackend
 from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
 
 MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
+SMALL_EXPERT_BYTES = 1 << 20  # w13 + w2 of one expert below this: torch's per-slot calls cost more than the math
+SMALL_EXPERT_ROWS = 64  # so such experts stay on the kernel up to this many rows (bundled model: +15 % tok/s)
 KERNEL_FORMATS = (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4)
 
 
 class CPUBackend(TorchBackend):
     name = "cpu"
 
-    def __init__(self, max_rows: int = MAX_ROWS):
-        self.max_rows = max_rows
+    def __init__(self, max_rows: int | None = None):
+        self.max_rows = max_rows  # None: MAX_ROWS, or SMALL_EXPERT_ROWS for small experts (`row_limit`)
+
+    def row_limit(self, weights: ExpertWeights) -> int:
+        """Rows of one slot up to which the kernel computes it: beyond, torch's GEMM is faster, by
+        an amount that only pays for its per-slot calls (3 GEMM-sized ops each) when the expert is big."""
+        if self.max_rows is not None:
+            return self.max_rows
+        per_expert = (weights.w13.data[0].numel() * weights.w13.data.element_size()
+                      + weights.w2.data[0].numel() * weights.w2.data.element_size())
+        return SMALL_EXPERT_ROWS if per_expert < SMALL_EXPERT_BYTES else MAX_ROWS
 
     def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput:
         """x [N, D] rows grouped by slot → y [N, D] in the same order (block_m 1: nothing padded)."""
@@ -38,7 +49,7 @@ class CPUBackend(TorchBackend):
         if not kernel_takes(x, weights):
             return run_experts(x, offsets, weights)
         counts = offsets[1:] - offsets[:-1]  # [P]
-        big = counts > self.max_rows  # [P]
+        big = counts > self.row_limit(weights)  # [P]
         if not bool(big.any()):
             return ExpertsOutput(fused_experts_cpu(x, offsets, weights.w13, weights.w2), 1)
         small = ((counts > 0) & ~big).nonzero().flatten()  # [A]

@@ -176,6 +176,7 @@ def quantized(mutate: Callable[[Path], None] | None = None) -> Prep:
 
 
 G = ("generate", "-p", "def add(a, b):")  # a generate call, model to follow
+S = ("search", "--trace", "{run}", "--hardware", "H100", "--out", "{d}/o")  # a search on a cluster
 P = ("profile", "--num-requests", "2", "--batch-size", "2", "--input-len", "8", "--output-len", "2",
      "--warmup-steps", "0")
 HUGE_CONTEXT = config(max_position_embeddings=10**9)
@@ -400,6 +401,19 @@ CASES: list[Case] = [
          ("offload directory 'blocker'", "cannot be used"),
          prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n"
                                                           "  dir: blocker\n"))),
+    # search and simulate
+    Case("search-unknown-sampler", "search", (*S, "--sampler", "cmaes"), 1, ("--sampler 'cmaes'",)),
+    Case("search-unknown-knob", "search", (*S, "--space", "{d}/space.yaml"), 1, ("unknown knob 'warp'",),
+         prep=write("space.yaml", "warp: 3\n")),
+    Case("search-knob-value-outside", "search", (*S, "--space", "{d}/space.yaml"), 1,
+         ("quant_low_format", "not one of"), prep=write("space.yaml", "quant_low_format: int3\n")),
+    Case("search-storage-unreachable", "search", (*S, "--storage", "nosuchdb://x"), 1, ("--storage",)),
+    Case("search-measure-off-machine", "search", (*S, "--evaluator", "measure"), 1,
+         ("--hardware this-machine",)),
+    Case("simulate-unknown-hardware", "search", ("simulate", "--trace", "{run}", "--hardware", "Z9000"), 1,
+         ("Z9000",)),
+    Case("search-trace-not-a-run", "search", ("search", "--trace", "{d}", "--hardware", "H100", "--out", "{d}/o"),
+         1, ("run directory",)),
     # interrupts: one line, 130 / 143, nothing left behind
     Case("profile-ctrl-c", "interrupt", ("profile", "-m", "{ck}", "--num-requests", "4000", "--batch-size", "2",
                                          "--input-len", "8", "--output-len", "8", "--out", "{d}/run"), 130,
