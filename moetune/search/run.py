@@ -11,7 +11,7 @@ from moetune.errors import MoetuneError
 from moetune.search.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.metrics import Metrics
 from moetune.search.setup import Inputs, Setup, prepare
-from moetune.search.space import Limits, build_space, from_config, read_space_file
+from moetune.search.space import Limits, build_space, canonical, from_config, read_space_file
 from moetune.search.study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -104,7 +104,10 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
         extra.append(remeasure_table(result.remeasured))
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
-    result.files = write_winner(out, setup.base, winner.deployment, winner.metrics, how, setup.source.model,
+    m = setup.source.model
+    limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
+    chosen, _ = canonical(winner.deployment, limits)  # the point as run: moot knobs at their twin's values
+    result.files = write_winner(out, setup.base, chosen, winner.metrics, how, setup.source.model,
                                 setup.source.loads, setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     md, html, png = render(title, all_rows, best, front, objectives, study, Metrics(**winner.metrics),
