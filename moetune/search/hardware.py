@@ -163,11 +163,12 @@ def calibrate(seconds: float = 0.15) -> Hardware:
     cores = os.cpu_count() or 1
     return Hardware(
         "this-machine", ranks_per_node=cores, nodes=1, flops=flops_all, mem_bw=_read_bw(seconds),
-        mem_bytes=_available_ram() / 1, intra_bw=2 * GB, inter_bw=2 * GB, host_bw=_read_bw(seconds / 2),
+        mem_bytes=_available_ram() / 1, intra_bw=2 * GB, inter_bw=2 * GB, host_bw=_copy_bw(seconds / 2),
         gemm_eff=1.0, mem_eff=1.0, link_eff=1.0, op_overhead_s=_call_overhead(), intra_latency_s=150e-6,
         inter_latency_s=150e-6, grouped_experts=False, act_bytes=4, threads_one_rank=threads,
         flops_one_thread=flops_one,
-        source=f"measured now: fp32 matmul ({threads} and 1 threads), read bandwidth, per-call overhead; "
+        source=f"measured now: fp32 matmul ({threads} and 1 threads), read bandwidth, copy bandwidth (host tier: "
+               "a fetch is a copy), per-call overhead; "
                "gloo link figures assumed")
 
 
@@ -192,6 +193,15 @@ def _read_bw(seconds: float) -> float:
 
     x = torch.ones(16 * 1024 * 1024)  # 64 MiB fp32, larger than the caches
     return x.numel() * 4 / _timed(lambda: x.sum(), seconds)
+
+
+def _copy_bw(seconds: float) -> float:
+    """Bytes/s of a large copy: what fetching an offloaded expert from host memory costs on the CPU
+    (the blob is read and the resident slot written)."""
+    import torch
+
+    src, dst = torch.ones(16 * 1024 * 1024), torch.empty(16 * 1024 * 1024)  # 64 MiB each
+    return src.numel() * 4 / _timed(lambda: dst.copy_(src), seconds)
 
 
 def _call_overhead() -> float:

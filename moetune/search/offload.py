@@ -61,9 +61,11 @@ class OffloadState:
     needs: int = 0
 
     def step(self, rank: int, layer: int, needed: list[int], slot_bytes, host_bw: float,
-             hidden_s: float) -> float:
+             hidden_s: float, copy_bw: float | None = None) -> float:
         """Stall seconds of this rank at this layer; `hidden_s` = compute time of the d layers before."""
         cache = self.caches.setdefault((rank, layer), SlotCache(self.capacity, self.eviction))
+        if len(needed) > self.capacity:
+            return self._overflow(cache, rank, layer, needed, slot_bytes, host_bw, copy_bw or host_bw)
         prefetched: set[int] = set()
         if self.depth > 0:
             for slot in self.previous.get((rank, layer), ()):
@@ -85,3 +87,17 @@ class OffloadState:
                 self.fetched_bytes += slot_bytes[slot]
         self.wasted_bytes += sum(slot_bytes[s] for s in prefetched)
         return stall_bytes / host_bw + max(0.0, hidden_bytes / host_bw - hidden_s)
+
+    def _overflow(self, cache: SlotCache, rank: int, layer: int, needed: list[int], slot_bytes, host_bw: float,
+                  copy_bw: float) -> float:
+        """More slots needed than resident: every needed slot goes into a transient buffer."""
+        self.previous[(rank, layer)] = needed
+        missing = [s for s in needed if s not in cache.resident]
+        self.needs += len(needed)
+        self.misses += len(missing)
+        fetched = float(sum(slot_bytes[s] for s in missing))
+        copied = float(sum(slot_bytes[s] for s in needed if s in cache.resident))
+        self.fetched_bytes += fetched
+        for s in needed:
+            cache.uses[s] = cache.uses.get(s, 0) + 1
+        return fetched / host_bw + copied / copy_bw

@@ -227,7 +227,7 @@ class Simulator:
                     for j in range(m.Lm):
                         needed = list(np.nonzero(active[j, lo: lo + prep.phy2log.shape[1] // R])[0] + lo)
                         stall[j, q] = offload.step(q, j, needed, prep.slot_bytes[j], hw.host_bw,
-                                                   layer_compute * d.offload_prefetch_depth)
+                                                   layer_compute * d.offload_prefetch_depth, hw.mem_bw / 2)
             # all-to-all: copies from rank r to rank q per layer
             if R > 1:
                 copies = np.einsum("rle,leq->rlq", counts, prep.to_rank)  # [R, Lm, R]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from moetune.search.hardware import BUILTIN, HardwareError, get_hardware
-from moetune.search.offload import SlotCache
+from moetune.search.offload import OffloadState, SlotCache
 from moetune.search.scale import scale_ids
 from moetune.search.schedule import SimWorkload, simulate_schedule
 from moetune.search.setup import Inputs, prepare
@@ -59,13 +59,20 @@ def test_low_bit_experts_shrink_memory_and_hot_fraction_keeps_some_full(sim):
 
 
 def test_offload_stalls_and_prefetch_hides_some(sim):
-    resident = sim.evaluate(Deployment(max_num_seqs=8))
-    off = sim.evaluate(Deployment(max_num_seqs=8, offload_resident_fraction=0.25))
-    pre = sim.evaluate(Deployment(max_num_seqs=8, offload_resident_fraction=0.25, offload_prefetch_depth=3))
+    """One sequence at a time needs top-K experts, which fit the cache, so prefetch can hide fetches;
+    eight at once need more experts than a quarter of them resident (the transient buffer), where
+    prefetch cannot help."""
+    resident = sim.evaluate(Deployment(max_num_seqs=1))
+    off = sim.evaluate(Deployment(max_num_seqs=1, offload_resident_fraction=0.25))
+    pre = sim.evaluate(Deployment(max_num_seqs=1, offload_resident_fraction=0.25, offload_prefetch_depth=3))
     assert resident.detail["offload_stall_s"] == 0 and off.detail["offload_stall_s"] > 0
     assert off.detail["cache_hit_rate"] < 1
     assert pre.detail["offload_stall_s"] < off.detail["offload_stall_s"]
     assert off.peak_mem_gb < resident.peak_mem_gb
+    wide = sim.evaluate(Deployment(max_num_seqs=8, offload_resident_fraction=0.25))
+    wide_pre = sim.evaluate(Deployment(max_num_seqs=8, offload_resident_fraction=0.25, offload_prefetch_depth=3))
+    assert wide.detail["offload_stall_s"] > 0
+    assert wide_pre.detail["offload_stall_s"] >= 0.9 * wide.detail["offload_stall_s"]
 
 
 def test_lru_and_lfu_evict_different_slots():
@@ -147,3 +154,15 @@ def test_on_this_machine_call_overheads_are_fitted_on_the_run_and_reproduce_it(r
     step_ms = 1e3 * measured["seconds"] / measured["steps"]
     assert m.phases_ms["decode"]["step"] == pytest.approx(step_ms, rel=0.35)  # fitted on this very run
     assert get_hardware("H100").name == "H100" and not prepare(Inputs(str(run_dir), "H100")).sim.k
+
+
+def test_a_step_needing_more_slots_than_resident_goes_through_a_transient_buffer():
+    """As the engine's offloading store does: the missing slots fetched, the resident ones copied,
+    and the cache keeps what it held."""
+    st = OffloadState(capacity=2, eviction="lru", depth=0)
+    sizes = [10.0, 10.0, 10.0, 10.0]
+    assert st.step(0, 0, [0, 1], sizes, 1.0, 0.0) == 20.0  # two misses fill the cache
+    stall = st.step(0, 0, [0, 1, 2, 3], sizes, 1.0, 0.0, copy_bw=4.0)
+    assert stall == pytest.approx(20.0 / 1.0 + 20.0 / 4.0)  # 2 fetched over the host link, 2 copied
+    assert list(st.caches[(0, 0)].resident) == [0, 1] and st.misses == 4 and st.needs == 6
+    assert st.step(0, 0, [1], sizes, 1.0, 0.0) == 0.0  # still resident
