@@ -27,6 +27,7 @@ def serve(
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
     from moetune.config import parse_config
+    from moetune.errors import MoetuneError
     from moetune.serve.server import run_server
 
     cfg = run_config(model, recipe, dtype, device, kernel_backend, threads=threads)
@@ -36,5 +37,9 @@ def serve(
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
     cfg = parse_config(data, source="command line")
+    if cfg.parallel.ep_size > 1:
+        raise MoetuneError(f"moetune serve runs the model on one rank, but the recipe sets parallel.ep_size="
+                           f"{cfg.parallel.ep_size}; set it to 1 to serve here (expert-parallel serving: the "
+                           "vLLM/SGLang flags `moetune search` writes beside the recipe)")
     apply_threads(cfg)
     run_server(cfg, api_key)

@@ -57,7 +57,7 @@ def build_model(cfg: RunConfig, rank: int = 0, dispatcher: Dispatcher | None = N
     placement = resolve_placement(cfg.parallel, spec)
     if placement is not None and placement.ep_size > 1 and dispatcher is None:
         raise MoetuneError(f"parallel.ep_size={placement.ep_size} runs on {placement.ep_size} ranks: start it through "
-                           "moetune.engine.distributed.run_ranks (the CLI commands do), not build_generator")
+                           "moetune.engine.distributed.run_ranks (generate, bench and profile do), not build_generator")
     model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device), device, cfg.model.kernel_backend,
                        placement, rank, dispatcher, precision_table(cfg.quant, spec),
                        offload_factory(cfg.offload, spec, device))
