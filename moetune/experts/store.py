@@ -18,9 +18,8 @@ from typing import Protocol
 
 import torch
 
-from moetune.tensors import nbytes as tensor_bytes
-
 from moetune.kernels.quant_formats import PackedWeight, plain
+from moetune.tensors import nbytes as tensor_bytes
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Weights in transparent huge pages (CPU).
 
 A decode step streams every weight once, and on x86 a stream through 4 KiB pages misses the TLB
-every 4 KiB: measured on this project's 2-core AVX2 machine, a [32000, 768] fp32 GEMV read its
-weight at 24 GB/s from torch-allocated memory and at 31–33 GB/s from memory in 2 MiB pages
-(`benchmarks/bench_cpu_kernels.py --hugepages`). Linux gives an anonymous private mapping huge
+every 4 KiB: measured on this project's 2-core AVX2 machine, the CPU GEMV kernel read a
+[32000, 768] fp32 weight at 24 GB/s from torch-allocated memory and at 31–33 GB/s from memory in
+2 MiB pages (same process, same kernel; docs/cpu.md). Linux gives an anonymous private mapping huge
 pages when it is advised `MADV_HUGEPAGE` (the usual `transparent_hugepage=madvise` setting);
 torch's allocator never advises, so `to_huge_pages` moves a model's weights into one such arena
 after loading: each distinct storage is copied once, and every tensor that uses it is re-pointed in

@@ -46,3 +46,16 @@ def test_a_loaded_cpu_model_lives_in_one_arena(checkpoint):
         pytest.skip("no MADV_HUGEPAGE on this platform")
     arenas = {t.untyped_storage().data_ptr() for t in model.dense_tensors() + model.experts.tensors()}
     assert len(arenas) == 1
+
+
+def test_bytes_are_counted_once_per_span():
+    from moetune.tensors import distinct, nbytes, span
+
+    a = torch.zeros(100, 10)  # 4000 bytes
+    b = torch.zeros(7, dtype=torch.float64)  # 56 bytes
+    head, tail, mid = a[:60], a[50:], a[20:30]  # overlapping views of a
+    assert nbytes([a, a, b]) == 4056  # a tied tensor once
+    assert nbytes([head, tail]) == 4000 and nbytes([mid]) == 400  # overlaps merged, a view is its own span
+    assert nbytes([a[:, 0]]) == (99 * 10 + 1) * 4  # strided: first to last element
+    assert span(a) == (a.data_ptr(), a.data_ptr() + 4000)
+    assert [t is a for t in distinct([a, a, b, torch.empty(0)])] == [True, False]

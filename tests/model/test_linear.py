@@ -43,6 +43,8 @@ def test_loader_turns_the_kernels_on_for_fp32_cpu_only(checkpoint):
     assert load_model(path).small_m == 16
     assert load_model(path, kernel_backend="torch").small_m == 0
     assert load_model(path, dtype=torch.bfloat16).small_m == 0
+    assert all(layer.attention.decode_kernel for layer in load_model(path).layers)  # paged decode kernel on
+    assert not any(layer.attention.decode_kernel for layer in load_model(path, kernel_backend="torch").layers)
     from moetune.kernels.cpu import runtime
 
     assert runtime.jit().linear_dense.signatures and runtime.jit().experts_dense.signatures  # warmed at load

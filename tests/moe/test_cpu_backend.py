@@ -119,3 +119,23 @@ def test_a_layer_in_several_formats_runs_each_format_group_through_the_kernels()
     out = CPUBackend().experts(perm.x_sorted, perm.offsets, weights).y
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     CPUBackend().warm(weights)  # compiles each group's format without tripping over the mixed layer
+
+
+def test_small_experts_stay_on_the_kernel_for_more_rows(monkeypatch):
+    """Under 1 MiB per expert the kernel takes slots up to 64 rows (torch's per-slot calls cost more
+    there); a bigger expert goes to torch's GEMM beyond 16; an explicit max_rows wins."""
+    small, big = _weights(4, 64, 32), _weights(2, 256, 512)  # 24 KiB and 1.5 MiB per expert in fp32
+    assert CPUBackend().row_limit(small) == 64 and CPUBackend().row_limit(big) == 16
+    assert CPUBackend(8).row_limit(small) == 8
+    from moetune.moe import cpu_backend
+
+    torch_slots = []
+    real = cpu_backend.slot_matrix
+    monkeypatch.setattr(cpu_backend, "slot_matrix", lambda w, e, dtype: torch_slots.append(e) or real(w, e, dtype))
+    x = torch.randn(40, 64)
+    ids = torch.stack([torch.zeros(40, dtype=torch.long), torch.ones(40, dtype=torch.long)], 1)  # 40 rows each
+    got, want = _both(x, ids, small, max_rows=None)
+    torch.testing.assert_close(got.y, want.y, rtol=1e-4, atol=1e-4)
+    assert not torch_slots  # every slot through the kernel
+    _both(x, ids, small, max_rows=16)
+    assert sorted(set(torch_slots)) == [0, 1]  # with the 16-row limit both slots take torch's GEMM

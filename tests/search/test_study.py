@@ -75,6 +75,20 @@ def test_grid_over_a_narrowed_space_visits_every_point_once(run_dir, tmp_path):
     assert len(params) == 4 and len(set(params)) == 4
 
 
+def test_the_emitted_winner_is_the_point_as_run(run_dir, tmp_path):
+    """At ep_size 1 replicas and placement are moot (the trial ran as contiguous, 0 replicas): the
+    recipe says so and no placement file is written for it."""
+    space = tmp_path / "space.yaml"
+    space.write_text("ep_size: 1\nredundant_experts: 4\nplacement: eplb\nmax_num_seqs: 8\n"
+                     "max_num_batched_tokens: 1024\n" + NEUTRAL)
+    out = tmp_path / "moot"
+    result = run_search(settings(run_dir, out, sampler="grid", n=1, space=str(space)))
+    assert result.winner.params["placement"] == "eplb" and result.winner.params["redundant_experts"] == 4
+    cfg = load_recipe(out / "winner.yaml")
+    assert (cfg.parallel.placement, cfg.parallel.redundant_experts) == ("contiguous", 0)
+    assert not (out / "winner.placement.json").exists()
+
+
 class Failing:
     """The simulator, except that every ep_size 2 trial raises (a crash, an OOM)."""
 

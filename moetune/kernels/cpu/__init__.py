@@ -16,5 +16,6 @@ from moetune.kernels.cpu.formats import (INT4_GROUPS, dequantize, dequantize_int
 from moetune.kernels.cpu.linear import linear, linear_ref
 from moetune.kernels.cpu.runtime import set_threads
 
-__all__ = ["INT4_GROUPS", "decode_attention", "decode_attention_ref", "dequantize", "dequantize_int4", "dequantize_int8", "fused_experts_cpu",
-           "fused_experts_cpu_ref", "linear", "linear_ref", "quantize_int4", "quantize_int8", "set_threads"]
+__all__ = ["INT4_GROUPS", "decode_attention", "decode_attention_ref", "dequantize", "dequantize_int4",
+           "dequantize_int8", "fused_experts_cpu", "fused_experts_cpu_ref", "linear", "linear_ref", "quantize_int4",
+           "quantize_int8", "set_threads"]
