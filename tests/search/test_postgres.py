@@ -28,7 +28,7 @@ def postgres_url():
 def test_two_workers_share_one_postgres_study(run_dir, tmp_path, postgres_url):
     import optuna
 
-    n = 16
+    n = 32  # enough trials that the second worker, which starts a moment later, still gets some
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def worker(i: int):
