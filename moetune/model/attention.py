@@ -45,7 +45,7 @@ class GQAAttention:
         v = v.view(T, s.num_kv_heads, s.head_dim)  # [T, Hkv, Dh]
         if s.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        q, k = self.rotary.apply_(q, cos, sin), self.rotary.apply_(k, cos, sin)  # in place: q, k are fresh
         cache.write(self.layer, batch, k, v)
         out = torch.empty_like(q)  # [T, H, Dh]
         d = batch.num_single

@@ -63,14 +63,14 @@ def load_model(
     table = check_precision(stored, precision, spec, placement, backend.name)
     layers = {i: _layer_experts(source, names, spec, i, placement, rank, stored, table) for i in spec.moe_layers}
     experts = store_factory(layers, spec) if store_factory is not None else ResidentExpertStore(layers)
-    rotary = Rotary(spec.rope, torch.device(device))
+    rotary = Rotary(spec.rope, torch.device(device), kernel=small_m > 0)
     layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m)
               for i in range(spec.num_layers)]
     if hasattr(experts, "bind_routers"):  # offloading stores predict later layers' experts with their routers
         experts.bind_routers({layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
-    norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps)
+    norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)
     model = MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts, small_m)
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
@@ -98,8 +98,8 @@ def _linear(source: WeightSource, prefix: str, small_m: int = 0) -> Linear:
     return Linear(source.get(prefix + ".weight"), source.get_optional(prefix + ".bias"), small_m)
 
 
-def _norm(source: WeightSource, name: str, eps: float) -> RMSNorm:
-    return RMSNorm(source.get(name), eps)
+def _norm(source: WeightSource, name: str, eps: float, kernel: bool = False) -> RMSNorm:
+    return RMSNorm(source.get(name), eps, kernel)
 
 
 def _gated_mlp(source: WeightSource, prefix: str, small_m: int = 0,
@@ -110,14 +110,14 @@ def _gated_mlp(source: WeightSource, prefix: str, small_m: int = 0,
 
 def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, small_m: int = 0):
     p = f"model.layers.{i}.self_attn."
-    eps = spec.rms_norm_eps
+    eps, kernel = spec.rms_norm_eps, small_m > 0
     if isinstance(spec.attention, GQASpec):
         has_norm = spec.attention.qk_norm != "none"
         qkv = Linear.fused([_linear(source, p + n) for n in ("q_proj", "k_proj", "v_proj")], small_m)
         return GQAAttention(
             i, spec.attention, qkv, _linear(source, p + "o_proj", small_m),
-            _norm(source, p + "q_norm.weight", eps) if has_norm else None,
-            _norm(source, p + "k_norm.weight", eps) if has_norm else None,
+            _norm(source, p + "q_norm.weight", eps, kernel) if has_norm else None,
+            _norm(source, p + "k_norm.weight", eps, kernel) if has_norm else None,
             rotary, decode_kernel=small_m > 0,
         )
     mla = spec.attention
@@ -125,10 +125,10 @@ def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, sm
     return MLAttention(
         i, mla, spec.rope,
         _linear(source, p + "q_a_proj", small_m) if lora else None,
-        _norm(source, p + "q_a_layernorm.weight", eps) if lora else None,
+        _norm(source, p + "q_a_layernorm.weight", eps, kernel) if lora else None,
         _linear(source, p + ("q_b_proj" if lora else "q_proj"), small_m),
         _linear(source, p + "kv_a_proj_with_mqa", small_m),
-        _norm(source, p + "kv_a_layernorm.weight", eps),
+        _norm(source, p + "kv_a_layernorm.weight", eps, kernel),
         _linear(source, p + "kv_b_proj"),  # only its halves W_UK, W_UV are used (einsums)
         _linear(source, p + "o_proj", small_m),
         rotary,
@@ -210,8 +210,8 @@ def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: 
         mlp = _gated_mlp(source, names.dense_mlp(i), small_m)
     return DecoderLayer(
         index=i,
-        attn_norm=_norm(source, p + "input_layernorm.weight", spec.rms_norm_eps),
+        attn_norm=_norm(source, p + "input_layernorm.weight", spec.rms_norm_eps, small_m > 0),
         attention=_attention(source, spec, i, rotary, small_m),
-        mlp_norm=_norm(source, p + "post_attention_layernorm.weight", spec.rms_norm_eps),
+        mlp_norm=_norm(source, p + "post_attention_layernorm.weight", spec.rms_norm_eps, small_m > 0),
         mlp=mlp,
     )

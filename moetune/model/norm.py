@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from moetune.kernels.cpu.rowwise import rms_norm
+
 
 class RMSNorm:
-    def __init__(self, weight: torch.Tensor, eps: float):
+    def __init__(self, weight: torch.Tensor, eps: float, kernel: bool = False):
+        """kernel: fp32 CPU inputs go through the one-call CPU kernel (`kernels/cpu/rowwise.py`),
+        which this method is the twin of; the loader sets it with the other CPU decode kernels."""
         self.weight = weight  # [N]
         self.eps = eps
+        self.kernel = kernel
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.weight]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from moetune.kernels.cpu.rowwise import rope_
 from moetune.spec import RopeSpec
 
 
@@ -54,7 +55,8 @@ def softmax_scale_multiplier(rope: RopeSpec) -> float:
 class Rotary:
     """cos/sin for given positions; applied to [..., T, rot_dim] tensors (rotate-half convention)."""
 
-    def __init__(self, rope: RopeSpec, device: torch.device):
+    def __init__(self, rope: RopeSpec, device: torch.device, kernel: bool = False):
+        """kernel: `apply_` rotates fp32 CPU tensors with the one-call CPU kernel (`kernels/cpu/rowwise.py`)."""
         if rope.kind == "yarn":
             inv_freq = _yarn_inv_freq(rope)
         else:
@@ -64,6 +66,7 @@ class Rotary:
         self.inv_freq = inv_freq.to(device)  # [rot_dim/2]
         self.scale = yarn_attention_factor(rope)
         self.interleave = rope.interleave
+        self.kernel = kernel
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, rot_dim/2]
@@ -78,3 +81,9 @@ class Rotary:
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
+
+    def apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`apply`, written into x (a view of a larger buffer is fine) and returned."""
+        if self.kernel and not self.interleave and x.dtype == cos.dtype == torch.float32 and x.device.type == "cpu":
+            return rope_(x, cos, sin)
+        return x.copy_(self.apply(x, cos, sin))

@@ -1,6 +1,8 @@
-"""The `cpu` kernel backend: the MoE `experts` phase through the numba CPU kernels (`moetune.kernels.cpu`).
+"""The `cpu` kernel backend: the MoE phases through the numba CPU kernels (`moetune.kernels.cpu`).
 
-  router, permute, unpermute → the torch phases, as `TorchBackend`
+  router top-k, permute, unpermute → one numba call each (`kernels/cpu/routing.py`): the same
+            outputs as the torch phases, without their chain of small ops (group-limited routing
+            and inputs that are not fp32 take the torch phases)
   experts → slots with at most MAX_ROWS rows (SMALL_EXPERT_ROWS for experts under 1 MiB): one
             `fused_experts_cpu` call, each expert's weights read once for all its rows and no
             Python loop over experts; slots with more rows (prefill) take torch's GEMMs, which run
@@ -17,9 +19,11 @@ import torch.nn.functional as F
 
 from moetune.experts.store import ExpertWeights, SlotMap
 from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu
+from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.moe.backend import TorchBackend
 from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
+from moetune.moe.permute import PermuteOutput
 
 MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
 SMALL_EXPERT_BYTES = 1 << 20  # w13 + w2 of one expert below this: torch's per-slot calls cost more than the math
@@ -41,6 +45,21 @@ class CPUBackend(TorchBackend):
         per_expert = (weights.w13.data[0].numel() * weights.w13.data.element_size()
                       + weights.w2.data[0].numel() * weights.w2.data.element_size())
         return SMALL_EXPERT_ROWS if per_expert < SMALL_EXPERT_BYTES else MAX_ROWS
+
+    def select_experts(self, logits, spec, bias):
+        if logits.dtype != torch.float32 or logits.device.type != "cpu" or not takes_routing(spec):
+            return super().select_experts(logits, spec, bias)
+        return select_topk(logits, spec, bias)
+
+    def permute(self, x, slot_ids, num_slots):
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return super().permute(x, slot_ids, num_slots)
+        return PermuteOutput(*permute_rows(x, slot_ids, num_slots))
+
+    def unpermute(self, y_sorted, sorted_copy_ids, topk_weights, shared):
+        if y_sorted.dtype != torch.float32 or y_sorted.device.type != "cpu":
+            return super().unpermute(y_sorted, sorted_copy_ids, topk_weights, shared)
+        return unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, shared)
 
     def experts(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> ExpertsOutput:
         """x [N, D] rows grouped by slot → y [N, D] in the same order (block_m 1: nothing padded)."""

@@ -305,3 +305,119 @@ def decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, p, o
                 w = p[t, g, i]
                 for d in range(Dh):
                     out[b, kh * G + g, d] += w * v_pool[row, kh, d]
+
+
+# --- row-wise ops of a step: RMSNorm and rotary embedding (one thread; a few rows in decode) -------
+
+@njit(**_OPTS)
+def rms_norm(x, w, eps, out):
+    """x [T, D] fp32 (any strides), w [D] → out [T, D] = w · x / sqrt(mean(x²) + eps)."""
+    T, D = x.shape
+    for t in range(T):
+        ss = F0
+        for d in range(D):
+            ss += x[t, d] * x[t, d]
+        inv = F1 / np.sqrt(ss / np.float32(D) + eps)
+        for d in range(D):
+            out[t, d] = w[d] * (x[t, d] * inv)
+
+
+@njit(**_OPTS)
+def rope_rotate_half(x, cos, sin):
+    """In place on x [T, H, R] (any strides): x·cos + rotate_half(x)·sin with cos, sin [T, R];
+    rotate_half(x) = (-x[R/2:], x[:R/2])."""
+    T, H, R = x.shape
+    half = R // 2
+    for t in range(T):
+        for h in range(H):
+            for i in range(half):
+                a, b = x[t, h, i], x[t, h, half + i]
+                x[t, h, i] = a * cos[t, i] - b * sin[t, i]
+                x[t, h, half + i] = b * cos[t, half + i] + a * sin[t, half + i]
+
+
+# --- routing bookkeeping of an MoE layer: top-k selection, permute, unpermute (one thread) ----------
+
+@njit(**_OPTS)
+def select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, weights, ids, scores):
+    """logits [T, E] → scores [T, E] (softmax or sigmoid); ids [T, K] of the K highest
+    scores (+ bias when use_bias), best first, the lower id on ties; weights [T, K] their unbiased
+    scores, renormalised to sum 1 when asked, times `scaling`."""
+    T, E = logits.shape
+    for t in range(T):
+        if sigmoid:
+            for e in range(E):
+                scores[t, e] = F1 / (F1 + np.exp(-logits[t, e]))
+        else:
+            top = logits[t, 0]
+            for e in range(E):
+                top = max(top, logits[t, e])
+            total = F0
+            for e in range(E):
+                scores[t, e] = np.exp(logits[t, e] - top)
+                total += scores[t, e]
+            for e in range(E):
+                scores[t, e] /= total
+        total = F0
+        for k in range(top_k):
+            best, best_val = -1, F0
+            for e in range(E):
+                val = scores[t, e] + (bias[e] if use_bias else F0)
+                taken = False
+                for j in range(k):
+                    taken = taken or ids[t, j] == e
+                if not taken and (best < 0 or val > best_val):
+                    best, best_val = e, val
+            ids[t, k] = best
+            weights[t, k] = scores[t, best]
+            total += scores[t, best]
+        for k in range(top_k):
+            w = weights[t, k]
+            if renormalize:
+                w = w / (total + (np.float32(1e-20) if sigmoid else F0))
+            weights[t, k] = w * scaling
+
+
+@njit(**_OPTS)
+def permute_rows(x, slot_ids, counts, offsets, sorted_copy_ids, x_sorted):
+    """slot_ids [T, K] → counts [P] copies per slot, offsets [P+1], sorted_copy_ids [T*K] (copies
+    grouped by slot, in copy order within one: a stable counting sort) and x_sorted [T*K, D].
+    Returns False (and fills nothing else) when a slot id is outside [0, P)."""
+    T, K = slot_ids.shape
+    P = counts.shape[0]
+    counts[:] = 0
+    for t in range(T):
+        for k in range(K):
+            p = slot_ids[t, k]
+            if p < 0 or p >= P:
+                return False
+            counts[p] += 1
+    offsets[0] = 0
+    for p in range(counts.shape[0]):
+        offsets[p + 1] = offsets[p] + counts[p]
+    fill = offsets[:-1].copy()
+    for t in range(T):
+        for k in range(K):
+            i = fill[slot_ids[t, k]]
+            fill[slot_ids[t, k]] = i + 1
+            sorted_copy_ids[i] = t * K + k
+            for d in range(x.shape[1]):
+                x_sorted[i, d] = x[t, d]
+    return True
+
+
+@njit(**_OPTS)
+def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
+    """out [T, D] += Σ_k topk_weights[t, k] · y_sorted[row of copy t*K + k]; out holds the shared
+    expert's output (or zeros) on entry."""
+    T, K = topk_weights.shape
+    row_of = np.empty(T * K, np.int64)
+    for i in range(sorted_copy_ids.shape[0]):
+        row_of[sorted_copy_ids[i]] = i
+    D = out.shape[1]
+    for t in range(T):
+        for d in range(D):
+            acc = F0
+            for k in range(K):
+                acc += topk_weights[t, k] * y_sorted[row_of[t * K + k], d]
+            out[t, d] += acc
