@@ -14,6 +14,7 @@ Inputs the kernels do not take (not fp32, not on the CPU, FP8 weights) run the t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -67,14 +68,14 @@ class CPUBackend(TorchBackend):
             return ExpertsOutput(self._per_group(x, offsets, weights), 1)
         if not kernel_takes(x, weights):
             return run_experts(x, offsets, weights)
-        counts = offsets[1:] - offsets[:-1]  # [P]
+        counts = np.diff(offsets.to(torch.int64).numpy())  # [P] (numpy: a few elements, see _segments)
         big = counts > self.row_limit(weights)  # [P]
-        if not bool(big.any()):
+        if not big.any():
             return ExpertsOutput(fused_experts_cpu(x, offsets, weights.w13, weights.w2), 1)
-        small = ((counts > 0) & ~big).nonzero().flatten()  # [A]
+        small = torch.from_numpy(np.flatnonzero((counts > 0) & ~big))  # [A]
         y = fused_experts_cpu(x, offsets, weights.w13, weights.w2, experts=small)  # big slots' rows: 0
         bounds, I = offsets.tolist(), weights.intermediate_size
-        for e in big.nonzero().flatten().tolist():
+        for e in np.flatnonzero(big).tolist():
             rows = slice(bounds[e], bounds[e + 1])
             h = x[rows] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
             y[rows] = (F.silu(h[:, :I]) * h[:, I:]) @ slot_matrix(weights.w2, e, x.dtype).t()  # [n_e, D]

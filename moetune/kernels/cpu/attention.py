@@ -11,6 +11,7 @@ Grouped-query heads: query head h reads kv head h // (H / Hkv). `window` > 0 kee
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +19,7 @@ from moetune.kernels.cpu.runtime import launch, numpy_view
 
 
 def _check(q, k_pool, v_pool, block_tables, context_lens, block_size: int) -> None:
+    """Shapes and dtypes only (no tensor reads): the lengths are checked by `_lengths`."""
     tensors = (q, k_pool, v_pool)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 3 for t in tensors):
         raise ValueError("q, k_pool and v_pool must be 3-D fp32 CPU tensors")
@@ -26,8 +28,16 @@ def _check(q, k_pool, v_pool, block_tables, context_lens, block_size: int) -> No
         raise ValueError(f"pools {tuple(k_pool.shape)} / {tuple(v_pool.shape)} do not fit q {tuple(q.shape)}")
     if block_tables.shape[0] != B or context_lens.shape != (B,):
         raise ValueError("block_tables must be [B, nb] and context_lens [B]")
-    if B and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
+
+
+def _lengths(context_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> np.ndarray:
+    """The context lengths as int64 numpy [B], checked to fit the tables. numpy, not torch: a decode
+    step calls this in every layer right after a weight-streaming kernel, where each torch op
+    costs tens of µs on flushed caches (docs/cpu.md)."""
+    lens = context_lens.to(torch.int64).contiguous().numpy()  # [B]
+    if lens.size and (lens.min() < 1 or lens.max() > block_tables.shape[1] * block_size):
         raise ValueError("every context length must be in [1, blocks in the table × block_size]")
+    return lens
 
 
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
@@ -35,18 +45,18 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                      threads: int | None = None) -> torch.Tensor:
     """q [B, H, Dh] fp32 → [B, H, Dh]: softmax(q·Kᵀ·scale)·V over each sequence's cached positions."""
     _check(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    lens = _lengths(context_lens, block_tables, block_size)  # [B]
     out = torch.empty_like(q)  # [B, H, Dh]
     if q.shape[0] == 0:
         return out
     tables = block_tables.to(torch.int64).contiguous()
-    lens = context_lens.to(torch.int64).contiguous()
     B, H, Hkv = q.shape[0], q.shape[1], k_pool.shape[1]
     longest = int(lens.max()) if window <= 0 else min(int(lens.max()), window)
-    scores = torch.empty(B * Hkv, H // Hkv, longest)  # [B*Hkv, G, positions] scratch
+    scores = np.empty((B * Hkv, H // Hkv, longest), np.float32)  # [B*Hkv, G, positions] scratch
     read = int(lens.sum()) * Hkv * k_pool.shape[2] * 8  # K and V bytes the call reads
     with launch(threads, read) as k:
-        k.decode_attention(numpy_view(q), numpy_view(k_pool), numpy_view(v_pool), tables.numpy(), lens.numpy(),
-                           block_size, float(scale), int(window), scores.numpy(), out.numpy())
+        k.decode_attention(numpy_view(q), numpy_view(k_pool), numpy_view(v_pool), tables.numpy(), lens,
+                           block_size, float(scale), int(window), scores, out.numpy())
     return out
 
 
@@ -55,6 +65,7 @@ def decode_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
                          threads: int | None = None) -> torch.Tensor:
     """Twin of `decode_attention`: gather each sequence's blocks, mask, `scaled_dot_product_attention`."""
     _check(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    _lengths(context_lens, block_tables, block_size)
     B, S = q.shape[0], int(context_lens.max()) if q.shape[0] else 0
     if B == 0:
         return torch.empty_like(q)

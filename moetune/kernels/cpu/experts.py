@@ -15,6 +15,7 @@ Twin: `fused_experts_cpu_ref` (the per-expert torch loop).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -46,18 +47,19 @@ def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: Packed
 
 
 def _segments(offsets: torch.Tensor, n_rows: int, experts: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              ) -> tuple[np.ndarray, np.ndarray]:
     """(offsets as int64, ids of the non-empty experts, or of `experts` when given), after checking
-    the segments fit x."""
-    off = offsets.to(torch.int64).contiguous()  # [E+1]
-    counts = off[1:] - off[:-1]  # [E]
-    if int(off[0]) < 0 or bool((counts < 0).any()) or int(off[-1]) > n_rows:
+    the segments fit x. numpy, not torch: a few elements each, and a decode step calls this right
+    after a kernel has flushed the caches, where every torch op costs tens of µs (docs/cpu.md)."""
+    off = offsets.to(torch.int64).contiguous().numpy()  # [E+1]
+    counts = np.diff(off)  # [E]
+    if off[0] < 0 or (counts < 0).any() or off[-1] > n_rows:
         raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
     if experts is None:
-        return off, (counts > 0).nonzero().flatten()  # [E+1], [A]
-    active = experts.to(torch.int64).flatten().contiguous()  # [A]
-    if active.numel() and (int(active.min()) < 0 or int(active.max()) >= counts.numel()):
-        raise ValueError(f"experts must be ids in [0, {counts.numel()}), got {active.tolist()}")
+        return off, np.flatnonzero(counts)  # [E+1], [A]
+    active = experts.to(torch.int64).flatten().contiguous().numpy()  # [A]
+    if active.size and (active.min() < 0 or active.max() >= counts.size):
+        raise ValueError(f"experts must be ids in [0, {counts.size}), got {active.tolist()}")
     return off, active
 
 
@@ -71,11 +73,11 @@ def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.
     N, D = x_sorted.shape
     off, active = _segments(offsets, N, experts)
     y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
-    if active.numel() == 0 or D == 0 or in_features(w2) == 0:
+    if active.size == 0 or D == 0 or in_features(w2) == 0:
         return y
-    with launch(threads, weight_bytes(w13, w2) * active.numel() // w13.data.shape[0], dynamic=True) as k:
+    with launch(threads, weight_bytes(w13, w2) * active.size // w13.data.shape[0], dynamic=True) as k:
         run = _run_int4 if w13.fmt == WeightFormat.INT4 else _run_dense
-        run(k, x_sorted, off.numpy(), active.numpy(), w13, w2, y)
+        run(k, x_sorted, off, active, w13, w2, y)
     return y
 
 

@@ -67,12 +67,16 @@ def launch(threads: int | None, weight_bytes: int, dynamic: bool = False) -> Ite
     k = jit()
     import numba
 
+    serial = weight_bytes < SERIAL_BYTES
+    if threads is None and not serial and not dynamic:  # the common case: no numba call at all (each
+        yield k  # costs µs, and tens of µs on the caches a weight-streaming kernel just flushed)
+        return
     before = numba.get_num_threads()
-    want = 1 if weight_bytes < SERIAL_BYTES else (before if threads is None else threads)
+    want = 1 if serial else (before if threads is None else threads)
     if want != before:
         set_threads(want)
     try:
-        if dynamic:
+        if dynamic and want > 1:
             with numba.parallel_chunksize(CHUNK):
                 yield k
         else:
