@@ -3,6 +3,10 @@
   linear(x, w) / linear_ref            small-M x @ W.T, W fp32 | int8 | int4   (`linear.py`)
   decode_attention / ..._ref          one query token per sequence over the paged KV cache (`attention.py`)
   fused_experts_cpu / ..._ref          grouped w13 → SiLU·mul → w2 over sorted rows (`experts.py`)
+  select_topk, permute_rows, unpermute_rows   the MoE layer's routing bookkeeping (`routing.py`;
+                                       twins: the torch phases in `moetune.moe`)
+  rms_norm, rope_                      RMSNorm and rotary, one call each (`rowwise.py`; twins:
+                                       `model.norm.RMSNorm`, `model.rope.Rotary.apply`)
   quantize_int8 / quantize_int4 / dequantize_*                                  (`formats.py`)
 
 Importing this package imports torch only; numba is imported and each kernel compiled on its

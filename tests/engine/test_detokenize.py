@@ -1,0 +1,63 @@
+"""Incremental detokenisation (`Sequence._detokenize`) gives, token by token, exactly the text of
+decoding the whole output at once: byte-level BPE with multi-byte characters split over tokens,
+a SentencePiece-style tokenizer (leading-space marker), special tokens that decode to nothing."""
+
+import random
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from moetune.engine.sampling import SamplingParams
+from moetune.engine.sequence import Sequence
+
+CORPUS = ["naïve café — déjà vu 東京タワー ☃ snowman", "the quick brown fox jumps over the lazy dog",
+          "Ünïcödé çhäråcters: 日本語のテキスト and emoji 🚀🔥", "def f(x):\n    return x ** 2  # ok"] * 20
+
+
+def _byte_level() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def _metaspace() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<eos>"]
+                                                        + [f"<0x{i:02X}>" for i in range(256)]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
+
+
+@pytest.mark.parametrize("make", [_byte_level, _metaspace])
+@pytest.mark.parametrize("seed", range(4))
+def test_token_by_token_text_equals_one_decode_of_the_whole_output(make, seed):
+    tok = make()
+    rng = random.Random(seed)
+    text = " ".join(rng.choice(CORPUS) for _ in range(3))
+    ids = tok.encode(text)
+    if seed % 2:  # random tokens too: byte tokens that split characters, special tokens
+        ids = ids + [rng.randrange(tok.vocab_size) for _ in range(40)]
+    decode = lambda t: tok.decode(t, skip_special_tokens=True)  # noqa: E731  (what the engine passes)
+    seq = Sequence(0, [1], SamplingParams(max_tokens=len(ids), ignore_eos=True), frozenset(), 10_000)
+    streamed = ""
+    for i, t in enumerate(ids):
+        streamed += seq.append(t, decode)
+        visible = decode(ids[: i + 1])
+        if not visible.endswith("\ufffd"):
+            assert seq.text == visible  # nothing held back without stop strings
+    assert streamed == seq.text == decode(ids)
+
+
+def test_stop_string_cuts_the_incremental_text():
+    tok = _byte_level()
+    ids = tok.encode("the quick brown fox jumps over the lazy dog")
+    decode = lambda t: tok.decode(t, skip_special_tokens=True)  # noqa: E731
+    seq = Sequence(0, [1], SamplingParams(max_tokens=100, stop=("fox",)), frozenset(), 10_000)
+    streamed = "".join(seq.append(t, decode) for t in ids if not seq.finished)
+    assert seq.finish_reason == "stop" and streamed == seq.text == "the quick brown "
