@@ -167,8 +167,10 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
         assert stale in retried, (stale, killed[0].params, dump)
         chosen = retried[stale].params  # the knobs the dead trial had chosen keep their values
         assert all(chosen.get(k) == v for k, v in killed[0].params.items()), (stale, killed[0].params, dump)
-    elif killed:  # killed before choosing a point: nothing to run again (and it does not count)
-        assert stale not in retried
+    elif killed and stale in retried:  # killed before choosing a point: nothing to run again (it does not
+        # count). Optuna's own retry callback may still queue a copy of a trial that had a heartbeat;
+        # with no point fixed, that copy chooses one of its own like any new trial (seen in a CI run)
+        assert not retried[stale].system_attrs.get("fixed_params"), (stale, dump)
     counted = [t for t in trials if t.number != stale and not t.user_attrs.get("surplus")
                and not (t.state.name == "FAIL" and "fail_reason" not in t.user_attrs)]
     assert len(counted) == n
