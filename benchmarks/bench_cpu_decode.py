@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 
-from moetune.engine.threads import sleep_between_regions, use_threads
+from moetune.engine.threads import choose_wait_policy, use_threads, wait_policy
 
-sleep_between_regions()  # as the CLI does, before torch loads OpenMP (docs/cpu.md)
+choose_wait_policy()  # as the CLI does, before torch loads OpenMP (docs/cpu.md)
 
 import torch  # noqa: E402
 
@@ -106,7 +106,7 @@ def main() -> None:
     p.add_argument("--no-quality", action="store_true")
     args = p.parse_args()
     use_threads(None)
-    print(f"threads {torch.get_num_threads()}")
+    print(f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()}")
     for fmt in args.experts:
         speed(args.model, fmt, args.batch, args.steps, args.runs)
     if not args.no_quality:

@@ -17,7 +17,6 @@ measures the engine before and after a change: `PYTHONPATH=/path/to/other/checko
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -48,7 +47,10 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--kernel-backend", default=None)
     args = p.parse_args()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as moetune's CLI does (docs/cpu.md); before torch
+    from moetune.engine.threads import choose_wait_policy, wait_policy
+
+    choose_wait_policy()  # as moetune's CLI does (docs/cpu.md); before torch
+    print(f"OpenMP wait: {wait_policy()}")
 
     import torch
 

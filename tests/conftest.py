@@ -1,6 +1,13 @@
-import pytest
+import os
 
-from tests.checkpoints import CONFIGS, build_checkpoint
+# The suite runs many model processes at once (the bad-input table, servers, EP ranks): their OpenMP
+# threads sleep between regions, as moetune chooses on a busy machine (engine/threads.py), set here
+# before anything loads torch, and inherited by every subprocess.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+
+from tests.checkpoints import CONFIGS, build_checkpoint  # noqa: E402
 
 MODEL_TYPES = sorted(CONFIGS)
 

@@ -70,7 +70,11 @@ def bench(
 def _threads(dev) -> str:
     import torch
 
-    return "GPU" if dev.type == "cuda" else f"threads {torch.get_num_threads()}"
+    if dev.type == "cuda":
+        return "GPU"
+    from moetune.engine.threads import wait_policy
+
+    return f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()}"
 
 
 def _settings(prefill_len: int, decode_steps: int, runs: int):

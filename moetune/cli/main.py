@@ -47,8 +47,8 @@ app.command()(simulate)
 
 def main() -> None:
     from moetune.cli.funnel import run_cli
-    from moetune.engine.threads import sleep_between_regions
+    from moetune.engine.threads import choose_wait_policy
 
-    sleep_between_regions()  # before torch loads its OpenMP runtime (docs/cpu.md)
+    choose_wait_policy()  # before torch loads its OpenMP runtime (docs/cpu.md)
 
     run_cli(app, COMMANDS)

@@ -17,7 +17,7 @@ from moetune.errors import MoetuneError
 from moetune.experts.store import ExpertWeights
 from moetune.moe.experts import ExpertsOutput, run_experts
 from moetune.moe.permute import PermuteOutput, permute
-from moetune.moe.router import select_experts
+from moetune.moe.router import router_logits, select_experts
 from moetune.moe.unpermute import unpermute
 from moetune.spec import RouterSpec
 
@@ -26,6 +26,8 @@ BACKENDS = ("torch", "cpu", "triton")
 
 class MoEBackend(Protocol):
     name: str
+
+    def router_logits(self, x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor: ...
 
     def select_experts(self, logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -40,6 +42,9 @@ class MoEBackend(Protocol):
 
 class TorchBackend:
     name = "torch"
+
+    def router_logits(self, x, gate_weight):
+        return router_logits(x, gate_weight)
 
     def select_experts(self, logits, spec, bias):
         return select_experts(logits, spec, bias)

@@ -80,12 +80,15 @@ class MoELayer:
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """This layer's router applied to `x` [T, D] → topk_ids [T, K] (offload prefetch from an earlier layer)."""
-        return route(x, self.gate_weight, self.spec.router, self.selection_bias, self.backend.select_experts).topk_ids
+        backend = self.backend
+        return route(x, self.gate_weight, self.spec.router, self.selection_bias, backend.select_experts,
+                     backend.router_logits).topk_ids
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D] → [T, D]
         probe, i, backend = self.probe, self.layer, self.backend
         with phase_scope(probe, i, "router"):
-            routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, backend.select_experts)
+            routed = route(x, self.gate_weight, self.spec.router, self.selection_bias, backend.select_experts,
+                           backend.router_logits)
             if self.capacity is not None:
                 routed = self._limit(routed)
         with phase_scope(probe, i, "offload_wait"):

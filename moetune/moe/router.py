@@ -21,8 +21,14 @@ class RouterOutput(NamedTuple):
 
 
 def route(x: torch.Tensor, gate_weight: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None,
-          select=None) -> RouterOutput:
-    """Gate GEMM in fp32, then `select` (the torch twin `select_experts`, or a fused kernel with its signature)."""
-    logits = x.float() @ gate_weight.float().t()  # [T, E]
+          select=None, gemm=None) -> RouterOutput:
+    """Gate GEMM in fp32 (`gemm(x, gate_weight)`, default `router_logits`), then `select` (the torch
+    twin `select_experts`, or a fused kernel with its signature)."""
+    logits = (gemm or router_logits)(x, gate_weight)  # [T, E]
     weights, ids = (select or select_experts)(logits, spec, bias)
     return RouterOutput(weights, ids, logits)
+
+
+def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
+    """x [T, D] @ gate_weight [E, D].T in fp32 → [T, E]."""
+    return x.float() @ gate_weight.float().t()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from moetune.engine.threads import wait_policy
+
 
 def model_files_hash(model_dir: Path) -> str:
     """sha256 over the relative path and bytes of every file in the checkpoint directory."""
@@ -61,6 +63,7 @@ def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_n
         "torch": torch.__version__,
         "triton": _version("triton"),
         "torch_num_threads": torch.get_num_threads(),
+        "openmp_wait": wait_policy(),  # spin or sleep between parallel regions (engine/threads.py)
         "device": device_info(device),
         "topology": {"ep_size": ep_size, "ranks_per_node": ranks_per_node,
                      "nodes": max(1, ep_size // ranks_per_node), "simulated": not ran,

@@ -32,3 +32,41 @@ def test_one_thread_everywhere_including_other_threads():
 def test_default_is_the_cores_the_process_may_use():
     n, cores, torch_main, kernels_main, *_ = _run(None)
     assert n == cores == torch_main == kernels_main
+
+
+def test_wait_policy_spins_on_a_quiet_machine_and_sleeps_on_a_busy_one(monkeypatch):
+    from moetune.engine import threads
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    cores = threads.available_cores()
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (cores + 0.5, 0.0, 0.0))
+    assert threads.choose_wait_policy() == "sleep"
+    assert threads.wait_policy() == "sleep (OMP_WAIT_POLICY=PASSIVE)"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (cores - 0.9, 0.0, 0.0))
+    assert threads.choose_wait_policy() == "spin"
+    assert threads.wait_policy() == f"spin (GOMP_SPINCOUNT={threads.SPIN_COUNT})"
+    assert "OMP_WAIT_POLICY" not in threads.os.environ
+
+
+def test_an_explicit_wait_setting_in_the_environment_wins(monkeypatch):
+    from moetune.engine import threads
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1e6, 0.0, 0.0))
+    assert threads.choose_wait_policy() == "environment"
+    assert threads.os.environ["OMP_WAIT_POLICY"] == "active" and "GOMP_SPINCOUNT" not in threads.os.environ
+    assert threads.wait_policy() == "spin (OMP_WAIT_POLICY=ACTIVE)"
+
+
+def test_the_console_script_chooses_before_torch_loads():
+    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); os.environ.pop('GOMP_SPINCOUNT', None); "
+            "sys.argv = ['moetune', '--help']; from moetune.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    torch_loaded, policy, spin = out.stdout.split()[-3:]
+    assert torch_loaded == "False"  # --help stays instant, and the policy is set before torch's OpenMP loads
+    assert (policy, spin) in (("PASSIVE", "None"), ("None", "100000"))

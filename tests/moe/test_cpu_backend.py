@@ -139,3 +139,11 @@ def test_small_experts_stay_on_the_kernel_for_more_rows(monkeypatch):
     assert not torch_slots  # every slot through the kernel
     _both(x, ids, small, max_rows=16)
     assert sorted(set(torch_slots)) == [0, 1]  # with the 16-row limit both slots take torch's GEMM
+
+
+@pytest.mark.parametrize("T", [0, 1, 5, 64, 65])
+def test_router_logits_match_the_torch_gemm(T):
+    g = torch.Generator().manual_seed(7)
+    x, gate = torch.randn(T, 33, generator=g), torch.randn(6, 33, generator=g)
+    torch.testing.assert_close(CPUBackend().router_logits(x, gate), TorchBackend().router_logits(x, gate),
+                               rtol=1e-5, atol=1e-5)
