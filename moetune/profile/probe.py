@@ -19,6 +19,9 @@ from moetune.profile.timer import ClockedLayer, PhaseTimer
 from moetune.profile.trace import KINDS, RoutingTrace, id_dtype
 
 
+FLUSH_STEPS = 64  # steps kept as clocks and tensors before they become rows
+
+
 class Profiler:
     def __init__(self, model, annotate: bool = False, on_step: Callable[[str], None] | None = None):
         self.model = model
@@ -28,13 +31,25 @@ class Profiler:
         self.annotate = annotate
         self.on_step = on_step
         self.recording = True
-        self.records = Records()
-        self._step_ids: dict[int, np.ndarray] = {}
-        self._step_moe: dict[int, tuple[np.ndarray, int]] = {}
+        self._records = Records()
+        self._raw: dict[int, tuple] = {}  # layer → (topk_ids, slot counts, block_m) of the current step
+        self._pending: list[tuple] = []  # (step row, phase clocks, layer clocks, raw routing) not yet rows
+        self._kept = 0  # steps recorded (rows or pending)
         self._moved = [0, 0]  # dispatch, combine bytes of the current step
         self._start = 0.0
         self._range = None
         self._saved_layers = None
+
+    @property
+    def records(self) -> Records:
+        """Everything recorded so far (the routing of the last steps is turned into rows first)."""
+        self._flush()
+        return self._records
+
+    @records.setter
+    def records(self, value: Records) -> None:
+        self._pending.clear()
+        self._records, self._kept = value, len(value.steps)
 
     # attach / detach -------------------------------------------------------------------------
     def attach(self, engine) -> None:
@@ -54,15 +69,23 @@ class Profiler:
         return self.timer.phase(layer, name)
 
     def routed(self, layer: int, route, permute, block_m: int) -> None:
-        if not self.recording:
-            return
-        start = time.perf_counter()
-        ids = route.topk_ids.to("cpu").numpy().astype(id_dtype(self.num_experts))  # [T, K]
-        slot_counts = permute.counts.to("cpu").numpy()  # [P] rows per physical slot (what the kernel pads)
-        counts = np.bincount(ids.ravel().astype(np.int64), minlength=self.num_experts)  # [E] per logical expert
-        self._step_ids[layer] = ids
-        self._step_moe[layer] = (counts, padded_rows(slot_counts, block_m))
-        self.timer.bookkeeping[layer] += time.perf_counter() - start
+        """Keeps references only (every backend returns fresh tensors): the copies and counts are made
+        at the step's end, after its clock stopped. Inside the step they would run on caches that
+        the weight streams just flushed, at tens of µs per small op (docs/cpu.md)."""
+        if self.recording:
+            self._raw[layer] = (route.topk_ids, permute.counts, block_m)
+
+    def _routing_of_step(self, raw: list[tuple]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """One step's routing (`raw`: per MoE layer, what `routed` kept), all layers at once: ids
+        [T, Lm, K], counts per logical expert [Lm, E] and padded rows per layer."""
+        E, Lm = self.num_experts, len(raw)
+        ids = torch.stack([r[0] for r in raw], dim=1).to("cpu").numpy().astype(id_dtype(E))  # [T, Lm, K]
+        flat = ids.transpose(1, 0, 2).reshape(Lm, -1).astype(np.int64) + np.arange(Lm)[:, None] * E  # [Lm, T*K]
+        counts = np.bincount(flat.ravel(), minlength=Lm * E).reshape(Lm, E)  # [Lm, E]
+        rows = counts.sum(1)  # [Lm] copies per layer
+        padded = [int(rows[j]) if block_m == 1 else padded_rows(slot_counts.to("cpu").numpy(), block_m)
+                  for j, (_, slot_counts, block_m) in enumerate(raw)]  # (block_m 1: nothing padded)
+        return ids, counts, padded
 
     def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
         self._moved[0] += dispatch_bytes
@@ -71,7 +94,7 @@ class Profiler:
     # StepObserver ----------------------------------------------------------------------------
     def step_begin(self, kind: str, batch: StepBatch) -> None:
         self.timer.reset()
-        self._step_ids, self._step_moe = {}, {}
+        self._raw = {}
         self._moved = [0, 0]
         if self.annotate:
             self._range = torch.profiler.record_function(kind)
@@ -91,33 +114,49 @@ class Profiler:
             self.on_step(kind)
 
     def _keep(self, kind: str, batch: StepBatch, seconds: float) -> None:
-        rec, step = self.records, len(self.records.steps)
+        """The step's clocks and routing, as they are: rows are made later, many steps at a time."""
+        step = self._kept
+        self._kept += 1
         T = int(batch.input_ids.shape[0])
         seconds -= sum(self.timer.bookkeeping.values())  # the profiler's own copies are not the model's time
-        rec.steps.append({"step": step, "kind": kind, "batch": batch.num_seqs, "tokens": T,
-                          "context_tokens": int(sum(batch.context_lens)),
-                          "attn_pairs": attention_pairs(batch.query_lens, batch.context_lens),
-                          "dispatch_bytes": self._moved[0], "combine_bytes": self._moved[1],
-                          "seconds": seconds})
+        row = {"step": step, "kind": kind, "batch": batch.num_seqs, "tokens": T,
+               "context_tokens": int(sum(batch.context_lens)),
+               "attn_pairs": attention_pairs(batch.query_lens, batch.context_lens),
+               "dispatch_bytes": self._moved[0], "combine_bytes": self._moved[1], "seconds": seconds}
+        raw = [self._raw[i] for i in self.moe_layers]
+        self._pending.append((row, dict(self.timer.phases), self.timer.layer_seconds(), raw))
+        if len(self._pending) >= FLUSH_STEPS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Rows of the pending steps, in step order. Made in batches, not at each step's end: a
+        step's few dozen small dict and array operations, right after the step, cost ~4× what they
+        cost back to back (docs/cpu.md)."""
+        for row, phases, layers, raw in self._pending:
+            self._keep_rows(row, phases, layers)
+            self._keep_routing(row["step"], row["kind"], row["tokens"], raw)
+        self._pending.clear()
+
+    def _keep_rows(self, row: dict, phases: dict, layers: dict) -> None:
+        rec, step, kind = self._records, row["step"], row["kind"]
+        rec.steps.append(row)
         phase_sum = 0.0
-        for (layer, name), secs in sorted(self.timer.phases.items()):
+        for (layer, name), secs in sorted(phases.items()):
             rec.phases.append({"step": step, "kind": kind, "layer": layer, "phase": name, "seconds": secs})
             phase_sum += secs
         rec.phases.append({"step": step, "kind": kind, "layer": -1, "phase": "other",
-                           "seconds": max(seconds - phase_sum, 0.0)})
-        for layer, secs in sorted(self.timer.layer_seconds().items()):
+                           "seconds": max(row["seconds"] - phase_sum, 0.0)})
+        for layer, secs in sorted(layers.items()):
             rec.layers.append({"step": step, "kind": kind, "layer": layer, "seconds": secs})
-        self._keep_routing(step, kind, T)
 
-    def _keep_routing(self, step: int, kind: str, T: int) -> None:
-        rec = self.records
-        counts = np.stack([self._step_moe[i][0] for i in self.moe_layers])  # [Lm, E]
+    def _keep_routing(self, step: int, kind: str, T: int, raw: list[tuple]) -> None:
+        rec = self._records
+        ids, counts, padded = self._routing_of_step(raw)  # [T, Lm, K], [Lm, E], [Lm]
         for j, layer in enumerate(self.moe_layers):
-            rows = int(counts[j].sum())
-            rec.moe.append({"step": step, "kind": kind, "layer": layer, "tokens": T, "rows": rows,
-                            "padded_rows": self._step_moe[layer][1]})
+            rec.moe.append({"step": step, "kind": kind, "layer": layer, "tokens": T, "rows": int(counts[j].sum()),
+                            "padded_rows": padded[j]})
         rec.counts.append(counts)
-        rec.ids.append(np.stack([self._step_ids[i] for i in self.moe_layers], axis=1))  # [T, Lm, K]
+        rec.ids.append(ids)
         rec.kinds.append(kind)
 
     def trace(self) -> RoutingTrace:

@@ -133,3 +133,38 @@ def test_mixed_steps_are_recorded_as_their_own_kind(checkpoint):
     assert kinds[:3] == ["prefill", "mixed", "decode"] and set(kinds) == {"prefill", "mixed", "decode"}
     assert list(profiler.trace().step_kind[:2]) == [KINDS.index("prefill"), KINDS.index("mixed")]
     assert all(s["dispatch_bytes"] == 0 for s in profiler.records.steps)  # one rank moves nothing
+
+
+def test_rows_made_in_batches_equal_rows_made_at_once(checkpoint, monkeypatch):
+    """The profiler keeps each step's clocks and routing and makes rows FLUSH_STEPS steps at a time:
+    the records read mid-run and at the end are the same, flushed every 3 steps or only on reading."""
+    from moetune.config import RunConfig
+    from moetune.engine.build import build_generator
+    from moetune.engine.sampling import SamplingParams
+    from moetune.profile import probe
+
+    gen = build_generator(RunConfig(model={"path": str(checkpoint("qwen3_moe"))}))
+
+    def record(flush_steps: int):
+        monkeypatch.setattr(probe, "FLUSH_STEPS", flush_steps)
+        profiler = probe.Profiler(gen.model)
+        profiler.attach(gen.engine)
+        try:
+            for prompt in ([5, 6, 7], [8, 9, 10, 11], [3]):
+                gen.engine.add_request(prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+            gen.engine.step()
+            mid = len(profiler.records.steps)  # reading flushes what is pending
+            while gen.engine.has_unfinished():
+                gen.engine.step()
+        finally:
+            profiler.detach(gen.engine)
+        return mid, profiler.records, profiler.trace()
+
+    (mid3, every3, trace3), (mid_once, once, trace_once) = record(3), record(10_000)
+    assert mid3 == mid_once == 1 and len(every3.steps) == len(once.steps) > 3
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    for table in ("steps", "phases", "layers", "moe"):
+        assert strip(getattr(every3, table)) == strip(getattr(once, table)), table
+    assert [r["step"] for r in every3.steps] == list(range(len(every3.steps)))
+    np.testing.assert_array_equal(trace3.topk_ids, trace_once.topk_ids)
+    assert all((c == o).all() for c, o in zip(every3.counts, once.counts))
