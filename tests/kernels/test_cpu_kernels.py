@@ -31,7 +31,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("M", [1, 3, 4, 16, 21])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 7, 16, 21])
 def test_linear_matches_twin(fmt, M, threads):
     g = torch.Generator().manual_seed(M)
     K = 128 if fmt.startswith("int4") else 95

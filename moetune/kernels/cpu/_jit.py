@@ -58,6 +58,19 @@ def _dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
         y[r, col], y[r + 1, col], y[r + 2, col], y[r + 3, col] = a0 * s, a1 * s, a2 * s, a3 * s
         y[r, col2], y[r + 1, col2], y[r + 2, col2], y[r + 3, col2] = b0 * s2, b1 * s2, b2 * s2, b3 * s2
         m += 4
+    if m + 2 <= m1:  # two or three rows left: a 2 × 2 tile (each row alone would re-read both weight rows)
+        a0 = a1 = b0 = b1 = F0
+        for k in range(K):
+            u, v = np.float32(w[n, k]), np.float32(w[n2, k])
+            x0, x1 = x[m, k], x[m + 1, k]
+            a0 += x0 * u
+            a1 += x1 * u
+            b0 += x0 * v
+            b1 += x1 * v
+        r = ym0 + m - m0
+        y[r, col], y[r + 1, col] = a0 * s, a1 * s
+        y[r, col2], y[r + 1, col2] = b0 * s2, b1 * s2
+        m += 2
     while m < m1:  # one x row: a plain dot per weight row (one stream each; 1.5x the joint loop's rate)
         y[ym0 + m - m0, col] = _dot(x, m, w, n) * s
         if n2 != n or col2 != col:
