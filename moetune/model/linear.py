@@ -17,11 +17,19 @@ import torch.nn.functional as F
 from moetune.kernels.cpu import linear as cpu_linear
 
 SMALL_M = 16  # rows up to which the CPU kernel runs when it is on
+LARGE_WEIGHT_M = 64  # ... and up to which it runs on weights of LARGE_WEIGHT_BYTES or more
+LARGE_WEIGHT_BYTES = 8 << 20
+# Measured here (F.linear time / kernel time, 2 threads): [4096, 768] 1.49-1.59x at 16-64 rows, the
+# [32000, 768] LM head 1.64-2.04x, [8192, 256] 1.08-1.42x; but [1280, 768] 0.88x and [512, 256]
+# 0.77x at 64 rows: below ~8 MB torch's GEMM computes faster than the kernel reads (docs/cpu.md).
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, small_m: int = 0) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T (+ bias [N]) → [M, N]: the CPU kernel when 0 < M ≤ small_m."""
-    if 0 < x.shape[0] <= small_m:
+    """x [M, K] @ weight[N, K].T (+ bias [N]) → [M, N]: the CPU kernel when 0 < M ≤ small_m, or
+    M ≤ LARGE_WEIGHT_M for a weight of LARGE_WEIGHT_BYTES or more (when the kernel is on)."""
+    M = x.shape[0]
+    if 0 < M <= small_m or (small_m and M <= LARGE_WEIGHT_M
+                            and weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES):
         y = cpu_linear(x, weight)  # [M, N]
         return y if bias is None else y.add_(bias)
     return F.linear(x, weight, bias)

@@ -48,3 +48,25 @@ def test_loader_turns_the_kernels_on_for_fp32_cpu_only(checkpoint):
     from moetune.kernels.cpu import runtime
 
     assert runtime.jit().linear_dense.signatures and runtime.jit().experts_dense.signatures  # warmed at load
+
+
+@pytest.mark.parametrize("M,kernel", [(16, True), (17, False), (40, False)])
+def test_a_large_weight_stays_on_the_kernel_up_to_64_rows(M, kernel, monkeypatch):
+    """Which path runs: a small weight above 16 rows takes F.linear; a weight of 8 MB or more (here
+    the threshold is lowered to this weight's size) takes the kernel up to 64 rows; results match."""
+    from moetune.model import linear as lin
+
+    calls = []
+    monkeypatch.setattr(lin, "cpu_linear", lambda x, w: calls.append(x.shape[0]) or x @ w.t())
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(37, 29, generator=g), torch.randn(M, 29, generator=g)
+    torch.testing.assert_close(project(x, w, small_m=16), F.linear(x, w))
+    assert bool(calls) == kernel
+    monkeypatch.setattr(lin, "LARGE_WEIGHT_BYTES", w.numel() * 4)
+    calls.clear()
+    project(x, w, small_m=16)
+    assert calls == [M]
+    calls.clear()
+    project(torch.randn(65, 29), w, small_m=16)  # above 64 rows: F.linear again
+    project(x, w, small_m=0)  # the kernel off: F.linear always
+    assert calls == []
