@@ -4,7 +4,8 @@ All math is fp32 with fastmath (the k reductions are reassociated into SIMD lane
 numpy views of C-contiguous torch tensors; the wrappers in `linear.py` / `experts.py` check them.
 
 Tile order inside one work item: rows of x in chunks of `M_CHUNK`, then weight rows two at a time,
-then x rows four at a time (dense) or two at a time (int4): a 4 × 2 (2 × 2) tile of accumulators,
+then x rows four at a time (dense; two or three rows left take a 2 × 2 tile) or two at a time
+(int4): a 4 × 2 (2 × 2) tile of accumulators,
 so each loaded weight element serves several x rows and each x element two weight rows; the
 weight block stays in L1/L2 while the next x chunk reuses it.
 
