@@ -32,6 +32,7 @@ from moetune.kernels.quant_formats import WeightFormat
 from moetune.kernels.router import select_experts
 from moetune.moe.experts import ExpertsOutput
 from moetune.moe.permute import PermuteOutput, permute
+from moetune.moe.router import router_logits
 from moetune.moe.unpermute import copy_order
 from moetune.spec import RouterSpec
 
@@ -42,6 +43,9 @@ class TritonBackend:
     def __init__(self, config_dir: Path | None = None):
         self.config_dir = config_dir
         self._tables: dict[tuple, ConfigTable | None] = {}  # (E, N, device, fmt, gemm) → table, read once
+
+    def router_logits(self, x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
+        return router_logits(x, gate_weight)
 
     def select_experts(self, logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
