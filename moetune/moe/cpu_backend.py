@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from moetune.experts.store import ExpertWeights, SlotMap
 from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu, linear
 from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
+from moetune.kernels.cpu.runtime import fp32_cpu
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.moe.backend import TorchBackend
 from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
@@ -51,22 +52,22 @@ class CPUBackend(TorchBackend):
         return SMALL_EXPERT_ROWS if per_expert < SMALL_EXPERT_BYTES else MAX_ROWS
 
     def router_logits(self, x, gate_weight):
-        if not _fp32_cpu(x, gate_weight) or x.shape[0] > ROUTER_ROWS:  # prefill: torch's parallel GEMM
+        if not fp32_cpu(x, gate_weight) or x.shape[0] > ROUTER_ROWS:  # prefill: torch's parallel GEMM
             return super().router_logits(x, gate_weight)
         return linear(x, gate_weight)  # [T, E]
 
     def select_experts(self, logits, spec, bias):
-        if not _fp32_cpu(logits) or not takes_routing(spec):
+        if not fp32_cpu(logits) or not takes_routing(spec):
             return super().select_experts(logits, spec, bias)
         return select_topk(logits, spec, bias)
 
     def permute(self, x, slot_ids, num_slots):
-        if not _fp32_cpu(x):
+        if not fp32_cpu(x):
             return super().permute(x, slot_ids, num_slots)
         return PermuteOutput(*permute_rows(x, slot_ids, num_slots))
 
     def unpermute(self, y_sorted, sorted_copy_ids, topk_weights, shared):
-        if not _fp32_cpu(y_sorted):
+        if not fp32_cpu(y_sorted):
             return super().unpermute(y_sorted, sorted_copy_ids, topk_weights, shared)
         return unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, shared)
 
@@ -127,7 +128,3 @@ def _int4_fits(weights: ExpertWeights) -> bool:
     g13, g2 = weights.w13.group_size, weights.w2.group_size
     return (g13 in INT4_GROUPS and g2 in INT4_GROUPS and weights.hidden_size % g13 == 0
             and weights.intermediate_size % g2 == 0)
-
-
-def _fp32_cpu(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)

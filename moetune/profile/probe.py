@@ -42,7 +42,7 @@ class Profiler:
 
     @property
     def records(self) -> Records:
-        """Everything recorded so far (the routing of the last steps is turned into rows first)."""
+        """Everything recorded so far (steps still kept as clocks and tensors become rows first)."""
         self._flush()
         return self._records
 
@@ -70,8 +70,8 @@ class Profiler:
 
     def routed(self, layer: int, route, permute, block_m: int) -> None:
         """Keeps references only (every backend returns fresh tensors): the copies and counts are made
-        at the step's end, after its clock stopped. Inside the step they would run on caches that
-        the weight streams just flushed, at tens of µs per small op (docs/cpu.md)."""
+        later, outside the step's clock, FLUSH_STEPS steps at a time (`_flush`). Inside the step they
+        would run on caches that the weight streams just flushed, at tens of µs per small op (docs/cpu.md)."""
         if self.recording:
             self._raw[layer] = (route.topk_ids, permute.counts, block_m)
 

@@ -66,3 +66,12 @@ def test_an_existing_run_dir_is_not_overwritten(checkpoint, tmp_path):
     result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), "--out", str(run))
     assert_one_line_error(result, "already exists")
     assert [p.name for p in run.iterdir()] == ["summary.json"]
+
+
+def test_env_json_says_how_the_openmp_threads_waited(checkpoint, tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), *SMALL, "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run / "env.json").read_text())["openmp_wait"] == "sleep (OMP_WAIT_POLICY=PASSIVE)"  # conftest

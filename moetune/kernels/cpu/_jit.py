@@ -425,7 +425,7 @@ def permute_rows(x, slot_ids, counts, offsets, sorted_copy_ids, x_sorted):
                 return False
             counts[p] += 1
     offsets[0] = 0
-    for p in range(counts.shape[0]):
+    for p in range(P):
         offsets[p + 1] = offsets[p] + counts[p]
     fill = offsets[:-1].copy()
     for t in range(T):

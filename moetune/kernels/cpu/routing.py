@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from moetune.kernels.cpu.runtime import jit
+from moetune.kernels.cpu.runtime import fp32_cpu, jit, ones
 from moetune.kernels.layout import RouterParams
-
-_EMPTY = torch.zeros(1)  # placeholder bias when there is none (read-only)
 
 
 def takes_routing(spec: RouterParams) -> bool:
@@ -34,7 +32,7 @@ def select_topk(logits: torch.Tensor, spec: RouterParams, bias: torch.Tensor | N
     sigmoid) scores (+ bias, which only picks), best first; weights are the unbiased scores. The
     signature of `select_experts_ref`, its twin."""
     T, E = logits.shape
-    if logits.dtype != torch.float32 or logits.device.type != "cpu" or not 0 < spec.top_k <= E \
+    if not fp32_cpu(logits) or not 0 < spec.top_k <= E \
             or not takes_routing(spec):
         raise ValueError(f"select_topk takes fp32 CPU logits [T, E], 0 < top_k <= E and no group limit; got "
                          f"{tuple(logits.shape)} {logits.dtype}, top_k={spec.top_k}, {spec.topk_group} of "
@@ -42,7 +40,7 @@ def select_topk(logits: torch.Tensor, spec: RouterParams, bias: torch.Tensor | N
     weights = torch.empty(T, spec.top_k)  # [T, K]
     ids = torch.empty(T, spec.top_k, dtype=torch.int64)  # [T, K]
     scores = torch.empty(T, E)  # [T, E] scratch
-    b = _EMPTY if bias is None else bias.float().contiguous()  # [E]
+    b = ones(1) if bias is None else bias.float().contiguous()  # [E] (unread without a bias)
     jit().select_topk(logits.contiguous().numpy(), b.numpy(), bias is not None, spec.score == "sigmoid",
                       spec.top_k, spec.renormalize, float(spec.scaling_factor), weights.numpy(), ids.numpy(),
                       scores.numpy())
@@ -53,7 +51,7 @@ def permute_rows(x: torch.Tensor, slot_ids: torch.Tensor, num_slots: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, D] fp32, slot_ids [T, K] in [0, P) → (sorted_copy_ids, counts, offsets, x_sorted)."""
     T, K = slot_ids.shape
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[0] != T:
+    if not fp32_cpu(x) or x.shape[0] != T:
         raise ValueError(f"permute_rows takes fp32 CPU x [T, D] with slot_ids [T, K]; got {tuple(x.shape)}, "
                          f"{tuple(slot_ids.shape)}")
     ids = slot_ids.to(torch.int64).contiguous()  # [T, K]

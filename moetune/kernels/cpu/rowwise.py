@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from moetune.kernels.cpu.runtime import jit
-
-
-def _fp32_cpu(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+from moetune.kernels.cpu.runtime import fp32_cpu, jit
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] fp32, w [D] fp32 → a new [..., D] tensor."""
-    if not _fp32_cpu(x, w) or w.dim() != 1 or x.shape[-1] != w.shape[0]:
+    if not fp32_cpu(x, w) or w.dim() != 1 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"rms_norm takes fp32 CPU x [..., D] and w [D]; got {tuple(x.shape)}, {tuple(w.shape)}")
     x2 = x.reshape(-1, x.shape[-1])  # [T, D] (a view when the rows are evenly strided)
     out = torch.empty(x2.shape, dtype=torch.float32)  # [T, D]
@@ -33,7 +29,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, R] fp32 (a view is fine) rotated in place with cos, sin [T, R]; returns x."""
-    if not _fp32_cpu(x, cos, sin) or x.dim() != 3 or cos.shape != (x.shape[0], x.shape[2]) \
+    if not fp32_cpu(x, cos, sin) or x.dim() != 3 or cos.shape != (x.shape[0], x.shape[2]) \
             or sin.shape != cos.shape or x.shape[2] % 2:
         raise ValueError(f"rope_ takes fp32 CPU x [T, H, R] (R even) and cos, sin [T, R]; got "
                          f"{tuple(x.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")

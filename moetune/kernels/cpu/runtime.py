@@ -94,6 +94,13 @@ def ones(*shape: int):
     return torch.ones(shape)
 
 
+def fp32_cpu(*tensors) -> bool:
+    """Whether every tensor is fp32 on the CPU (what the numba kernels take)."""
+    import torch
+
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+
+
 def numpy_view(t):
     """A C-contiguous CPU tensor as a zero-copy numpy array."""
     return t.detach().contiguous().numpy()
