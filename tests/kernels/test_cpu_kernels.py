@@ -10,6 +10,7 @@ pytest.importorskip("numba")
 
 from moetune.kernels.cpu import (dequantize_int4, dequantize_int8, fused_experts_cpu,  # noqa: E402
                                  fused_experts_cpu_ref, linear, linear_ref, quantize_int4, quantize_int8)
+from moetune.kernels.cpu import experts as experts_module  # noqa: E402
 from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
 
@@ -19,7 +20,7 @@ FORMATS = {"fp32": lambda w: w, "int8": quantize_int8, "int4g32": lambda w: quan
 
 @pytest.fixture(params=["serial", "parallel"])
 def threads(request, monkeypatch):
-    """Run a test on one thread and, with the small-work rule off, on two (dynamic scheduling)."""
+    """Run a test on one thread and, with the small-work rule off, on two."""
     if request.param == "parallel":
         monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
         return 2
@@ -82,6 +83,34 @@ def test_experts_match_twin(fmt, rows, threads):
     y = fused_experts_cpu(x, offsets, w13, w2, threads=threads)
     assert y.shape == (sum(rows), D)
     close(y, fused_experts_cpu_ref(x, offsets, w13, w2))
+
+
+@pytest.mark.parametrize("schedule", ["split", "whole"])
+@pytest.mark.parametrize("fmt", ["fp32", "int8"])
+@pytest.mark.parametrize("rows", [[1, 0, 0, 1], [0, 0, 19, 0], [3, 0, 5, 17], [2, 9, 1, 4], [1, 1, 1, 1, 1]],
+                         ids=["decode-top2", "all-to-one", "uneven-empty", "four-uneven", "five-ones"])
+def test_experts_both_schedules_match_twin(schedule, fmt, rows, threads, monkeypatch):
+    """Whole experts per thread and column blocks give the twin's result, whatever the row counts
+    and however the experts fall on the threads (five on two: lanes of three and two)."""
+    monkeypatch.setattr(experts_module, "SCHEDULE", schedule)
+    x, offsets, w13, w2 = experts_case(rows, 47, 95, fmt, seed=len(rows))
+    close(fused_experts_cpu(x, offsets, w13, w2, threads=threads), fused_experts_cpu_ref(x, offsets, w13, w2))
+
+
+@pytest.mark.parametrize("rows,lanes_n", [([5, 1, 3, 3], 2), ([1, 1], 2), ([7, 0, 2, 9, 4], 2), ([3, 3, 3], 4)])
+def test_plan_lanes_deals_most_rows_first_in_equal_counts(rows, lanes_n):
+    import numpy as np
+
+    offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    active = np.flatnonzero(np.diff(offsets)).astype(np.int64)
+    lanes_n = min(lanes_n, active.size)
+    order, lanes = runtime.jit().plan_lanes(offsets, active, lanes_n)
+    sizes = np.diff(lanes)
+    assert sorted(order.tolist()) == active.tolist() and lanes[0] == 0 and lanes[-1] == active.size
+    assert sizes.max() - sizes.min() <= 1  # the weights to read are shared out evenly
+    loads = [sum(rows[e] for e in order[lanes[i]:lanes[i + 1]]) for i in range(lanes_n)]
+    if rows == [5, 1, 3, 3]:
+        assert sorted(loads) == [6, 6]  # 5+1 and 3+3, not 5+3 and 3+1
 
 
 def test_experts_non_contiguous_int32_offsets_and_uncovered_rows():

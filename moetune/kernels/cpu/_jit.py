@@ -200,43 +200,115 @@ def _silu(g):
     return g / (np.float32(1.0) + np.exp(-g))
 
 
+@njit(**_OPTS)
+def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu):
+    """a[m, j] = silu(s13[e, j]·x[m]·w13[e, j]) · s13[e, I+j]·x[m]·w13[e, I+j] for the rows m of
+    expert e and the columns j in [j0, j1); gu [M_CHUNK, 2] scratch (gate, up of one column)."""
+    I = w13.shape[1] // 2
+    m0, m1 = offsets[e], offsets[e + 1]
+    if m1 - m0 == 1:  # one row (decode): plain dots, no views or scratch
+        for j in range(j0, j1):
+            g = _dot3(x, m0, w13, e, j) * s13[e, j]
+            a[m0, j] = _silu(g) * _dot3(x, m0, w13, e, I + j) * s13[e, I + j]
+        return
+    we, se = w13[e], s13[e]  # one view per call
+    for mc in range(m0, m1, M_CHUNK):
+        me = min(m1, mc + M_CHUNK)
+        for j in range(j0, j1):
+            _dense_rows(x, mc, me, we, j, I + j, se[j], se[I + j], gu, 0, 0, 1)
+            for i in range(me - mc):
+                a[mc + i, j] = _silu(gu[i, 0]) * gu[i, 1]
+
+
+@njit(**_OPTS)
+def _down_cols(a, offsets, e, w2, s2, y, n0, n1):
+    """y[m, n] = s2[e, n]·a[m]·w2[e, n] for the rows m of expert e and the columns n in [n0, n1)."""
+    m0, m1 = offsets[e], offsets[e + 1]
+    if m1 - m0 == 1:
+        for n in range(n0, n1):
+            y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
+        return
+    we, se = w2[e], s2[e]
+    for mc in range(m0, m1, M_CHUNK):
+        me = min(m1, mc + M_CHUNK)
+        for n in range(n0, n1, 2):
+            n2 = min(n + 1, n1 - 1)
+            _dense_rows(a, mc, me, we, n, n2, se[n], se[n2], y, mc, n, n2)
+
+
 @njit(parallel=True, **_OPTS)
-def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
-    """x [N, D]; offsets [E+1]; active [A] non-empty experts; w13 [E, 2I, D], s13 [E, 2I];
-    w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]. Work items: (active expert, block)."""
+def _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
+    """Work items (active expert, block of columns): every thread reads part of every expert, with
+    a barrier between the w13 and the w2 pass. Items are block-major, so the static split of the
+    `omp` layer gives each thread the same share of every expert whatever their row counts."""
     I, D = w2.shape[2], w2.shape[1]
+    A = active.shape[0]
     nb13 = (I + block13 - 1) // block13
-    for t in prange(active.shape[0] * nb13):
-        e, b = active[t // nb13], t % nb13
-        if offsets[e + 1] - offsets[e] == 1:  # one row (decode): plain dots, no views or scratch
-            m = offsets[e]
-            for j in range(b * block13, min(I, (b + 1) * block13)):
-                g = _dot3(x, m, w13, e, j) * s13[e, j]
-                a[m, j] = _silu(g) * _dot3(x, m, w13, e, I + j) * s13[e, I + j]
-            continue
-        we, se = w13[e], s13[e]  # one view per work item
-        gu = np.empty((M_CHUNK, 2), np.float32)  # gate, up of one output column
-        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
-            m1 = min(offsets[e + 1], mc + M_CHUNK)
-            for j in range(b * block13, min(I, (b + 1) * block13)):
-                _dense_rows(x, mc, m1, we, j, I + j, se[j], se[I + j], gu, 0, 0, 1)
-                for i in range(m1 - mc):
-                    a[mc + i, j] = _silu(gu[i, 0]) * gu[i, 1]
+    for t in prange(A * nb13):
+        e, b = active[t % A], t // A
+        gu = np.empty((M_CHUNK, 2), np.float32)
+        _up_cols(x, offsets, e, w13, s13, a, b * block13, min(I, (b + 1) * block13), gu)
     nb2 = (D + block2 - 1) // block2
-    for t in prange(active.shape[0] * nb2):
-        e, b = active[t // nb2], t % nb2
-        if offsets[e + 1] - offsets[e] == 1:
-            m = offsets[e]
-            for n in range(b * block2, min(D, (b + 1) * block2)):
-                y[m, n] = _dot3(a, m, w2, e, n) * s2[e, n]
-            continue
-        we, se = w2[e], s2[e]
-        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
-            m1 = min(offsets[e + 1], mc + M_CHUNK)
-            n1 = min(D, (b + 1) * block2)
-            for n in range(b * block2, n1, 2):
-                n2 = min(n + 1, n1 - 1)
-                _dense_rows(a, mc, m1, we, n, n2, se[n], se[n2], y, mc, n, n2)
+    for t in prange(A * nb2):
+        e, b = active[t % A], t // A
+        _down_cols(a, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2))
+
+
+@njit(parallel=True, **_OPTS)
+def _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2):
+    """Whole experts: lane l (one per thread) computes experts order[lanes[l]:lanes[l+1]] from w13
+    to w2 alone, so no barrier stops the weight stream between the two passes. Column blocks as in
+    `_experts_split`, so a second chunk of rows re-reads a block from L2, not from memory."""
+    I, D = w2.shape[2], w2.shape[1]
+    for lane in prange(lanes.shape[0] - 1):
+        gu = np.empty((M_CHUNK, 2), np.float32)
+        for i in range(lanes[lane], lanes[lane + 1]):
+            for j in range(0, I, block13):
+                _up_cols(x, offsets, order[i], w13, s13, a, j, min(I, j + block13), gu)
+            for n in range(0, D, block2):
+                _down_cols(a, offsets, order[i], w2, s2, y, n, min(D, n + block2))
+
+
+@njit(**_OPTS)
+def plan_lanes(offsets, active, lanes_n):
+    """(order, lanes): the active experts dealt to `lanes_n` lanes whose expert counts differ by at
+    most one (the weights to read decide most of the time), most rows first, each to the lane with
+    the fewest rows so far that still has room; lane l takes order[lanes[l]:lanes[l+1]]."""
+    A = active.shape[0]
+    lanes = np.zeros(lanes_n + 1, np.int64)
+    for lane in range(lanes_n):
+        lanes[lane + 1] = lanes[lane] + A // lanes_n + (1 if lane < A % lanes_n else 0)
+    rows = np.empty(A, np.int64)
+    for i in range(A):
+        rows[i] = offsets[active[i] + 1] - offsets[active[i]]
+    load = np.zeros(lanes_n, np.int64)
+    fill = lanes[:-1].copy()
+    order = np.empty(A, np.int64)
+    for i in np.argsort(-rows, kind="mergesort"):
+        best = -1
+        for lane in range(lanes_n):
+            if fill[lane] < lanes[lane + 1] and (best < 0 or load[lane] < load[best]):
+                best = lane
+        order[fill[best]] = active[i]
+        fill[best] += 1
+        load[best] += rows[i]
+    return order, lanes
+
+
+@njit(**_OPTS)
+def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T):
+    """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
+    w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
+    `get_num_threads` in here would stop the disk cache). `schedule` 0: whole experts per thread
+    when they split evenly over the threads (A a multiple of T) or there are at least 4 per thread
+    (one more on some threads is then at most a quarter more), else column blocks; 1: always
+    column blocks; 2: always whole experts (lanes whose counts differ by one)."""
+    A = active.shape[0]
+    if schedule == 1 or (schedule == 0 and A % T != 0 and A < 4 * T):
+        _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2)
+        return
+    order, lanes = plan_lanes(offsets, active, max(1, min(T, A)))
+    _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2)
 
 
 @njit(parallel=True, **_OPTS)
@@ -247,8 +319,9 @@ def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13
     D, Gi, Hi = w2.shape[1], w2.shape[2], w2.shape[3]
     I = 2 * Gi * Hi
     nb13 = (I + block13 - 1) // block13
-    for t in prange(active.shape[0] * nb13):
-        e, b = active[t // nb13], t % nb13
+    A = active.shape[0]
+    for t in prange(A * nb13):  # block-major items, as in `_experts_split`
+        e, b = active[t % A], t // A
         we, se = w13[e], s13[e]
         gu = np.empty((M_CHUNK, 2), np.float32)
         deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
@@ -265,8 +338,8 @@ def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13
                 acc += aq[m, 0, g, j] + aq[m, 1, g, j]
             asum[m, g] = acc
     nb2 = (D + block2 - 1) // block2
-    for t in prange(active.shape[0] * nb2):
-        e, b = active[t // nb2], t % nb2
+    for t in prange(A * nb2):
+        e, b = active[t % A], t // A
         we, se = w2[e], s2[e]
         deq = np.empty((2, 2, Gi, Hi), np.float32)
         for mc in range(offsets[e], offsets[e + 1], M_CHUNK):

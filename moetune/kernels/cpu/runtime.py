@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from types import ModuleType
 
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
-CHUNK = 4  # work items a thread takes at a time: dynamic scheduling, so experts with more rows,
-# or a core busy with another process, do not hold the other threads at the barrier
+# Scheduling: numba's `omp` layer hands each thread one contiguous share of a prange's items, up
+# front (measured: `numba.parallel_chunksize` changes the share's granularity, not who takes it), so
+# the kernels order their work items such that equal shares are equal work.
 
 
 @functools.cache
@@ -56,34 +57,34 @@ def set_threads(threads: int | None) -> None:
 
 
 @contextlib.contextmanager
-def launch(threads: int | None, weight_bytes: int, dynamic: bool = False) -> Iterator[ModuleType]:
+def launch(threads: int | None, weight_bytes: int) -> Iterator[ModuleType]:
     """with launch(threads, weight_bytes) as k: k.some_kernel(...) — the kernels module, with
     `threads` (None: the current default) for this call only, one thread when the weights are under
     SERIAL_BYTES (waking a second thread costs more than it saves, and much more on a busy
-    machine). `dynamic`: threads take CHUNK work items at a time (for uneven items, such as experts
-    with different row counts); else the items are split evenly up front, which costs nothing per
-    item. Thread counts are only set when they change (each set costs a few microseconds, and a
+    machine). Thread counts are only set when they change (each set costs a few microseconds, and a
     decode step launches ~50 kernels)."""
     k = jit()
+    if threads is None and weight_bytes >= SERIAL_BYTES:  # the common case: no numba call at all
+        yield k  # (each costs µs, and tens of µs on the caches a weight-streaming kernel just flushed)
+        return
     import numba
 
-    serial = weight_bytes < SERIAL_BYTES
-    if threads is None and not serial and not dynamic:  # the common case: no numba call at all (each
-        yield k  # costs µs, and tens of µs on the caches a weight-streaming kernel just flushed)
-        return
     before = numba.get_num_threads()
-    want = 1 if serial else (before if threads is None else threads)
+    want = 1 if weight_bytes < SERIAL_BYTES else (before if threads is None else threads)
     if want != before:
         set_threads(want)
     try:
-        if dynamic and want > 1:
-            with numba.parallel_chunksize(CHUNK):
-                yield k
-        else:
-            yield k
+        yield k
     finally:
         if want != before:
             numba.set_num_threads(before)
+
+
+def current_threads() -> int:
+    """The threads a kernel launched now would use (inside `launch`: this call's)."""
+    import numba
+
+    return numba.get_num_threads()
 
 
 @functools.lru_cache(maxsize=64)
