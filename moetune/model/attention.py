@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moetune.kernels.cpu.attention import decode_attention
+from moetune.kernels.cpu.attention import decode_attention, decode_plan
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.linear import Linear  # noqa: F401  (re-exported: Linear used to live here)
@@ -60,8 +60,12 @@ class GQAAttention:
         B1 = q.shape[0]
         if self.decode_kernel:
             k_pool, v_pool = cache.layers[self.layer]  # [rows, Hkv, Dh] each
-            return decode_attention(q, k_pool, v_pool, batch.block_tables[:B1], batch.context_tensor()[:B1],
-                                    cache.block_size, self.scale, self.spec.sliding_window or 0)
+            tables, lens, s = batch.block_tables[:B1], batch.context_tensor()[:B1], self.spec
+            window = s.sliding_window or 0
+            plan = batch.memo(("decode_plan", B1, cache.block_size, window, s.num_heads, s.num_kv_heads, s.head_dim),
+                              lambda: decode_plan(tables, lens, cache.block_size, window, s.num_heads,
+                                                  s.num_kv_heads, s.head_dim))  # made by the first layer
+            return decode_attention(q, k_pool, v_pool, tables, lens, cache.block_size, self.scale, window, plan=plan)
         ctx = batch.context_tensor()[:B1, None]  # [B1, 1]
         S = max(batch.context_lens[:B1])
         k, v = cache.gather(self.layer, batch.block_tables[:B1], S)  # [B1, S, Hkv, Dh] each

@@ -36,6 +36,13 @@ class StepBatch:
     def num_seqs(self) -> int:
         return len(self.query_lens)
 
+    def memo(self, key, make):
+        """make() the first time a layer asks for `key` in this step, the same object after (values
+        every layer derives from the step alike, such as the decode attention plan)."""
+        if key not in self._tensors:
+            self._tensors[key] = make()
+        return self._tensors[key]
+
     def context_tensor(self) -> torch.Tensor:  # [B]
         if "ctx" not in self._tensors:
             self._tensors["ctx"] = torch.tensor(self.context_lens, device=self.input_ids.device)

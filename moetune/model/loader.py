@@ -10,7 +10,8 @@ from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.quant_formats import plain
 from moetune.model.attention import GQAAttention
 from moetune.model.hugepages import to_huge_pages
-from moetune.model.linear import SMALL_M, Linear, project
+from moetune.kernels.cpu import linear as cpu_linear
+from moetune.model.linear import SMALL_M, Linear
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.naming import TensorNames
@@ -82,9 +83,11 @@ def load_model(
 
 def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
     """Compile the CPU kernels this model calls (or load them from numba's disk cache) at load time,
-    not in the first request: a decode-shaped projection, and the experts of each weight format."""
+    not in the first request: a decode-shaped projection (its parallel kernel and the serial twin
+    that small weights take), and the experts of each weight format."""
     if model.small_m:
-        project(model.embed.new_zeros(1, model.spec.hidden_size), model.lm_head[:2], small_m=model.small_m)
+        for threads in (1, 2):
+            cpu_linear(model.embed.new_zeros(1, model.spec.hidden_size), model.lm_head[:2], threads=threads)
     formats = set()
     for i in model.experts.layers():
         weights = model.experts.acquire(i, torch.zeros(1, model.spec.moe.router.top_k, dtype=torch.long))

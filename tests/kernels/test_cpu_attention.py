@@ -81,3 +81,20 @@ def test_decode_attention_empty_batch_and_bad_input():
         decode_attention(q.double(), k_pool, v_pool, tables, ctx, 4, 1.0)
     with pytest.raises(ValueError, match="do not fit"):
         decode_attention(q[:, :3], k_pool, v_pool, tables, ctx, 4, 1.0)
+
+
+def test_a_plan_made_once_serves_every_layer_and_is_checked():
+    """A decode step makes the plan once (tables, lengths, scratch) and passes it to each layer: two
+    calls on different pools through one plan equal the calls that make their own."""
+    from moetune.kernels.cpu import attention as A
+
+    q, k_pool, v_pool, tables, ctx, _, _ = case([5, 17, 16, 1], 6, 2, 16, 4)
+    k0, v0 = torch.nan_to_num(k_pool), torch.nan_to_num(v_pool)
+    plan = A.decode_plan(tables, ctx, 4, 0, 6, 2, 16)
+    for kp, vp in ((k0, v0), (v0 * 2, k0 - 1)):  # the second call reuses the first one's scratch
+        want = decode_attention(q, kp, vp, tables, ctx, 4, 0.25)
+        torch.testing.assert_close(decode_attention(q, kp, vp, tables, ctx, 4, 0.25, plan=plan), want)
+    with pytest.raises(ValueError, match="plan was made for other"):
+        decode_attention(q, k0, v0, tables, ctx, 4, 0.25, window=3, plan=plan)
+    with pytest.raises(ValueError, match="plan was made for other"):
+        decode_attention(q[:2], k0, v0, tables[:2], ctx[:2], 4, 0.25, plan=plan)

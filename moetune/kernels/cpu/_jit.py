@@ -25,6 +25,8 @@ that all threads share).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 from numba import njit, prange
 
@@ -165,33 +167,56 @@ def _int4_tile(xq, xs, m0, m1, w, n, n2, s, deq, y, ym0, col, col2):
 
 # --- small-M linear ------------------------------------------------------------------------------
 
+@njit(**_OPTS)
+def _linear_block(x, w, scale, y, block, b):
+    """Rows [b·block, (b+1)·block) of W against every row of x (one work item of `linear_dense`)."""
+    M, N = x.shape[0], w.shape[0]
+    ahead = M > 1 or w.shape[1] * w.itemsize <= SHORT_ROW
+    n1 = min(N, (b + 1) * block)
+    for mc in range(0, M, M_CHUNK):
+        for n in range(b * block, n1, 2):
+            n2 = min(n + 1, n1 - 1)
+            if ahead and mc == 0 and n + AHEAD + 1 < N:
+                prefetch_row(w, n + AHEAD)
+                prefetch_row(w, n + AHEAD + 1)
+            _dense_rows(x, mc, min(M, mc + M_CHUNK), w, n, n2, scale[n], scale[n2], y, mc, n, n2)
+
+
 @njit(parallel=True, **_OPTS)
 def linear_dense(x, w, scale, y, block):
     """x [M, K] fp32, w [N, K] fp32|int8, scale [N] fp32 → y [M, N]; prange over blocks of N."""
-    M, N = x.shape[0], w.shape[0]
-    ahead = M > 1 or w.shape[1] * w.itemsize <= SHORT_ROW
-    for b in prange((N + block - 1) // block):
-        n1 = min(N, (b + 1) * block)
-        for mc in range(0, M, M_CHUNK):
-            for n in range(b * block, n1, 2):
-                n2 = min(n + 1, n1 - 1)
-                if ahead and mc == 0 and n + AHEAD + 1 < N:
-                    prefetch_row(w, n + AHEAD)
-                    prefetch_row(w, n + AHEAD + 1)
-                _dense_rows(x, mc, min(M, mc + M_CHUNK), w, n, n2, scale[n], scale[n2], y, mc, n, n2)
+    for b in prange((w.shape[0] + block - 1) // block):
+        _linear_block(x, w, scale, y, block, b)
+
+
+@njit(**_OPTS)
+def _linear_dense_serial(x, w, scale, y, block):
+    for b in range((w.shape[0] + block - 1) // block):
+        _linear_block(x, w, scale, y, block, b)
+
+
+@njit(**_OPTS)
+def _linear_int4_block(xq, xs, w, scale, y, block, b):
+    M, N = xq.shape[0], w.shape[0]
+    deq = np.empty((2, 2, w.shape[1], w.shape[2]), np.float32)
+    n1 = min(N, (b + 1) * block)
+    for mc in range(0, M, M_CHUNK):
+        for n in range(b * block, n1, 2):
+            n2 = min(n + 1, n1 - 1)
+            _int4_tile(xq, xs, mc, min(M, mc + M_CHUNK), w, n, n2, scale, deq, y, mc, n, n2)
 
 
 @njit(parallel=True, **_OPTS)
 def linear_int4(xq, xs, w, scale, y, block):
     """xq [M, 2, G, group/2], xs [M, G] (see `_int4_rows`); w [N, G, group/2] u8, scale [N, G]."""
-    M, N = xq.shape[0], w.shape[0]
-    for b in prange((N + block - 1) // block):
-        deq = np.empty((2, 2, w.shape[1], w.shape[2]), np.float32)
-        n1 = min(N, (b + 1) * block)
-        for mc in range(0, M, M_CHUNK):
-            for n in range(b * block, n1, 2):
-                n2 = min(n + 1, n1 - 1)
-                _int4_tile(xq, xs, mc, min(M, mc + M_CHUNK), w, n, n2, scale, deq, y, mc, n, n2)
+    for b in prange((w.shape[0] + block - 1) // block):
+        _linear_int4_block(xq, xs, w, scale, y, block, b)
+
+
+@njit(**_OPTS)
+def _linear_int4_serial(xq, xs, w, scale, y, block):
+    for b in range((w.shape[0] + block - 1) // block):
+        _linear_int4_block(xq, xs, w, scale, y, block, b)
 
 
 # --- grouped experts: w13 → SiLU(gate)·up → w2 ---------------------------------------------------
@@ -277,14 +302,20 @@ def _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, bl
     """Whole experts: lane l (one per thread) computes experts order[lanes[l]:lanes[l+1]] from w13
     to w2 alone, so no barrier stops the weight stream between the two passes. Column blocks as in
     `_experts_split`, so a second chunk of rows re-reads a block from L2, not from memory."""
-    I, D = w2.shape[2], w2.shape[1]
     for lane in prange(lanes.shape[0] - 1):
-        gu = np.empty((M_CHUNK, 2), np.float32)
-        for i in range(lanes[lane], lanes[lane + 1]):
-            for j in range(0, I, block13):
-                _up_cols(x, offsets, order[i], w13, s13, a, j, min(I, j + block13), gu)
-            for n in range(0, D, block2):
-                _down_cols(a, offsets, order[i], w2, s2, y, n, min(D, n + block2))
+        _lane(x, offsets, order[lanes[lane]:lanes[lane + 1]], w13, s13, w2, s2, a, y, block13, block2)
+
+
+@njit(**_OPTS)
+def _lane(x, offsets, experts, w13, s13, w2, s2, a, y, block13, block2):
+    """Experts `experts`, one after the other, each w13 then w2, on the calling thread."""
+    I, D = w2.shape[2], w2.shape[1]
+    gu = np.empty((M_CHUNK, 2), np.float32)
+    for e in experts:
+        for j in range(0, I, block13):
+            _up_cols(x, offsets, e, w13, s13, a, j, min(I, j + block13), gu)
+        for n in range(0, D, block2):
+            _down_cols(a, offsets, e, w2, s2, y, n, min(D, n + block2))
 
 
 @njit(**_OPTS)
@@ -317,11 +348,15 @@ def plan_lanes(offsets, active, lanes_n):
 def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T):
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
-    `get_num_threads` in here would stop the disk cache). `schedule` 0: whole experts per thread
+    `get_num_threads` in here would stop the disk cache; T = 1: everything on the calling thread,
+    no parallel region). `schedule` 0: whole experts per thread
     when they split evenly over the threads (A a multiple of T) or there are at least 4 per thread
     (one more on some threads is then at most a quarter more), else column blocks; 1: always
     column blocks; 2: always whole experts (lanes whose counts differ by one)."""
     A = active.shape[0]
+    if T == 1:
+        _lane(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2)
+        return
     if schedule == 1 or (schedule == 0 and A % T != 0 and A < 4 * T):
         _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2)
         return
@@ -329,46 +364,109 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, s
     _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2)
 
 
+@njit(**_OPTS)
+def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1):
+    """Columns [j0, j1) of expert e's activation, written into aq's split layout."""
+    Hi = aq.shape[3]
+    I = w13.shape[1] // 2
+    we, se = w13[e], s13[e]
+    gu = np.empty((M_CHUNK, 2), np.float32)
+    deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
+    for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
+        m1 = min(offsets[e + 1], mc + M_CHUNK)
+        for j in range(j0, j1):
+            _int4_tile(xq, xs, mc, m1, we, j, I + j, se, deq, gu, 0, 0, 1)
+            for i in range(m1 - mc):
+                aq[mc + i, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(gu[i, 0]) * gu[i, 1]
+
+
+@njit(**_OPTS)
+def _int4_group_sums(aq, asum, m):
+    for g in range(aq.shape[2]):
+        acc = F0
+        for j in range(aq.shape[3]):
+            acc += aq[m, 0, g, j] + aq[m, 1, g, j]
+        asum[m, g] = acc
+
+
+@njit(**_OPTS)
+def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1):
+    we, se = w2[e], s2[e]
+    deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
+    for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
+        m1 = min(offsets[e + 1], mc + M_CHUNK)
+        for n in range(n0, n1, 2):
+            n2 = min(n + 1, n1 - 1)
+            _int4_tile(aq, asum, mc, m1, we, n, n2, se, deq, y, mc, n, n2)
+
+
 @njit(parallel=True, **_OPTS)
 def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
     """Int4 twin of `experts_dense`: w13 [E, 2I, Gd, Hd], w2 [E, D, Gi, Hi] u8; x split as for
     `linear_int4`; the activation is written straight into the same split layout
-    (aq [N, 2, Gi, Hi]) and its group sums asum [N, Gi] are filled before the w2 pass."""
-    D, Gi, Hi = w2.shape[1], w2.shape[2], w2.shape[3]
-    I = 2 * Gi * Hi
-    nb13 = (I + block13 - 1) // block13
-    A = active.shape[0]
-    for t in prange(A * nb13):  # block-major items, as in `_experts_split`
+    (aq [N, 2, Gi, Hi]) and its group sums asum [N, Gi] are filled before the w2 pass. Items
+    block-major, as in `_experts_split`."""
+    D, I, A = w2.shape[1], w13.shape[1] // 2, active.shape[0]
+    nb13, nb2 = (I + block13 - 1) // block13, (D + block2 - 1) // block2
+    for t in prange(A * nb13):
         e, b = active[t % A], t // A
-        we, se = w13[e], s13[e]
-        gu = np.empty((M_CHUNK, 2), np.float32)
-        deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
-        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
-            m1 = min(offsets[e + 1], mc + M_CHUNK)
-            for j in range(b * block13, min(I, (b + 1) * block13)):
-                _int4_tile(xq, xs, mc, m1, we, j, I + j, se, deq, gu, 0, 0, 1)
-                for i in range(m1 - mc):
-                    aq[mc + i, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(gu[i, 0]) * gu[i, 1]
+        _int4_up_item(xq, xs, offsets, e, w13, s13, aq, b * block13, min(I, (b + 1) * block13))
     for m in prange(aq.shape[0]):
-        for g in range(Gi):
-            acc = F0
-            for j in range(Hi):
-                acc += aq[m, 0, g, j] + aq[m, 1, g, j]
-            asum[m, g] = acc
-    nb2 = (D + block2 - 1) // block2
+        _int4_group_sums(aq, asum, m)
     for t in prange(A * nb2):
         e, b = active[t % A], t // A
-        we, se = w2[e], s2[e]
-        deq = np.empty((2, 2, Gi, Hi), np.float32)
-        for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
-            m1 = min(offsets[e + 1], mc + M_CHUNK)
-            n1 = min(D, (b + 1) * block2)
-            for n in range(b * block2, n1, 2):
-                n2 = min(n + 1, n1 - 1)
-                _int4_tile(aq, asum, mc, m1, we, n, n2, se, deq, y, mc, n, n2)
+        _int4_down_item(aq, asum, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2))
+
+
+@njit(**_OPTS)
+def _experts_int4_serial(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
+    D, I = w2.shape[1], w13.shape[1] // 2
+    for e in active:
+        _int4_up_item(xq, xs, offsets, e, w13, s13, aq, 0, I)
+    for m in range(aq.shape[0]):
+        _int4_group_sums(aq, asum, m)
+    for e in active:
+        _int4_down_item(aq, asum, offsets, e, w2, s2, y, 0, D)
 
 
 # --- paged decode attention: one query token per sequence, keys/values read through block tables ---
+
+@njit(**_OPTS)
+def _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, out, t):
+    """Work item t = (sequence b, kv head kh) of `decode_attention`."""
+    H, Dh = q.shape[1], q.shape[2]
+    Hkv = k_pool.shape[1]
+    G = H // Hkv
+    b, kh = t // Hkv, t % Hkv
+    n = lens[b]
+    first = max(0, n - window) if window > 0 else 0
+    rows = _cache_rows(tables, b, first, n, block)  # [n - first] pool row of each position
+    for i in range(n - first):
+        for g in range(G):
+            s = F0
+            for d in range(Dh):
+                s += q[b, kh * G + g, d] * k_pool[rows[i], kh, d]
+            p[t, g, i] = s * scale
+    for g in range(G):
+        top = p[t, g, 0]
+        for i in range(n - first):
+            top = max(top, p[t, g, i])
+        total = F0
+        for i in range(n - first):
+            e = np.exp(p[t, g, i] - top)
+            p[t, g, i] = e
+            total += e
+        inv = F1 / total
+        for i in range(n - first):
+            p[t, g, i] *= inv
+        for d in range(Dh):
+            out[b, kh * G + g, d] = F0
+    for i in range(n - first):
+        for g in range(G):
+            w = p[t, g, i]
+            for d in range(Dh):
+                out[b, kh * G + g, d] += w * v_pool[rows[i], kh, d]
+
 
 @njit(parallel=True, **_OPTS)
 def decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, p, out):
@@ -376,39 +474,14 @@ def decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, p, o
     lengths (this step's token included); p [B * Hkv, G, max window] scratch; out [B, H, Dh].
     Work items: (sequence, kv head); the G = H / Hkv query heads of the group share each key and
     value row read, and take a softmax over positions [lens - window, lens) (window 0: all)."""
-    B, H, Dh = q.shape
-    Hkv = k_pool.shape[1]
-    G = H // Hkv
-    for t in prange(B * Hkv):
-        b, kh = t // Hkv, t % Hkv
-        n = lens[b]
-        first = max(0, n - window) if window > 0 else 0
-        rows = _cache_rows(tables, b, first, n, block)  # [n - first] pool row of each position
-        for i in range(n - first):
-            for g in range(G):
-                s = F0
-                for d in range(Dh):
-                    s += q[b, kh * G + g, d] * k_pool[rows[i], kh, d]
-                p[t, g, i] = s * scale
-        for g in range(G):
-            top = p[t, g, 0]
-            for i in range(n - first):
-                top = max(top, p[t, g, i])
-            total = F0
-            for i in range(n - first):
-                e = np.exp(p[t, g, i] - top)
-                p[t, g, i] = e
-                total += e
-            inv = F1 / total
-            for i in range(n - first):
-                p[t, g, i] *= inv
-            for d in range(Dh):
-                out[b, kh * G + g, d] = F0
-        for i in range(n - first):
-            for g in range(G):
-                w = p[t, g, i]
-                for d in range(Dh):
-                    out[b, kh * G + g, d] += w * v_pool[rows[i], kh, d]
+    for t in prange(q.shape[0] * k_pool.shape[1]):
+        _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, out, t)
+
+
+@njit(**_OPTS)
+def _decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, p, out):
+    for t in range(q.shape[0] * k_pool.shape[1]):
+        _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, out, t)
 
 
 @njit(**_OPTS)
@@ -544,3 +617,14 @@ def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
             for k in range(K):
                 acc += topk_weights[t, k] * y_sorted[row_of[t * K + k], d]
             out[t, d] += acc
+
+
+# --- the serial twins: the same work items, looped on the calling thread -------------------------
+# `runtime.launch` hands these out for calls too small to wake a second thread, instead of
+# switching numba's thread count to 1 and back (three numba calls, ~25 µs on a decode step's flushed
+# caches). experts_dense takes the thread count as an argument and needs no twin.
+
+SERIAL = False
+serial = SimpleNamespace(SERIAL=True, linear_dense=_linear_dense_serial, linear_int4=_linear_int4_serial,
+                         experts_dense=experts_dense, experts_int4=_experts_int4_serial,
+                         decode_attention=_decode_attention_serial)

@@ -11,6 +11,8 @@ Grouped-query heads: query head h reads kv head h // (H / Hkv). `window` > 0 kee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -31,32 +33,60 @@ def _check(q, k_pool, v_pool, block_tables, context_lens, block_size: int) -> No
 
 
 def _lengths(context_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> np.ndarray:
-    """The context lengths as int64 numpy [B], checked to fit the tables. numpy, not torch: a decode
-    step calls this in every layer right after a weight-streaming kernel, where each torch op
-    costs tens of µs on flushed caches (docs/cpu.md)."""
+    """The context lengths as int64 numpy [B], checked to fit the tables."""
     lens = context_lens.to(torch.int64).contiguous().numpy()  # [B]
     if lens.size and (lens.min() < 1 or lens.max() > block_tables.shape[1] * block_size):
         raise ValueError("every context length must be in [1, blocks in the table × block_size]")
     return lens
 
 
+@dataclass(frozen=True)
+class DecodePlan:
+    """What a call derives from the step's block tables and context lengths: the same in every
+    layer, so a decode step makes it once (`decode_plan`) and passes it to each layer's call. numpy,
+    not torch: each torch op costs tens of µs on the caches a weight-streaming kernel just flushed
+    (docs/cpu.md), and a step makes this in every layer otherwise."""
+    tables: np.ndarray  # [B, nb] int64 block ids
+    lens: np.ndarray  # [B] int64 context lengths, checked against the tables
+    block_size: int
+    window: int
+    scores: np.ndarray  # [B * Hkv, G, longest] fp32 scratch, overwritten by every call
+    read: int  # K and V bytes a call reads
+
+
+def decode_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, window: int,
+                num_heads: int, num_kv_heads: int, head_dim: int) -> DecodePlan:
+    """The plan of `decode_attention` calls over these sequences (block_tables [B, nb], context_lens [B])."""
+    if block_tables.dim() != 2 or context_lens.shape != (block_tables.shape[0],) or num_heads % num_kv_heads:
+        raise ValueError("block_tables must be [B, nb], context_lens [B], and the kv heads must divide the heads")
+    lens = _lengths(context_lens, block_tables, block_size)  # [B]
+    B = lens.size
+    longest = int(lens.max()) if B else 0
+    longest = longest if window <= 0 else min(longest, window)
+    scores = np.empty((B * num_kv_heads, num_heads // num_kv_heads, longest), np.float32)
+    read = int(lens.sum()) * num_kv_heads * head_dim * 8  # fp32 K and V
+    return DecodePlan(block_tables.to(torch.int64).contiguous().numpy(), lens, block_size, window, scores, read)
+
+
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, block_size: int, scale: float, window: int = 0,
-                     threads: int | None = None) -> torch.Tensor:
-    """q [B, H, Dh] fp32 → [B, H, Dh]: softmax(q·Kᵀ·scale)·V over each sequence's cached positions."""
+                     threads: int | None = None, plan: DecodePlan | None = None) -> torch.Tensor:
+    """q [B, H, Dh] fp32 → [B, H, Dh]: softmax(q·Kᵀ·scale)·V over each sequence's cached positions.
+    `plan`: `decode_plan` of these tables, lengths, block size, window and head counts (made here
+    when None)."""
     _check(q, k_pool, v_pool, block_tables, context_lens, block_size)
-    lens = _lengths(context_lens, block_tables, block_size)  # [B]
+    B, H, Dh = q.shape
+    if plan is None:
+        plan = decode_plan(block_tables, context_lens, block_size, window, H, k_pool.shape[1], Dh)
+    elif plan.scores.shape[:2] != (B * k_pool.shape[1], H // k_pool.shape[1]) or plan.lens.size != B \
+            or plan.block_size != block_size or plan.window != window:
+        raise ValueError("the plan was made for other sequences, heads, block size or window")
     out = torch.empty_like(q)  # [B, H, Dh]
-    if q.shape[0] == 0:
+    if B == 0:
         return out
-    tables = block_tables.to(torch.int64).contiguous()
-    B, H, Hkv = q.shape[0], q.shape[1], k_pool.shape[1]
-    longest = int(lens.max()) if window <= 0 else min(int(lens.max()), window)
-    scores = np.empty((B * Hkv, H // Hkv, longest), np.float32)  # [B*Hkv, G, positions] scratch
-    read = int(lens.sum()) * Hkv * k_pool.shape[2] * 8  # K and V bytes the call reads
-    with launch(threads, read) as k:
-        k.decode_attention(numpy_view(q), numpy_view(k_pool), numpy_view(v_pool), tables.numpy(), lens,
-                           block_size, float(scale), int(window), scores, out.numpy())
+    with launch(threads, plan.read) as k:
+        k.decode_attention(numpy_view(q), numpy_view(k_pool), numpy_view(v_pool), plan.tables, plan.lens,
+                           block_size, float(scale), int(window), plan.scores, out.numpy())
     return out
 
 

@@ -94,7 +94,7 @@ def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.
     a = torch.empty(x.shape[0], I)  # [N, I] activation scratch
     k.experts_dense(numpy_view(x), off, active, numpy_view(w13.data), numpy_view(s13),
                     numpy_view(w2.data), numpy_view(s2), a.numpy(), y.numpy(), BLOCK_13, BLOCK_2,
-                    SCHEDULES[SCHEDULE], current_threads())
+                    SCHEDULES[SCHEDULE], 1 if k.SERIAL else current_threads())
 
 
 def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:

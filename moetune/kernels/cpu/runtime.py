@@ -58,25 +58,28 @@ def set_threads(threads: int | None) -> None:
 
 @contextlib.contextmanager
 def launch(threads: int | None, weight_bytes: int) -> Iterator[ModuleType]:
-    """with launch(threads, weight_bytes) as k: k.some_kernel(...) — the kernels module, with
-    `threads` (None: the current default) for this call only, one thread when the weights are under
-    SERIAL_BYTES (waking a second thread costs more than it saves, and much more on a busy
-    machine). Thread counts are only set when they change (each set costs a few microseconds, and a
-    decode step launches ~50 kernels)."""
+    """with launch(threads, weight_bytes) as k: k.some_kernel(...) — the kernels, run with `threads`
+    (None: numba's current default) for this call only. Calls on one thread (threads=1, or weights
+    under SERIAL_BYTES: waking a second thread costs more than it saves, and much more on a busy
+    machine) get the serial twins (`k.SERIAL` is then True), which loop over the same work items on
+    the calling thread, so numba's thread count is left alone. Other counts are set only when they
+    differ from the current one (each set costs a few µs, and a decode step launches ~50 kernels)."""
     k = jit()
-    if threads is None and weight_bytes >= SERIAL_BYTES:  # the common case: no numba call at all
-        yield k  # (each costs µs, and tens of µs on the caches a weight-streaming kernel just flushed)
+    if threads == 1 or (threads is None and weight_bytes < SERIAL_BYTES):
+        yield k.serial
+        return
+    if threads is None:  # the common case: no numba call at all (each costs µs, and tens of µs
+        yield k  # on the caches a weight-streaming kernel just flushed)
         return
     import numba
 
     before = numba.get_num_threads()
-    want = 1 if weight_bytes < SERIAL_BYTES else (before if threads is None else threads)
-    if want != before:
-        set_threads(want)
+    if threads != before:
+        set_threads(threads)
     try:
         yield k
     finally:
-        if want != before:
+        if threads != before:
             numba.set_num_threads(before)
 
 
