@@ -47,8 +47,8 @@ class CPUBackend(TorchBackend):
         an amount that only pays for its per-slot calls (3 GEMM-sized ops each) when the expert is big."""
         if self.max_rows is not None:
             return self.max_rows
-        per_expert = (weights.w13.data[0].numel() * weights.w13.data.element_size()
-                      + weights.w2.data[0].numel() * weights.w2.data.element_size())
+        w13, w2 = weights.w13.data, weights.w2.data
+        per_expert = (w13.numel() * w13.element_size() + w2.numel() * w2.element_size()) // w13.shape[0]
         return SMALL_EXPERT_ROWS if per_expert < SMALL_EXPERT_BYTES else MAX_ROWS
 
     def router_logits(self, x, gate_weight):

@@ -345,6 +345,34 @@ def plan_lanes(offsets, active, lanes_n):
 
 
 @njit(**_OPTS)
+def offsets_fit(offsets, n_rows):
+    """Whether offsets [E+1] are non-decreasing within [0, n_rows]."""
+    if offsets[0] < 0 or offsets[-1] > n_rows:
+        return False
+    for e in range(offsets.shape[0] - 1):
+        if offsets[e + 1] < offsets[e]:
+            return False
+    return True
+
+
+@njit(**_OPTS)
+def active_experts(offsets, n_rows):
+    """The experts with rows ([A] int64, in id order), or [-1] when the offsets do not fit."""
+    if not offsets_fit(offsets, n_rows):
+        return np.full(1, -1, np.int64)
+    A = 0
+    for e in range(offsets.shape[0] - 1):
+        A += offsets[e + 1] > offsets[e]
+    active = np.empty(A, np.int64)
+    A = 0
+    for e in range(offsets.shape[0] - 1):
+        if offsets[e + 1] > offsets[e]:
+            active[A] = e
+            A += 1
+    return active
+
+
+@njit(**_OPTS)
 def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T):
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu.linear import split_int4_input
-from moetune.kernels.cpu.runtime import current_threads, launch, numpy_view, ones
+from moetune.kernels.cpu.runtime import current_threads, jit, launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 BLOCK_13 = 16  # gate/up row pairs per work item
@@ -55,17 +55,19 @@ def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: Packed
 def _segments(offsets: torch.Tensor, n_rows: int, experts: torch.Tensor | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
     """(offsets as int64, ids of the non-empty experts, or of `experts` when given), after checking
-    the segments fit x. numpy, not torch: a few elements each, and a decode step calls this right
-    after a kernel has flushed the caches, where every torch op costs tens of µs (docs/cpu.md)."""
-    off = offsets.to(torch.int64).contiguous().numpy()  # [E+1]
-    counts = np.diff(off)  # [E]
-    if off[0] < 0 or (counts < 0).any() or off[-1] > n_rows:
-        raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
+    the segments fit x. One numba call, not a chain of numpy/torch ops: a decode step calls this right
+    after a kernel has flushed the caches, where each op costs µs to tens of µs (docs/cpu.md)."""
+    off = numpy_view(offsets.to(torch.int64))  # [E+1]
     if experts is None:
-        return off, np.flatnonzero(counts)  # [E+1], [A]
-    active = experts.to(torch.int64).flatten().contiguous().numpy()  # [A]
-    if active.size and (active.min() < 0 or active.max() >= counts.size):
-        raise ValueError(f"experts must be ids in [0, {counts.size}), got {active.tolist()}")
+        active = jit().active_experts(off, n_rows)  # [A]
+        if active.size == 1 and active[0] < 0:
+            raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
+        return off, active
+    if not jit().offsets_fit(off, n_rows):
+        raise ValueError(f"offsets must be non-decreasing within [0, {n_rows}], got {off.tolist()}")
+    active = numpy_view(experts.to(torch.int64).flatten())  # [A]
+    if active.size and (active.min() < 0 or active.max() >= off.size - 1):
+        raise ValueError(f"experts must be ids in [0, {off.size - 1}), got {active.tolist()}")
     return off, active
 
 
