@@ -35,7 +35,29 @@ class GQAAttention:
 
     def __call__(self, x: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos, sin) -> torch.Tensor:
         T, s = x.shape[0], self.spec
-        q, k, v = self.qkv(x).split(self.split, dim=-1)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        qkv = self.qkv(x)  # [T, H*Dh + 2*Hkv*Dh]
+        if s.qk_norm == "none" and s.clip_qkv is None:  # q and k rotated in one call, in place
+            H, Hkv = s.num_heads, s.num_kv_heads
+            heads = qkv.view(T, H + 2 * Hkv, s.head_dim)  # [T, H + 2Hkv, Dh]
+            self.rotary.apply_(heads[:, : H + Hkv], cos, sin)
+            q, k, v = heads[:, :H], heads[:, H : H + Hkv], heads[:, H + Hkv :]  # [T, H|Hkv|Hkv, Dh]
+        else:
+            q, k, v = self._normed_heads(qkv, cos, sin)
+        cache.write(self.layer, batch, k, v)
+        d = batch.num_single
+        if 0 < d == T:  # a decode step: every sequence computes one token (no copy into a buffer)
+            return self.o(self._attend_single(q, batch, cache).reshape(T, -1))  # [T, D]
+        out = torch.empty_like(q)  # [T, H, Dh]
+        if d:
+            out[:d] = self._attend_single(q[:d], batch, cache)
+        for b in range(d, batch.num_seqs):
+            self._attend_seq(q, k, v, b, batch, cache, out)
+        return self.o(out.reshape(T, -1))  # [T, D]
+
+    def _normed_heads(self, qkv: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, Dh], k, v [T, Hkv, Dh] with the q/k norms and the clip applied, q and k rotated."""
+        T, s = qkv.shape[0], self.spec
+        q, k, v = qkv.split(self.split, dim=-1)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
         if s.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if s.clip_qkv is not None:
@@ -45,15 +67,7 @@ class GQAAttention:
         v = v.view(T, s.num_kv_heads, s.head_dim)  # [T, Hkv, Dh]
         if s.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary.apply_(q, cos, sin), self.rotary.apply_(k, cos, sin)  # in place: q, k are fresh
-        cache.write(self.layer, batch, k, v)
-        out = torch.empty_like(q)  # [T, H, Dh]
-        d = batch.num_single
-        if d:
-            out[:d] = self._attend_single(q[:d], batch, cache)
-        for b in range(d, batch.num_seqs):
-            self._attend_seq(q, k, v, b, batch, cache, out)
-        return self.o(out.reshape(T, -1))  # [T, D]
+        return self.rotary.apply_(q, cos, sin), self.rotary.apply_(k, cos, sin), v  # in place: q, k are fresh
 
     def _attend_single(self, q: torch.Tensor, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """The leading sequences with one query token each, batched: q [B1, H, Dh] → [B1, H, Dh]."""
