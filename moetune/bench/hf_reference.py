@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from moetune.bench.throughput import BenchRow, BenchSettings, random_prompts
-from moetune.bench.timing import measure
+from moetune.bench.throughput import BenchRow, BenchSettings, Planned, random_prompts
+from moetune.bench.timing import Work, measure
 
 
 def load_transformers(model_dir: Path, dtype: torch.dtype, device: torch.device):
@@ -19,16 +19,30 @@ def load_transformers(model_dir: Path, dtype: torch.dtype, device: torch.device)
 
 @torch.inference_mode()
 def bench_transformers(model, vocab: int, s: BenchSettings, device: torch.device) -> list[BenchRow]:
+    """Every workload of `plan_transformers`, timed one after the other."""
+    return [p.row(measure(p.work.fn, device, s.runs, setup=p.work.setup)) for p in plan_transformers(model, vocab, s, device)]
+
+
+def plan_transformers(model, vocab: int, s: BenchSettings, device: torch.device) -> list[Planned]:
+    """The workloads of `plan_moetune`, in its order, through transformers: prefill = one forward
+    over the prompt (logits of the last position); decode = `decode_steps` greedy steps through its
+    KV cache after an untimed prefill of the same prompts."""
     prompt = random_prompts(vocab, 1, s.prefill_len, s.seed).to(device)
-    rows = [BenchRow("transformers", f"prefill b=1 len={s.prefill_len}", s.prefill_len,
-                     measure(lambda: model(prompt, use_cache=False, logits_to_keep=1), device, s.runs))]
+
+    @torch.inference_mode()
+    def prefill() -> None:
+        model(prompt, use_cache=False, logits_to_keep=1)
+
+    plans = [Planned("transformers", f"prefill b=1 len={s.prefill_len}", s.prefill_len, Work(prefill))]
     for b in s.decode_batches:
         prompts = random_prompts(vocab, b, s.decode_context, s.seed + b).to(device)
 
+        @torch.inference_mode()
         def setup(prompts=prompts):
             out = model(prompts, use_cache=True, logits_to_keep=1)
             return out.past_key_values, out.logits[:, -1]
 
+        @torch.inference_mode()
         def run(state):
             cache, logits = state
             for _ in range(s.decode_steps):
@@ -36,5 +50,5 @@ def bench_transformers(model, vocab: int, s: BenchSettings, device: torch.device
                 out = model(token, past_key_values=cache, use_cache=True)
                 cache, logits = out.past_key_values, out.logits[:, -1]
 
-        rows.append(BenchRow("transformers", f"decode b={b}", b * s.decode_steps, measure(run, device, s.runs, setup=setup)))
-    return rows
+        plans.append(Planned("transformers", f"decode b={b}", b * s.decode_steps, Work(run, setup)))
+    return plans

@@ -9,12 +9,13 @@ and, for moetune, the work those steps did (weight bytes read by decode, FLOPs o
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from moetune.bench.roofline import dense_weight_bytes, expert_bytes, prefill_flops
-from moetune.bench.timing import Timing, measure
+from moetune.bench.timing import Timing, Work, measure, measure_alternating
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
 from moetune.engine.sampling import SamplingParams
@@ -58,11 +59,37 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int) -> torch.Tens
     return torch.randint(0, vocab, (batch, length), generator=gen)  # [B, S]
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A workload of one engine, ready to time; `row` turns its timing into the table's row."""
+    engine: str
+    workload: str
+    tokens: int
+    work: Work
+    flops: float = 0.0  # prefill: FLOPs of one run
+    bytes_read: Callable[[], float] | None = None  # decode: weight bytes of one run, asked once its runs are done
+
+    def row(self, timing: Timing) -> BenchRow:
+        read = self.bytes_read() if self.bytes_read is not None else 0.0
+        return BenchRow(self.engine, self.workload, self.tokens, timing, weight_bytes=read, flops=self.flops)
+
+
 def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
+    """Every workload of `plan_moetune`, timed one after the other."""
+    plans, done = plan_moetune(model, s)
+    rows = [p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup)) for p in plans]
+    done()
+    return rows
+
+
+def plan_moetune(model: MoETransformer, s: BenchSettings) -> tuple[list[Planned], Callable[[], None]]:
     """Through the Engine, as a user's requests run: prefill = add one request of prefill_len tokens
     and step once (forward + LM head on the last row + sample); decode = `decode_steps` steps of a
-    batch whose prompts (decode_context tokens each) were prefilled before the clock started."""
-    dev, vocab = model.device, model.spec.vocab_size
+    batch whose prompts (decode_context tokens each) were prefilled before the clock started. Returns
+    the workloads and a `done()` to call after timing them (it unhooks the expert counting). A decode
+    row's weight bytes count the experts its runs routed to, so its row must be made right after its
+    runs, before the next workload's."""
+    vocab = model.spec.vocab_size
     engine = _engine(model, s)
     routed = RoutedExperts(model)
     prompt = random_prompts(vocab, 1, s.prefill_len, s.seed)[0].tolist()
@@ -72,7 +99,7 @@ def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
         engine.add_request(prompt, one)
         engine.step()
 
-    rows = [BenchRow("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len, measure(prefill, dev, s.runs),
+    plans = [Planned("moetune", f"prefill b=1 len={s.prefill_len}", s.prefill_len, Work(prefill),
                      flops=prefill_flops(model, s.prefill_len))]
     params = SamplingParams(max_tokens=s.decode_steps + 1, ignore_eos=True)
     for b in s.decode_batches:
@@ -88,11 +115,23 @@ def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
                 for _ in range(s.decode_steps):
                     engine.step()
 
-        timing = measure(decode, dev, s.runs, warmup=WARMUP, setup=setup)
-        read = s.decode_steps * dense_weight_bytes(model) + routed.take() * expert_bytes(model) / (s.runs + WARMUP)
-        rows.append(BenchRow("moetune", f"decode b={b}", b * s.decode_steps, timing, weight_bytes=read))
-    routed.detach()
-    return rows
+        def read() -> float:  # over the runs so far, warm-up included (each decodes the same tokens)
+            return s.decode_steps * dense_weight_bytes(model) + routed.take() * expert_bytes(model) / (s.runs + WARMUP)
+
+        plans.append(Planned("moetune", f"decode b={b}", b * s.decode_steps, Work(decode, setup), bytes_read=read))
+    return plans, routed.detach
+
+
+def bench_against(plans: list[Planned], reference: list[Planned], device: torch.device, runs: int
+                  ) -> list[BenchRow]:
+    """Each workload of ours and the reference's same workload, their runs taking turns
+    (`measure_alternating`): our rows, then the reference's."""
+    ours, theirs = [], []
+    for a, b in zip(plans, reference, strict=True):
+        ta, tb = measure_alternating(a.work, b.work, device, runs, warmup=WARMUP)
+        ours.append(a.row(ta))
+        theirs.append(b.row(tb))
+    return ours + theirs
 
 
 WARMUP = 1  # untimed runs before the timed ones (every run decodes the same tokens: same routing)

@@ -13,7 +13,8 @@ from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, Mod
 def bench(
     model: Optional[str] = ModelOpt,
     recipe: Optional[str] = RecipeOpt,
-    against: Optional[str] = typer.Option(None, "--against", help="Also run 'transformers' on the same weights."),
+    against: Optional[str] = typer.Option(None, "--against", help="Also run 'transformers' on the same weights "
+                                          "(both loaded; each workload's runs take turns with the reference's)."),
     prefill_len: int = typer.Option(512, "--prefill-len", min=1),
     decode_steps: int = typer.Option(32, "--decode-steps", min=1),
     runs: int = typer.Option(3, "--runs", min=3, help="Timed runs per workload (median reported)."),
@@ -37,7 +38,7 @@ def bench(
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     target = Target(cfg)
     settings = _settings(prefill_len, decode_steps, runs)
-    _check_fits(target, settings)
+    _check_fits(target, settings, reference=against is not None)
     if cfg.parallel.ep_size > 1:
         if against:
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1")
@@ -53,15 +54,19 @@ def bench(
     ours = build_model(cfg, device=dev)  # the recipe's deployment: quant, offload, capacity
     with console.status("machine limits ..."):
         limits = measure_limits(dev)
-    with console.status("moetune ..."):
-        rows = bench_moetune(ours, settings)
-    vocab = ours.spec.vocab_size
-    del ours
-    if against:
-        from moetune.bench.hf_reference import bench_transformers, load_transformers
+    if against:  # both loaded, each workload's runs taking turns with the reference's
+        from moetune.bench.hf_reference import load_transformers, plan_transformers
+        from moetune.bench.throughput import bench_against, plan_moetune
 
-        with console.status("transformers ..."):
-            rows += bench_transformers(load_transformers(model_dir, torch_dtype, dev), vocab, settings, dev)
+        reference = load_transformers(model_dir, torch_dtype, dev)
+        plans, done = plan_moetune(ours, settings)
+        with console.status("moetune and transformers, taking turns ..."):
+            rows = bench_against(plans, plan_transformers(reference, ours.spec.vocab_size, settings, dev), dev,
+                                 settings.runs)
+        done()
+    else:
+        with console.status("moetune ..."):
+            rows = bench_moetune(ours, settings)
     console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev} · {_threads(dev)}", limits))
     for line in limits_lines(limits):
         console.print(line, soft_wrap=True, highlight=False)
@@ -83,8 +88,9 @@ def _settings(prefill_len: int, decode_steps: int, runs: int):
     return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
 
 
-def _check_fits(target, s) -> None:
-    """Every bench workload within the context and, by estimate, the device's memory."""
+def _check_fits(target, s, reference: bool = False) -> None:
+    """Every bench workload within the context and, by estimate, the device's memory (with a second
+    copy of the weights when the reference runs beside ours: their runs take turns)."""
     from moetune.cli import checks
 
     limit = target.spec.max_position
@@ -97,6 +103,8 @@ def _check_fits(target, s) -> None:
     decode = target.step_parts(b, decode_len, b * s.decode_context, s.decode_context)
     worst, what = max((prefill, f"--prefill-len {s.prefill_len}"), (decode, f"decode at batch {b}"),
                       key=lambda p: sum(p[0].values()))
+    if reference:
+        worst = {**worst, "the reference's weights": worst["weights"]}
     checks.fits(f"bench {what}", worst, target.device, "lower --prefill-len / --decode-steps")
 
 
