@@ -117,22 +117,26 @@ class Profiler:
         """The step's clocks and routing, as they are: rows are made later, many steps at a time."""
         step = self._kept
         self._kept += 1
-        T = int(batch.input_ids.shape[0])
         seconds -= sum(self.timer.bookkeeping.values())  # the profiler's own copies are not the model's time
-        row = {"step": step, "kind": kind, "batch": batch.num_seqs, "tokens": T,
-               "context_tokens": int(sum(batch.context_lens)),
-               "attn_pairs": attention_pairs(batch.query_lens, batch.context_lens),
-               "dispatch_bytes": self._moved[0], "combine_bytes": self._moved[1], "seconds": seconds}
+        row = (step, kind, batch.query_lens, batch.context_lens, self._moved, seconds)  # made a dict in `_flush`
         raw = [self._raw[i] for i in self.moe_layers]
         self._pending.append((row, dict(self.timer.phases), self.timer.layer_seconds(), raw))
         if len(self._pending) >= FLUSH_STEPS:
             self._flush()
 
+    @staticmethod
+    def _step_row(step: int, kind: str, query_lens: list[int], context_lens: list[int], moved: list[int],
+                  seconds: float) -> dict:
+        return {"step": step, "kind": kind, "batch": len(query_lens), "tokens": sum(query_lens),
+                "context_tokens": int(sum(context_lens)), "attn_pairs": attention_pairs(query_lens, context_lens),
+                "dispatch_bytes": moved[0], "combine_bytes": moved[1], "seconds": seconds}
+
     def _flush(self) -> None:
         """Rows of the pending steps, in step order. Made in batches, not at each step's end: a
         step's few dozen small dict and array operations, right after the step, cost ~4× what they
         cost back to back (docs/cpu.md)."""
-        for row, phases, layers, raw in self._pending:
+        for kept, phases, layers, raw in self._pending:
+            row = self._step_row(*kept)
             self._keep_rows(row, phases, layers)
             self._keep_routing(row["step"], row["kind"], row["tokens"], raw)
         self._pending.clear()

@@ -7,13 +7,13 @@ Each expert's weights are read once per call for all its rows. When the active e
 evenly over the threads (two experts on two threads at top-2 decode), or there are at least four
 per thread, each thread computes whole experts, w13 then w2, dealt most rows first to the least
 loaded thread: no barrier between the two passes stops the weight stream (decode steps 2-12 %
-faster here than with the split below). Otherwise the work is
-split into (expert, block of output columns) items, so a decode step with fewer active experts
-than threads still keeps every core reading. The gate and up rows of one block are computed
-together, so the activation is written directly (no [N, 2I] buffer). Weights: fp32, int8 or int4 (`formats`), the
-same format for w13 and w2. Fast while rows per expert are few (decode); for long prefills the
-engine should keep torch's big GEMMs. Rows outside every segment come back as 0, and so do the
-rows of experts left out of `experts` (the engine computes those with torch GEMMs).
+faster here than with the split below). Otherwise the work is split into (expert, block of output
+columns) items, so a decode step with fewer active experts than threads still keeps every core
+reading. The gate and up rows of one block are computed together, so the activation is written
+directly (no [N, 2I] buffer). Weights: fp32, int8 or int4 (`formats`), the same format for w13 and
+w2. Fast while rows per expert are few (decode); for long prefills the engine should keep torch's
+big GEMMs. Rows outside every segment come back as 0, and so do the rows of experts left out of
+`experts` (the engine computes those with torch GEMMs).
 Twin: `fused_experts_cpu_ref` (the per-expert torch loop).
 """
 
