@@ -37,7 +37,8 @@ M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight
 AHEAD = 4  # weight rows requested into L2 this many rows ahead (`_prefetch`), where the core spends
 SHORT_ROW = 1024  # long on each weight line: 2+ x rows per weight row, or rows of ≤ SHORT_ROW bytes
 # (measured: a [32000, 768] linear 1.14-1.30x at 2-16 rows and 0.84x at one; [8192, 256] 1.09x at
-# one row; the experts' w13 pass on rows of 3 KB 0.88-0.95x, on rows of 1 KB 1.12-1.16x)
+# one row; the experts' w13 pass on rows of 3 KB 0.88-0.95x, on rows of 1 KB 1.12-1.16x), or int8
+# experts at one row (340M-style decode b=1: steps 1.06x; fp32 rows of 1 KB at one row: 0.96x)
 F0, F1, F8, F16, F1_16 = (np.float32(v) for v in (0.0, 1.0, 8.0, 16.0, 0.0625))
 
 
@@ -241,8 +242,13 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu):
     expert e and the columns j in [j0, j1); gu [M_CHUNK, 2] scratch (gate, up of one column)."""
     I = w13.shape[1] // 2
     m0, m1 = offsets[e], offsets[e + 1]
-    if m1 - m0 == 1:  # one row (decode): plain dots, no views or scratch
+    if m1 - m0 == 1:  # one row (decode): plain dots, one view per call
+        we = w13[e]
+        ahead = we.itemsize == 1  # int8: widening each byte is enough work per line to fall behind
         for j in range(j0, j1):
+            if ahead and j + AHEAD < I:
+                prefetch_row(we, j + AHEAD)
+                prefetch_row(we, I + j + AHEAD)
             g = _dot3(x, m0, w13, e, j) * s13[e, j]
             a[m0, j] = _silu(g) * _dot3(x, m0, w13, e, I + j) * s13[e, I + j]
         return
@@ -264,7 +270,11 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1):
     """y[m, n] = s2[e, n]·a[m]·w2[e, n] for the rows m of expert e and the columns n in [n0, n1)."""
     m0, m1 = offsets[e], offsets[e + 1]
     if m1 - m0 == 1:
+        we = w2[e]
+        ahead = we.itemsize == 1
         for n in range(n0, n1):
+            if ahead and n + AHEAD < we.shape[0]:
+                prefetch_row(we, n + AHEAD)
             y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
         return
     we, se = w2[e], s2[e]
