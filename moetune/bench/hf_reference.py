@@ -17,10 +17,10 @@ def load_transformers(model_dir: Path, dtype: torch.dtype, device: torch.device)
     return model
 
 
-@torch.inference_mode()
 def bench_transformers(model, vocab: int, s: BenchSettings, device: torch.device) -> list[BenchRow]:
-    """Every workload of `plan_transformers`, timed one after the other."""
-    return [p.row(measure(p.work.fn, device, s.runs, setup=p.work.setup)) for p in plan_transformers(model, vocab, s, device)]
+    """Every workload of `plan_transformers`, timed one after the other (each runs in inference mode)."""
+    plans = plan_transformers(model, vocab, s, device)
+    return [p.row(measure(p.work.fn, device, s.runs, setup=p.work.setup)) for p in plans]
 
 
 def plan_transformers(model, vocab: int, s: BenchSettings, device: torch.device) -> list[Planned]:

@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
+from moetune.kernels.cpu import linear as cpu_linear
 from moetune.kernels.quant_formats import plain
 from moetune.model.attention import GQAAttention
 from moetune.model.hugepages import to_huge_pages
-from moetune.kernels.cpu import linear as cpu_linear
 from moetune.model.linear import SMALL_M, Linear
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP

@@ -33,7 +33,7 @@ class Profiler:
         self.recording = True
         self._records = Records()
         self._raw: dict[int, tuple] = {}  # layer → (topk_ids, slot counts, block_m) of the current step
-        self._pending: list[tuple] = []  # (step row, phase clocks, layer clocks, raw routing) not yet rows
+        self._pending: list[tuple] = []  # (step fields, phase clocks, layer clocks, raw routing) not yet rows
         self._kept = 0  # steps recorded (rows or pending)
         self._moved = [0, 0]  # dispatch, combine bytes of the current step
         self._start = 0.0

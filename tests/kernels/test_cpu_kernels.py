@@ -180,6 +180,24 @@ def test_threads_is_per_call():
     assert numba.get_num_threads() == before
 
 
+def test_launch_hands_small_calls_the_serial_twins_and_explicit_threads_win():
+    """Under SERIAL_BYTES (or threads=1) the serial twins run and numba's thread count is not
+    touched; an explicit thread count > 1 takes the parallel kernels even for small weights."""
+    import numba
+
+    before = numba.get_num_threads()
+    with runtime.launch(None, runtime.SERIAL_BYTES - 1) as k:
+        assert k.SERIAL and k.linear_dense is not runtime.jit().linear_dense
+        assert numba.get_num_threads() == before
+    with runtime.launch(1, 1 << 30) as k:
+        assert k.SERIAL
+    with runtime.launch(2, 1) as k:
+        assert not k.SERIAL and k.linear_dense is runtime.jit().linear_dense
+    with runtime.launch(None, runtime.SERIAL_BYTES) as k:
+        assert not k.SERIAL
+    assert numba.get_num_threads() == before
+
+
 def test_import_does_not_load_numba():
     code = "import sys, moetune.kernels.cpu; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

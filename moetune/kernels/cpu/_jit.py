@@ -387,10 +387,10 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, s
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
     `get_num_threads` in here would stop the disk cache; T = 1: everything on the calling thread,
-    no parallel region). `schedule` 0: whole experts per thread
-    when they split evenly over the threads (A a multiple of T) or there are at least 4 per thread
-    (one more on some threads is then at most a quarter more), else column blocks; 1: always
-    column blocks; 2: always whole experts (lanes whose counts differ by one)."""
+    no parallel region, whatever the schedule). `schedule` 0: whole experts per thread when they
+    split evenly over the threads (A a multiple of T) or there are at least 4 per thread (one more
+    on some threads is then at most a quarter more), else column blocks; 1: always column blocks;
+    2: always whole experts (lanes whose counts differ by one)."""
     A = active.shape[0]
     if T == 1:
         _lane(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2)
