@@ -579,12 +579,34 @@ def rope_rotate_half(x, cos, sin):
 
 # --- routing bookkeeping of an MoE layer: top-k selection, permute, unpermute (one thread) ----------
 
+@njit(inline="always", **_OPTS)
+def _insert_topk(scores, bias, use_bias, t, ids, best):
+    """ids[t] ← the K experts of highest scores[t] (+ bias), best first, the lower id on ties: one
+    pass over E keeping a sorted list of the best so far (a later id enters only when strictly
+    better), O(E) when few enter, against K passes over E with an O(K) "taken" check each."""
+    E, K = scores.shape[1], ids.shape[1]
+    n = 0
+    for e in range(E):
+        val = scores[t, e] + (bias[e] if use_bias else F0)
+        if n == K and not val > best[K - 1]:
+            continue
+        j = min(n, K - 1)
+        while j > 0 and val > best[j - 1]:
+            best[j] = best[j - 1]
+            ids[t, j] = ids[t, j - 1]
+            j -= 1
+        best[j] = val
+        ids[t, j] = e
+        n = min(n + 1, K)
+
+
 @njit(**_OPTS)
 def select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, weights, ids, scores):
     """logits [T, E] → scores [T, E] (softmax or sigmoid); ids [T, K] of the K highest
     scores (+ bias when use_bias), best first, the lower id on ties; weights [T, K] their unbiased
     scores, renormalised to sum 1 when asked, times `scaling`."""
     T, E = logits.shape
+    best = np.empty(top_k, np.float32)  # the selection values of ids[t, :k], scratch
     for t in range(T):
         if sigmoid:
             for e in range(E):
@@ -599,19 +621,11 @@ def select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, we
                 total += scores[t, e]
             for e in range(E):
                 scores[t, e] /= total
+        _insert_topk(scores, bias, use_bias, t, ids, best)
         total = F0
         for k in range(top_k):
-            best, best_val = -1, F0
-            for e in range(E):
-                val = scores[t, e] + (bias[e] if use_bias else F0)
-                taken = False
-                for j in range(k):
-                    taken = taken or ids[t, j] == e
-                if not taken and (best < 0 or val > best_val):
-                    best, best_val = e, val
-            ids[t, k] = best
-            weights[t, k] = scores[t, best]
-            total += scores[t, best]
+            weights[t, k] = scores[t, ids[t, k]]
+            total += weights[t, k]
         for k in range(top_k):
             w = weights[t, k]
             if renormalize:
@@ -656,12 +670,15 @@ def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
     for i in range(sorted_copy_ids.shape[0]):
         row_of[sorted_copy_ids[i]] = i
     D = out.shape[1]
+    acc = np.empty(D, np.float32)  # [D]: row by row over k, so the inner loop runs along D (SIMD)
     for t in range(T):
+        acc[:] = F0
+        for k in range(K):
+            w, r = topk_weights[t, k], row_of[t * K + k]
+            for d in range(D):
+                acc[d] += w * y_sorted[r, d]
         for d in range(D):
-            acc = F0
-            for k in range(K):
-                acc += topk_weights[t, k] * y_sorted[row_of[t * K + k], d]
-            out[t, d] += acc
+            out[t, d] += acc[d]
 
 
 # --- the serial twins: the same work items, looped on the calling thread -------------------------
