@@ -16,6 +16,9 @@ _NULL = nullcontext()
 
 
 class Probe(Protocol):
+    times_phases: bool  # False: listens to `routed` only; the model may then run layers fused, with no
+    # phase boundaries inside (model/fused_decode.py), and calls `routed` with permute=None there
+
     def phase(self, layer: int, name: str) -> AbstractContextManager: ...
 
     def routed(self, layer: int, route: Any, permute: Any, block_m: int) -> None:
@@ -25,6 +28,11 @@ class Probe(Protocol):
     def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
         """Activation bytes the layer's dispatcher sent to other ranks (0 with one rank)."""
         ...
+
+
+def times_phases(probe: Probe | None) -> bool:
+    """Whether `probe` needs the phases of every layer timed apart (no probe: no)."""
+    return probe is not None and getattr(probe, "times_phases", True)
 
 
 def phase_scope(probe: Probe | None, layer: int, name: str) -> AbstractContextManager:

@@ -10,6 +10,7 @@ from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.cpu import linear as cpu_linear
 from moetune.kernels.quant_formats import plain
 from moetune.model.attention import GQAAttention
+from moetune.model.fused_decode import FusedDecode
 from moetune.model.hugepages import to_huge_pages
 from moetune.model.linear import SMALL_M, Linear
 from moetune.model.mla import MLAttention
@@ -72,7 +73,8 @@ def load_model(
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)
-    model = MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts, small_m)
+    model = MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts, small_m,
+                           fused=FusedDecode() if small_m else None)
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
         to_huge_pages(model.dense_tensors() + resident)

@@ -8,6 +8,7 @@ import torch
 
 from moetune.experts.store import ExpertStore
 from moetune.model.attention import GQAAttention
+from moetune.model.fused_decode import FusedDecode
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.linear import project
@@ -17,7 +18,7 @@ from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
 from moetune.spec import ModelSpec
 from moetune.moe.layer import MoELayer
-from moetune.probe import Probe, phase_scope
+from moetune.probe import Probe, phase_scope, times_phases
 from moetune.tensors import nbytes as tensor_bytes
 
 
@@ -43,7 +44,8 @@ class DecoderLayer:
 
 class MoETransformer:
     def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
-                 lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore, small_m: int = 0):
+                 lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore, small_m: int = 0,
+                 fused: FusedDecode | None = None):
         self.spec = spec
         self.embed = embed  # [V, D]
         self.layers = layers
@@ -53,6 +55,7 @@ class MoETransformer:
         self.experts = experts
         self.small_m = small_m  # rows up to which projections run the CPU decode kernel (model/linear.py)
         self.probe: Probe | None = None
+        self.fused = fused  # decode steps through the fused CPU layer kernels (model/fused_decode.py)
 
     @property
     def device(self) -> torch.device:
@@ -73,6 +76,8 @@ class MoETransformer:
         """Hidden states after the final norm for every token of the step: [T, D]."""
         h = self.embed[batch.input_ids]  # [T, D]
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)  # [T, rot_dim] each
+        if self.fused is not None and not times_phases(self.probe) and self.fused.takes(batch):
+            return self.norm(self.fused.run(self.layers, h, batch, cache, cos, sin, self.probe))
         for layer in self.layers:
             h = layer(h, batch, cache, cos, sin, self.probe)
         return self.norm(h)

@@ -8,7 +8,7 @@ import torch
 
 from typing import Protocol
 
-from moetune.experts.store import ExpertStore
+from moetune.experts.store import ExpertStore, ExpertWeights
 from moetune.moe.backend import MoEBackend, TorchBackend
 from moetune.moe.dispatch import Dispatcher, LocalDispatcher
 from moetune.moe.capacity import apply_capacity, capacity_of
@@ -94,6 +94,12 @@ class MoELayer:
         with phase_scope(probe, i, "offload_wait"):
             weights = self.store.acquire(i, routed.topk_ids)
         self.store.prefetch(i, routed.topk_ids, x)
+        return self.run_experts(x, routed, weights)
+
+    def run_experts(self, x: torch.Tensor, routed: RouterOutput, weights: ExpertWeights) -> torch.Tensor:
+        """The phases after the router and the store: permute → dispatch → experts → combine →
+        unpermute (+ the shared expert), on x [T, D] routed by `routed` → [T, D]."""
+        probe, i, backend = self.probe, self.layer, self.backend
         with phase_scope(probe, i, "permute"):
             perm = backend.permute(x, weights.slots.physical(routed.topk_ids), weights.slots.num_slots)
         with phase_scope(probe, i, "dispatch"):

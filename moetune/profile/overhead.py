@@ -1,7 +1,10 @@
 """Profiling overhead: the same workload end to end with probes off and on (interleaved runs).
 
-Probes off is the engine's normal path: each phase costs one `is None` test and a shared
-nullcontext; its cost per step is measured directly (timeit) and compared with the step time.
+Probes off: each phase costs one `is None` test and a shared nullcontext; its cost per step is
+measured directly (timeit) and compared with the step time. A profile times the phases of the
+unfused layers, so where the engine normally runs decode steps through the fused CPU layer kernels
+(model/fused_decode.py), a third, interleaved run measures that normal path: the probes' own cost
+is on vs off with both unfused, and the fused path's gain is reported beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ class OverheadResult:
     on_s: list[float]  # same, profiler attached (phase clocks + routing recorder + layer clocks)
     null_scope_ns: float  # cost of one `with phase_scope(None, ...)`
     scopes_per_step: int
+    fused_s: list[float] | None = None  # same, probes off, decode steps fused (None: the model has no fused path)
 
     @property
     def off_median(self) -> float:
@@ -37,6 +41,15 @@ class OverheadResult:
     def overhead_min(self) -> float:
         """On vs off comparing the fastest runs (least disturbed by other load on the machine)."""
         return min(self.on_s) / min(self.off_s) - 1.0
+
+    @property
+    def fused_median(self) -> float | None:
+        return statistics.median(self.fused_s) if self.fused_s else None
+
+    @property
+    def unfused_cost(self) -> float | None:
+        """How much longer the unfused path (which a profile times) takes than the fused one."""
+        return self.off_median / self.fused_median - 1.0 if self.fused_s else None
 
     @property
     def off_spread(self) -> float:
@@ -71,19 +84,24 @@ def measure_overhead(settings, runs: int = 7) -> OverheadResult:
             generator.generate(group, greedy_params(w.output_len))
         return time.perf_counter() - start
 
-    profiler = Profiler(generator.model)
+    model = generator.model
+    profiler, fused = Profiler(model), model.fused
     workload()  # warm-up, probes off
-    off, on = [], []
+    off, on, fused_s = [], [], []
     for _ in range(runs):
+        if fused is not None:
+            fused_s.append(workload())
+            model.fused = None
         off.append(workload())
         profiler.attach(generator.engine)
         on.append(workload())
         profiler.detach(generator.engine)
         profiler.records = type(profiler.records)()
+        model.fused = fused
     spec = generator.model.spec
     scopes = spec.num_layers + len(spec.moe_layers) * 7 + (spec.num_layers - len(spec.moe_layers))
     scopes += len(spec.moe_layers) if spec.moe.shared_intermediate_size else 0
-    return OverheadResult(runs, w.measured_steps(), off, on, _null_scope_ns(), scopes)
+    return OverheadResult(runs, w.measured_steps(), off, on, _null_scope_ns(), scopes, fused_s or None)
 
 
 def _null_scope_ns(n: int = 200_000) -> float:

@@ -7,11 +7,17 @@ from moetune.report.tables import Table
 
 
 def overhead_table(r: OverheadResult) -> Table:
-    rows = [["probes off (median of %d)" % r.runs, f"{r.off_median:.3f} s", f"{1e3 * r.off_median / r.steps:.2f} ms/step"],
+    unfused = " (unfused layers)" if r.fused_s else ""
+    rows = [["probes off%s (median of %d)" % (unfused, r.runs), f"{r.off_median:.3f} s", f"{1e3 * r.off_median / r.steps:.2f} ms/step"],
             ["probes on (median of %d)" % r.runs, f"{r.on_median:.3f} s", f"{1e3 * r.on_median / r.steps:.2f} ms/step"],
             ["probes off / on, fastest run", f"{min(r.off_s):.3f} s / {min(r.on_s):.3f} s", ""],
             ["overhead on vs off", f"{100 * r.overhead:+.1f}% (medians)", f"{100 * r.overhead_min:+.1f}% (fastest runs)"],
             ["run-to-run spread, probes off", f"{100 * r.off_spread:.1f}%", "(max − min) / median"],
             ["probes off: null scope", f"{r.null_scope_ns:.0f} ns × {r.scopes_per_step}/step",
              f"{100 * r.null_share:.3f}% of a step"]]
+    if r.fused_s:
+        rows.insert(0, ["probes off, fused decode layers: the normal path (median of %d)" % r.runs,
+                        f"{r.fused_median:.3f} s", f"{1e3 * r.fused_median / r.steps:.2f} ms/step"])
+        rows.append(["unfused layers (what a profile times) vs fused", f"{100 * r.unfused_cost:+.1f}% (medians)",
+                     "model/fused_decode.py"])
     return Table(f"Profiling overhead ({r.steps} steps per run)", ["", "value", ""], rows)

@@ -19,6 +19,8 @@ _NULL = nullcontext()
 
 
 class ExpertLoadWindow:
+    times_phases = False  # routing only: decode steps may run fused (model/fused_decode.py)
+
     def __init__(self, model, window_steps: int):
         self.layers = list(model.spec.moe_layers)  # [Lm] model layer index of each row
         self.num_experts = model.spec.moe.num_experts

@@ -25,6 +25,13 @@ def jit() -> ModuleType:
     return importlib.import_module("moetune.kernels.cpu._jit")
 
 
+@functools.cache
+def jit_layer() -> ModuleType:
+    """The `_jit_layer` module: a decode layer's kernels strung into two calls (imports numba on first use)."""
+    jit()
+    return importlib.import_module("moetune.kernels.cpu._jit_layer")
+
+
 def _choose_threading_layer() -> None:
     """numba's `omp` layer (GNU OpenMP), unless NUMBA_THREADING_LAYER says otherwise: safe to launch
     from several threads at once (`workqueue` aborts the process then), and it honours
