@@ -40,7 +40,7 @@ from moetune.kernels.cpu.routing import takes_routing
 from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit_layer, ones
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.model.attention import GQAAttention
-from moetune.model.batch import StepBatch
+from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
 from moetune.moe.cpu_backend import CPUBackend, kernel_takes
 from moetune.moe.dispatch import LocalDispatcher
@@ -120,6 +120,25 @@ class FusedDecode:
             else:
                 h = layer(h, batch, cache, cos, sin, probe).contiguous()
         return h
+
+    @torch.inference_mode()
+    def warm(self, model) -> None:
+        """Compile the two kernels for this model's formats (or load them from numba's disk cache:
+        compiling takes ~15 s here) at load time: one token through the fused layers alone, on a
+        throwaway one-block cache."""
+        layers = [layer for layer in model.layers if self.covers(layer)]
+        if not layers:
+            return
+        bs = 16
+        cache = model.new_cache(1, bs)
+
+        def one(v: int) -> torch.Tensor:
+            return torch.tensor([v], dtype=torch.int64, device=model.device)
+
+        batch = StepBatch(one(0), one(0), [1], [1], one(bs), one(1)[None], StepKind.DECODE, num_single=1)
+        h = model.embed[batch.input_ids]  # [1, D]
+        cos, sin = model.rotary.cos_sin(batch.positions, h.dtype)
+        self.run(layers, h, batch, cache, cos, sin)
 
     def _layer(self, layer, h: torch.Tensor, step: "_Step", cache: PagedKVCache, probe) -> None:
         x, topk_w, topk_ids = self._attention_half(layer, h.numpy(), step, cache)

@@ -86,7 +86,7 @@ def load_model(
 def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
     """Compile the CPU kernels this model calls (or load them from numba's disk cache) at load time,
     not in the first request: a decode-shaped projection (its parallel kernel and the serial twin
-    that small weights take), and the experts of each weight format."""
+    that small weights take), the experts of each weight format, and the fused decode layers."""
     if model.small_m:
         for threads in (1, 2):
             cpu_linear(model.embed.new_zeros(1, model.spec.hidden_size), model.lm_head[:2], threads=threads)
@@ -97,6 +97,8 @@ def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
         if not kinds <= formats:
             formats |= kinds
             backend.warm(weights)
+    if model.fused is not None:
+        model.fused.warm(model)
 
 
 def _linear(source: WeightSource, prefix: str, small_m: int = 0) -> Linear:
