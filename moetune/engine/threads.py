@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
+import time
 from collections.abc import Iterator
 
 
@@ -31,8 +33,8 @@ def choose_wait_policy() -> str:
     once, and the main thread runs faster between regions too: 340M decode steps were ~13 % faster
     than with sleeping workers (docs/cpu.md). On a busy machine spinning workers take the cores
     other processes want and get descheduled mid-region: 2-3× slower there, so the threads sleep
-    as soon as a region ends (`OMP_WAIT_POLICY=PASSIVE`). Busy means a 1-minute load average of
-    at least the cores this process may use, read once, at start."""
+    as soon as a region ends (`OMP_WAIT_POLICY=PASSIVE`). Busy means other runnable tasks at least
+    as many as the cores this process may use, read once, at start (`machine_busy`)."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return "environment"
     if machine_busy():
@@ -43,12 +45,34 @@ def choose_wait_policy() -> str:
 
 
 def machine_busy() -> bool:
-    """Whether other work already keeps every core of this process busy (1-minute load average)."""
+    """Whether other work keeps every core of this process busy now: the tasks runnable right now
+    other than this one (Linux: `runnable_others`), else the 1-minute load average. Not the load
+    average where the count is there: it still counts work that ended seconds ago (measured here:
+    ~1.9 on 2 cores right after a benchmark, which made the next one's threads sleep)."""
+    others = runnable_others()
+    if others is not None:
+        return others >= available_cores()
     try:
         load = os.getloadavg()[0]
     except OSError:  # not available on this platform
         return False
     return load >= available_cores()
+
+
+def runnable_others(path: str = "/proc/loadavg", reads: int = 5, gap_s: float = 0.002) -> float | None:
+    """Runnable tasks besides this process's reading thread: the median over a few reads, ~10 ms
+    apart in all, of the `running` count in /proc/loadavg (its fourth field, "running/total");
+    None where that file is not there."""
+    counts = []
+    try:
+        for i in range(reads):
+            with open(path) as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+            if i + 1 < reads:
+                time.sleep(gap_s)
+    except (OSError, ValueError, IndexError):
+        return None
+    return statistics.median(counts)
 
 
 def wait_policy() -> str:

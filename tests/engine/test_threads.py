@@ -40,14 +40,31 @@ def test_wait_policy_spins_on_a_quiet_machine_and_sleeps_on_a_busy_one(monkeypat
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         monkeypatch.delenv(name, raising=False)
     cores = threads.available_cores()
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (cores + 0.5, 0.0, 0.0))
+    monkeypatch.setattr(threads, "runnable_others", lambda: cores)
     assert threads.choose_wait_policy() == "sleep"
     assert threads.wait_policy() == "sleep (OMP_WAIT_POLICY=PASSIVE)"
     monkeypatch.delenv("OMP_WAIT_POLICY")
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (cores - 0.9, 0.0, 0.0))
+    monkeypatch.setattr(threads, "runnable_others", lambda: cores - 1)
     assert threads.choose_wait_policy() == "spin"
     assert threads.wait_policy() == f"spin (GOMP_SPINCOUNT={threads.SPIN_COUNT})"
     assert "OMP_WAIT_POLICY" not in threads.os.environ
+
+
+def test_busy_is_what_runs_now_and_the_load_average_only_where_that_is_unknown(monkeypatch, tmp_path):
+    from moetune.engine import threads
+
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("1.93 1.10 0.71 3/412 31337\n")  # a benchmark just ended; two tasks run besides us
+    assert threads.runnable_others(str(loadavg), gap_s=0) == 2
+    assert threads.runnable_others(str(tmp_path / "missing")) is None
+    loadavg.write_text("garbage\n")
+    assert threads.runnable_others(str(loadavg), gap_s=0) is None
+    cores = threads.available_cores()
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (cores + 0.5, 0.0, 0.0))  # lags: ignored when the count is known
+    monkeypatch.setattr(threads, "runnable_others", lambda: 0)
+    assert not threads.machine_busy()
+    monkeypatch.setattr(threads, "runnable_others", lambda: None)
+    assert threads.machine_busy()
 
 
 def test_an_explicit_wait_setting_in_the_environment_wins(monkeypatch):
