@@ -48,20 +48,20 @@ def quantize_experts(model, fmt: str) -> None:
 
 
 def speed(model_dir: str, fmt: str, batches: list[int], steps: int, runs: int) -> None:
-    from moetune.bench.roofline import measure_limits
+    from moetune.bench.roofline import LimitSampler
     from moetune.bench.throughput import BenchSettings, bench_moetune
     from moetune.model.loader import load_model
 
     model = load_model(model_dir)
     quantize_experts(model, fmt)
-    limits = measure_limits(model.device)
+    sampler = LimitSampler(model.device)  # a read-limit sample before each timed run, as `moetune bench`
     rows = bench_moetune(model, BenchSettings(prefill_len=16, decode_batches=tuple(batches), decode_steps=steps,
-                                              runs=runs))
+                                              runs=runs), sampler)
     for r in rows[1:]:
         lo, hi = r.tokens / r.timing.max_s, r.tokens / r.timing.min_s
         print(f"  experts {fmt:<5} {r.workload:<11} {r.tokens_per_s:8.1f} tok/s ({lo:.1f}–{hi:.1f}) "
-              f"{r.gbytes_per_s:6.1f} GB/s = {r.gbytes_per_s / limits.read_gbs:5.1%} of read limit "
-              f"{limits.read_gbs:.1f} GB/s · weight bytes/step {r.weight_bytes / steps / 1e6:.1f} MB "
+              f"{r.gbytes_per_s:6.1f} GB/s = {r.gbytes_per_s / r.limit:5.1%} of read limit "
+              f"{r.limit:.1f} GB/s (beside its runs) · weight bytes/step {r.weight_bytes / steps / 1e6:.1f} MB "
               f"· load avg {open('/proc/loadavg').read().split()[0]}")
 
 

@@ -29,3 +29,27 @@ def test_runs_take_turns_and_setups_are_untimed():
     assert fast.runs == slow.runs == 3
     assert fast.median_s < 0.009 < slow.median_s < 0.03  # neither side's setup nor the other side is counted
     assert fast.min_s <= fast.median_s <= fast.max_s
+
+
+def test_a_limit_is_sampled_right_before_each_run_and_kept_per_workload(monkeypatch):
+    from moetune.bench import roofline
+    from moetune.bench.roofline import LimitSampler
+
+    monkeypatch.setattr(roofline, "STREAM_BYTES", 64 * 2**12)  # small buffers: this checks the order, not the rate
+    monkeypatch.setattr(roofline, "MATMUL_N", 32)
+    sampler, order = LimitSampler(torch.device("cpu")), []
+    sample = sampler.sample
+
+    def recording(kind):
+        order.append("sample " + kind)
+        return sample(kind)
+
+    monkeypatch.setattr(sampler, "sample", recording)
+    decode = sampler.beside(Work(lambda arg: order.append(f"run {arg}"), lambda: "prepared"), "decode b=1", "read")
+    prefill = sampler.beside(Work(lambda: order.append("prefill")), "prefill", "matmul")
+    for _ in range(2):
+        decode.fn(decode.setup())
+        prefill.fn(prefill.setup())
+    assert order == ["sample read", "run prepared", "sample matmul", "prefill"] * 2
+    assert len(sampler.samples["decode b=1"]) == len(sampler.samples["prefill"]) == 2
+    assert sampler.median("decode b=1") > 0 and sampler.median("elsewhere") == 0.0

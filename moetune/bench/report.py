@@ -34,7 +34,8 @@ def limits_lines(limits: Limits) -> list[str]:
     return ["machine limits, measured in this run (median of 5; min–max):",
             f"  read limit    {read:<28} {FORMULAS['read limit']}",
             f"  matmul limit  {mm:<28} {FORMULAS['matmul limit']}",
-            "rates (moetune rate column; of limit = rate / the limit above):",
+            "rates (moetune rate column; of limit = rate / the limit sampled once right before each of that",
+            "workload's runs, median, in brackets: the machine's speed drifts; without samples, the limit above):",
             f"  decode        {FORMULAS['decode']}",
             f"  prefill       {FORMULAS['prefill']}"]
 
@@ -43,10 +44,14 @@ def _rate(row: BenchRow | None, limits: Limits) -> list[str]:
     if row is None:
         return ["–", "–"]
     if row.weight_bytes:
-        return [f"{row.gbytes_per_s:,.1f} GB/s", f"{row.gbytes_per_s / limits.read_gbs:.0%}"]
+        return [f"{row.gbytes_per_s:,.1f} GB/s", _of(row.gbytes_per_s, row.limit, limits.read_gbs)]
     if row.flops:
-        return [f"{row.gflops_per_s:,.1f} GFLOP/s", f"{row.gflops_per_s / limits.matmul_gflops:.0%}"]
+        return [f"{row.gflops_per_s:,.1f} GFLOP/s", _of(row.gflops_per_s, row.limit, limits.matmul_gflops)]
     return ["–", "–"]
+
+
+def _of(rate: float, beside: float, upfront: float) -> str:
+    return f"{rate / beside:.0%} [{beside:,.1f}]" if beside else f"{rate / upfront:.0%}"
 
 
 def _cell(row: BenchRow | None) -> str:

@@ -18,11 +18,12 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import torch
 
-from moetune.bench.timing import Timing, measure
+from moetune.bench.timing import Timing, Work, measure
 from moetune.model.hugepages import huge_empty
 from moetune.model.transformer import MoETransformer, storage_bytes
 from moetune.tensors import distinct, span
@@ -49,13 +50,51 @@ class Limits:
 
 def measure_limits(device: torch.device, runs: int = 5) -> Limits:
     """The read-stream and fp32-matmul rates of this machine, now (medians of `runs`)."""
-    n = STREAM_BYTES // 4 // 64
-    bufs = [_stream_buffer(n, device) for _ in range(64)]  # 64 buffers: no one of them stays cached
-    read = measure(lambda: [b.sum() for b in bufs], device, runs)
-    a = torch.randn(MATMUL_N, MATMUL_N, device=device)
-    b = torch.randn(MATMUL_N, MATMUL_N, device=device)
-    mm = measure(lambda: a @ b, device, runs)
-    return Limits(STREAM_BYTES / read.median_s / 1e9, read, 2 * MATMUL_N**3 / mm.median_s / 1e9, mm)
+    return LimitSampler(device).limits(runs)
+
+
+class LimitSampler:
+    """The buffers of both limits, kept for the whole bench: `limits()` measures them up front, and
+    `beside()` makes a workload take one sample of its limit right before each of its runs, so that
+    its rate is set against the machine as it was during its own runs (this VM's read rate moved
+    25-55 GB/s within one bench run)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        n = STREAM_BYTES // 4 // 64
+        self._bufs = [_stream_buffer(n, device) for _ in range(64)]  # 64 buffers: no one of them stays cached
+        self._a = torch.randn(MATMUL_N, MATMUL_N, device=device)
+        self._b = torch.randn(MATMUL_N, MATMUL_N, device=device)
+        self.samples: dict[str, list[float]] = {}  # workload → the limit sampled before each of its runs
+
+    def _read(self) -> None:
+        for b in self._bufs:
+            b.sum()
+
+    def _matmul(self) -> None:
+        self._a @ self._b
+
+    def limits(self, runs: int = 5) -> Limits:
+        read, mm = measure(self._read, self.device, runs), measure(self._matmul, self.device, runs)
+        return Limits(STREAM_BYTES / read.median_s / 1e9, read, 2 * MATMUL_N**3 / mm.median_s / 1e9, mm)
+
+    def sample(self, kind: str) -> float:
+        """One timed pass: "read" → GB/s, "matmul" → GFLOP/s."""
+        t = measure(self._read if kind == "read" else self._matmul, self.device, runs=1, warmup=0)
+        return (STREAM_BYTES / 1e9 if kind == "read" else 2 * MATMUL_N**3 / 1e9) / t.median_s
+
+    def beside(self, work: Work, workload: str, kind: str) -> Work:
+        """`work` whose untimed setup first samples `kind` into samples[workload]."""
+        def setup():
+            self.samples.setdefault(workload, []).append(self.sample(kind))
+            return work.setup() if work.setup is not None else None
+
+        return Work(work.fn if work.setup is not None else (lambda _: work.fn()), setup)
+
+    def median(self, workload: str) -> float:
+        """The median sample beside `workload`'s runs (0.0 when none was taken)."""
+        got = self.samples.get(workload)
+        return statistics.median(got) if got else 0.0
 
 
 def _stream_buffer(n: int, device: torch.device) -> torch.Tensor:

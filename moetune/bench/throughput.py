@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from moetune.bench.roofline import dense_weight_bytes, expert_bytes, prefill_flops
+from moetune.bench.roofline import LimitSampler, dense_weight_bytes, expert_bytes, prefill_flops
 from moetune.bench.timing import Timing, Work, measure, measure_alternating
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
@@ -40,6 +40,7 @@ class BenchRow:
     timing: Timing
     weight_bytes: float = 0.0  # decode: weight bytes one timed run read (0: not counted)
     flops: float = 0.0  # prefill: FLOPs of one timed run (0: not counted)
+    limit: float = 0.0  # the machine's limit (GB/s, GFLOP/s) sampled beside these runs (0: not sampled)
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,15 +70,30 @@ class Planned:
     flops: float = 0.0  # prefill: FLOPs of one run
     bytes_read: Callable[[], float] | None = None  # decode: weight bytes of one run, asked once its runs are done
 
-    def row(self, timing: Timing) -> BenchRow:
+    @property
+    def limit_kind(self) -> str:
+        """The machine limit its rate is set against: "read" (decode) or "matmul" (prefill)."""
+        return "read" if self.bytes_read is not None else "matmul"
+
+    def row(self, timing: Timing, limit: float = 0.0) -> BenchRow:
         read = self.bytes_read() if self.bytes_read is not None else 0.0
-        return BenchRow(self.engine, self.workload, self.tokens, timing, weight_bytes=read, flops=self.flops)
+        return BenchRow(self.engine, self.workload, self.tokens, timing, weight_bytes=read, flops=self.flops,
+                        limit=limit)
 
 
-def bench_moetune(model: MoETransformer, s: BenchSettings) -> list[BenchRow]:
-    """Every workload of `plan_moetune`, timed one after the other."""
+def sampled_beside(plans: list[Planned], sampler: LimitSampler) -> list[Planned]:
+    """The plans, each taking one sample of its limit before every run (`LimitSampler.beside`)."""
+    return [replace(p, work=sampler.beside(p.work, p.workload, p.limit_kind)) for p in plans]
+
+
+def bench_moetune(model: MoETransformer, s: BenchSettings, sampler: LimitSampler | None = None) -> list[BenchRow]:
+    """Every workload of `plan_moetune`, timed one after the other; with a `sampler`, each run
+    preceded by a sample of the machine's limit, kept in the row."""
     plans, done = plan_moetune(model, s)
-    rows = [p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup)) for p in plans]
+    if sampler is not None:
+        plans = sampled_beside(plans, sampler)
+    rows = [p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup),
+                  sampler.median(p.workload) if sampler is not None else 0.0) for p in plans]
     done()
     return rows
 
@@ -122,14 +138,17 @@ def plan_moetune(model: MoETransformer, s: BenchSettings) -> tuple[list[Planned]
     return plans, routed.detach
 
 
-def bench_against(plans: list[Planned], reference: list[Planned], device: torch.device, runs: int
-                  ) -> list[BenchRow]:
+def bench_against(plans: list[Planned], reference: list[Planned], device: torch.device, runs: int,
+                  sampler: LimitSampler | None = None) -> list[BenchRow]:
     """Each workload of ours and the reference's same workload, their runs taking turns
-    (`measure_alternating`): our rows, then the reference's."""
+    (`measure_alternating`): our rows, then the reference's. With a `sampler`, each of our runs is
+    preceded by a sample of the machine's limit, kept in our row."""
+    if sampler is not None:
+        plans = sampled_beside(plans, sampler)
     ours, theirs = [], []
     for a, b in zip(plans, reference, strict=True):
         ta, tb = measure_alternating(a.work, b.work, device, runs, warmup=WARMUP)
-        ours.append(a.row(ta))
+        ours.append(a.row(ta, sampler.median(a.workload) if sampler is not None else 0.0))
         theirs.append(b.row(tb))
     return ours + theirs
 

@@ -44,7 +44,7 @@ def bench(
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1")
         return _bench_ep(cfg, settings)
     from moetune.bench.report import bench_table, limits_lines
-    from moetune.bench.roofline import measure_limits
+    from moetune.bench.roofline import LimitSampler
     from moetune.bench.throughput import bench_moetune
     from moetune.engine.build import build_model
 
@@ -53,7 +53,8 @@ def bench(
     console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
     ours = build_model(cfg, device=dev)  # the recipe's deployment: quant, offload, capacity
     with console.status("machine limits ..."):
-        limits = measure_limits(dev)
+        sampler = LimitSampler(dev)
+        limits = sampler.limits()
     if against:  # both loaded, each workload's runs taking turns with the reference's
         from moetune.bench.hf_reference import load_transformers, plan_transformers
         from moetune.bench.throughput import bench_against, plan_moetune
@@ -62,11 +63,11 @@ def bench(
         plans, done = plan_moetune(ours, settings)
         with console.status("moetune and transformers, taking turns ..."):
             rows = bench_against(plans, plan_transformers(reference, ours.spec.vocab_size, settings, dev), dev,
-                                 settings.runs)
+                                 settings.runs, sampler)
         done()
     else:
         with console.status("moetune ..."):
-            rows = bench_moetune(ours, settings)
+            rows = bench_moetune(ours, settings, sampler)
     console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev} · {_threads(dev)}", limits))
     for line in limits_lines(limits):
         console.print(line, soft_wrap=True, highlight=False)

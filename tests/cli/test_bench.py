@@ -11,6 +11,7 @@ def test_bench_against_transformers_prints_every_workload_with_a_ratio(checkpoin
     for workload, unit in (("prefill b=1 len=16", "GFLOP/s"), ("decode b=1", "GB/s"), ("decode b=16", "GB/s")):
         line = next(line for line in lines if workload in line)
         assert line.count("×") == 1 and unit in line and "%" in line  # ratio, achieved rate, share of the limit
+        assert "[" in line  # ... of the limit sampled beside this workload's runs
     assert "threads 1" in result.stdout
     for figure in ("read limit", "matmul limit"):
         line = next(line for line in lines if figure in line)
