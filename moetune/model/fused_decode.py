@@ -103,10 +103,14 @@ class FusedDecode:
         return 0 < T <= self.max_rows and batch.num_single == T
 
     def covers(self, layer) -> bool:
-        """Whether this decoder layer runs fused (decided on its first step)."""
-        if layer.index not in self._covers:
-            self._covers[layer.index] = _fusable(layer)
-        return self._covers[layer.index]
+        """Whether this decoder layer runs fused: its kinds of attention and weights (decided on its
+        first step), and the MoE block's settings now (a capacity can be set after load)."""
+        fits = self._covers.get(layer.index)
+        if fits is None:
+            fits = self._covers[layer.index] = _fusable(layer)
+        mlp = layer.mlp
+        return fits and mlp.capacity is None and type(mlp.dispatcher) is LocalDispatcher \
+            and isinstance(mlp.backend, CPUBackend)
 
     def run(self, layers: list, h: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos: torch.Tensor,
             sin: torch.Tensor, probe=None) -> torch.Tensor:
@@ -237,14 +241,14 @@ class _Step:
 
 
 def _fusable(layer) -> bool:
+    """What does not change after load: GQA + MoE, the rotary the kernel takes, routing without
+    group limits, fp32 CPU weights outside the store."""
     attn, mlp = layer.attention, layer.mlp
     if not isinstance(attn, GQAAttention) or not isinstance(mlp, MoELayer):
         return False
     rotary, s = attn.rotary, attn.spec
     return (attn.decode_kernel and rotary.kernel and not rotary.interleave
-            and rotary.inv_freq.shape[0] * 2 == s.head_dim
-            and isinstance(mlp.backend, CPUBackend) and type(mlp.dispatcher) is LocalDispatcher
-            and mlp.capacity is None and takes_routing(mlp.spec.router)
+            and rotary.inv_freq.shape[0] * 2 == s.head_dim and takes_routing(mlp.spec.router)
             and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in layer.tensors()))
 
 

@@ -187,3 +187,12 @@ def test_an_offloading_store_sees_every_fused_layer(checkpoint):
     _assert_same(model, PROMPTS["three"], unfused_experts=False)
     assert sum(s["misses"] for s in model.experts.stats().values()) > 0
     model.experts.close()
+
+
+def test_a_capacity_set_after_load_turns_the_fused_layers_off(checkpoint):
+    from moetune.engine.build import set_capacity
+
+    model = load_model(checkpoint("mixtral"))
+    assert _decode(model, PROMPTS["three"], fused=True, steps=3)[2] > 0  # the layers' kinds are decided here
+    set_capacity(model, 1.0, "drop")
+    _assert_same(model, PROMPTS["three"], fused_calls=False)
