@@ -51,8 +51,10 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
-def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_node: int, ran: bool = False) -> dict:
-    """ran: the run started ep_size ranks (otherwise its EP traffic is computed on one process)."""
+def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_node: int, ran: bool = False,
+                fused: bool = False) -> dict:
+    """ran: the run started ep_size ranks (otherwise its EP traffic is computed on one process);
+    fused: the engine runs decode steps through the fused CPU layer kernels outside a profile."""
     return {
         "model_dir": str(model_dir),
         "model_files_sha256": model_files_hash(model_dir),
@@ -64,6 +66,9 @@ def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_n
         "triton": _version("triton"),
         "torch_num_threads": torch.get_num_threads(),
         "openmp_wait": wait_policy(),  # spin or sleep between parallel regions (engine/threads.py)
+        "decode_layers": ("unfused while profiled (each phase timed); outside a profile, decode steps run the fused "
+                          "CPU layer kernels (model/fused_decode.py; `moetune profile --overhead` compares them)"
+                          if fused else "unfused"),
         "device": device_info(device),
         "topology": {"ep_size": ep_size, "ranks_per_node": ranks_per_node,
                      "nodes": max(1, ep_size // ranks_per_node), "simulated": not ran,

@@ -227,7 +227,8 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)
     recipe += "# profile workload (not a RunConfig key):\n" + "".join(
         f"#   {k}: {v}\n" for k, v in summary["workload"].items())
-    env = environment(model_dir, model.device, layout.ep_size, layout.ranks_per_node, ran=parts.ranks is not None)
+    env = environment(model_dir, model.device, layout.ep_size, layout.ranks_per_node, ran=parts.ranks is not None,
+                      fused=model.fused is not None)
     write_contents(tmp, recipe, env, summary, tables, parts.trace)
     return summary
 

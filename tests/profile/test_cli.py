@@ -74,4 +74,6 @@ def test_env_json_says_how_the_openmp_threads_waited(checkpoint, tmp_path):
     run = tmp_path / "run"
     result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), *SMALL, "--out", str(run))
     assert result.returncode == 0, result.stderr
-    assert json.loads((run / "env.json").read_text())["openmp_wait"] == "sleep (OMP_WAIT_POLICY=PASSIVE)"  # conftest
+    env = json.loads((run / "env.json").read_text())
+    assert env["openmp_wait"] == "sleep (OMP_WAIT_POLICY=PASSIVE)"  # conftest
+    assert env["decode_layers"].startswith("unfused while profiled")  # an fp32 checkpoint under the cpu backend
