@@ -4,7 +4,8 @@ Probes off: each phase costs one `is None` test and a shared nullcontext; its co
 measured directly (timeit) and compared with the step time. A profile times the phases of the
 unfused layers, so where the engine normally runs decode steps through the fused CPU layer kernels
 (model/fused_decode.py), a third, interleaved run measures that normal path: the probes' own cost
-is on vs off with both unfused, and the fused path's gain is reported beside it.
+is on vs off with both unfused, and the fused path's gain is reported beside it. The runs take
+turns, their order reversed every round.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class OverheadResult:
     @property
     def overhead(self) -> float:
         return self.on_median / self.off_median - 1.0
+
+    @property
+    def overhead_paired(self) -> float:
+        """Median over rounds of on ÷ off within the round (the two runs were adjacent, so the
+        machine's drift over the rounds cancels)."""
+        return statistics.median(a / b for a, b in zip(self.on_s, self.off_s)) - 1.0
 
     @property
     def overhead_min(self) -> float:
@@ -86,18 +93,27 @@ def measure_overhead(settings, runs: int = 7) -> OverheadResult:
 
     model = generator.model
     profiler, fused = Profiler(model), model.fused
-    workload()  # warm-up, probes off
-    off, on, fused_s = [], [], []
-    for _ in range(runs):
-        if fused is not None:
-            fused_s.append(workload())
-            model.fused = None
+
+    def probes_off() -> None:
+        model.fused = None
         off.append(workload())
+        model.fused = fused
+
+    def probes_on() -> None:
         profiler.attach(generator.engine)
         on.append(workload())
         profiler.detach(generator.engine)
         profiler.records = type(profiler.records)()
-        model.fused = fused
+
+    def fused_path() -> None:
+        fused_s.append(workload())
+
+    workload()  # warm-up, probes off
+    off, on, fused_s = [], [], []
+    order = [probes_off, probes_on] + ([fused_path] if fused is not None else [])
+    for r in range(runs):  # the order turns each round, so that a machine that drifts favours no side
+        for run in order if r % 2 == 0 else order[::-1]:
+            run()
     spec = generator.model.spec
     scopes = spec.num_layers + len(spec.moe_layers) * 7 + (spec.num_layers - len(spec.moe_layers))
     scopes += len(spec.moe_layers) if spec.moe.shared_intermediate_size else 0

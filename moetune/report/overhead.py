@@ -12,6 +12,8 @@ def overhead_table(r: OverheadResult) -> Table:
             ["probes on (median of %d)" % r.runs, f"{r.on_median:.3f} s", f"{1e3 * r.on_median / r.steps:.2f} ms/step"],
             ["probes off / on, fastest run", f"{min(r.off_s):.3f} s / {min(r.on_s):.3f} s", ""],
             ["overhead on vs off", f"{100 * r.overhead:+.1f}% (medians)", f"{100 * r.overhead_min:+.1f}% (fastest runs)"],
+            ["overhead on vs off, per round", f"{100 * r.overhead_paired:+.1f}% (median of on ÷ off)",
+             "each round's two runs are adjacent"],
             ["run-to-run spread, probes off", f"{100 * r.off_spread:.1f}%", "(max − min) / median"],
             ["probes off: null scope", f"{r.null_scope_ns:.0f} ns × {r.scopes_per_step}/step",
              f"{100 * r.null_share:.3f}% of a step"]]
