@@ -45,8 +45,12 @@ class ModelRunner:
         if self.observer is not None:
             self.observer.step_begin(batch.kind.value, batch)
         hidden = self.model.forward(batch, self.cache)  # [T, D]
-        rows = batch.last_token_index()[samplers] if len(samplers) < batch.num_seqs else batch.last_token_index()
-        logits = self.model.logits(hidden[rows])  # [S, V]
+        if len(samplers) == batch.num_seqs == hidden.shape[0]:  # one token per sequence, all sample (decode)
+            last = hidden  # [S, D]
+        else:
+            rows = batch.last_token_index()[samplers] if len(samplers) < batch.num_seqs else batch.last_token_index()
+            last = hidden[rows]  # [S, D]
+        logits = self.model.logits(last)  # [S, V]
         if self.observer is not None:
             self.observer.step_end(batch.kind.value, batch)
         tokens: list[int | None] = [None] * batch.num_seqs

@@ -141,7 +141,7 @@ class FusedDecode:
 
         batch = StepBatch(one(0), one(0), [1], [1], one(bs), one(1)[None], StepKind.DECODE, num_single=1)
         h = model.embed[batch.input_ids]  # [1, D]
-        cos, sin = model.rotary.cos_sin(batch.positions, h.dtype)
+        cos, sin = model.rotary.cos_sin(batch.positions, h.dtype, 1)
         self.run(layers, h, batch, cache, cos, sin)
 
     def _layer(self, layer, h: torch.Tensor, step: "_Step", cache: PagedKVCache, probe) -> None:

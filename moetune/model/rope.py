@@ -67,10 +67,21 @@ class Rotary:
         self.scale = yarn_attention_factor(rope)
         self.interleave = rope.interleave
         self.kernel = kernel
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # `cos_sin`
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, rot_dim/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, rot_dim]
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, rot_dim] for positions [T], all below `end` (known on the host: no read-back):
+        rows of a table kept per dtype (the values computing them gives, made once: a step then costs
+        two gathers, not nine small ops on caches the last weight stream flushed), grown to 2·end."""
+        top = end
+        table = self._tables.get(dtype)
+        if table is None or table[0].shape[0] < top:
+            table = self._tables[dtype] = self._table(max(2 * top, 256), dtype)
+        return table[0][positions], table[1][positions]
+
+    def _table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.arange(n, device=self.inv_freq.device)[:, None].float() * self.inv_freq[None, :]  # [n, rot_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [n, rot_dim]
         return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ class MoETransformer:
     def forward(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """Hidden states after the final norm for every token of the step: [T, D]."""
         h = self.embed[batch.input_ids]  # [T, D]
-        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)  # [T, rot_dim] each
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype, max(batch.context_lens, default=0))  # [T, rot_dim] each
         if self.fused is not None and not times_phases(self.probe) and self.fused.takes(batch):
             return self.norm(self.fused.run(self.layers, h, batch, cache, cos, sin, self.probe))
         for layer in self.layers:

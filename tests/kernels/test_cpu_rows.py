@@ -50,7 +50,7 @@ def test_rms_norm_refuses_other_dtypes():
 def test_rope_matches_rotary_apply_in_place_on_a_view(T, H, R):
     g = torch.Generator().manual_seed(2)
     rotary = Rotary(RopeSpec(dim=R, theta=10000.0), torch.device("cpu"))
-    cos, sin = rotary.cos_sin(torch.randint(0, 4000, (T,), generator=g), torch.float32)  # [T, R]
+    cos, sin = rotary.cos_sin(torch.randint(0, 4000, (T,), generator=g), torch.float32, 4000)  # [T, R]
     qkv = torch.randn(T, 3 * H * R, generator=g)
     k = qkv[:, H * R : 2 * H * R].view(T, H, R)  # a strided view, as attention's split gives
     want = rotary.apply(k.clone(), cos, sin)
@@ -64,7 +64,7 @@ def test_rope_matches_rotary_apply_in_place_on_a_view(T, H, R):
 def test_rotary_apply_in_place_with_and_without_the_kernel():
     g = torch.Generator().manual_seed(3)
     spec = RopeSpec(dim=16, theta=500.0)
-    cos, sin = Rotary(spec, torch.device("cpu")).cos_sin(torch.arange(4), torch.float32)
+    cos, sin = Rotary(spec, torch.device("cpu")).cos_sin(torch.arange(4), torch.float32, 4)
     x = torch.randn(4, 3, 16, generator=g)
     want = Rotary(spec, torch.device("cpu")).apply(x, cos, sin)
     for kernel in (False, True):
