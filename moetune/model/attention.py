@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moetune.kernels.cpu.attention import decode_attention, decode_plan
+from moetune.kernels.cpu.attention import DecodePlan, decode_attention, decode_plan
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.linear import Linear  # noqa: F401  (re-exported: Linear used to live here)
@@ -69,17 +69,23 @@ class GQAAttention:
             q, k = self.q_norm(q), self.k_norm(k)
         return self.rotary.apply_(q, cos, sin), self.rotary.apply_(k, cos, sin), v  # in place: q, k are fresh
 
+    def decode_plan(self, batch: StepBatch, B1: int, block_size: int) -> DecodePlan:
+        """The decode attention plan of the step's B1 leading one-token sequences: made by the first
+        layer that asks (unfused or fused), the same object for every layer of the same window."""
+        s, window = self.spec, self.spec.sliding_window or 0
+        return batch.memo(("decode_plan", B1, block_size, window, s.num_heads, s.num_kv_heads, s.head_dim),
+                          lambda: decode_plan(batch.block_tables[:B1], batch.context_tensor()[:B1], block_size,
+                                              window, s.num_heads, s.num_kv_heads, s.head_dim))
+
     def _attend_single(self, q: torch.Tensor, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """The leading sequences with one query token each, batched: q [B1, H, Dh] → [B1, H, Dh]."""
         B1 = q.shape[0]
         if self.decode_kernel:
             k_pool, v_pool = cache.layers[self.layer]  # [rows, Hkv, Dh] each
-            tables, lens, s = batch.block_tables[:B1], batch.context_tensor()[:B1], self.spec
-            window = s.sliding_window or 0
-            plan = batch.memo(("decode_plan", B1, cache.block_size, window, s.num_heads, s.num_kv_heads, s.head_dim),
-                              lambda: decode_plan(tables, lens, cache.block_size, window, s.num_heads,
-                                                  s.num_kv_heads, s.head_dim))  # made by the first layer
-            return decode_attention(q, k_pool, v_pool, tables, lens, cache.block_size, self.scale, window, plan=plan)
+            tables, lens = batch.block_tables[:B1], batch.context_tensor()[:B1]
+            plan = self.decode_plan(batch, B1, cache.block_size)
+            return decode_attention(q, k_pool, v_pool, tables, lens, cache.block_size, self.scale, plan.window,
+                                    plan=plan)
         ctx = batch.context_tensor()[:B1, None]  # [B1, 1]
         S = max(batch.context_lens[:B1])
         k, v = cache.gather(self.layer, batch.block_tables[:B1], S)  # [B1, S, Hkv, Dh] each

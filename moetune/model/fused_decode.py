@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moetune.kernels.cpu.attention import decode_plan
 from moetune.kernels.cpu.experts import BLOCK_13, BLOCK_2, SCHEDULE, SCHEDULES
 from moetune.kernels.cpu.formats import weight_bytes
 from moetune.kernels.cpu.routing import takes_routing
@@ -153,7 +152,7 @@ class FusedDecode:
         attn, mlp = layer.attention, layer.mlp
         s, router, d = attn.spec, mlp.spec.router, self._dense_of(layer)
         k_pool, v_pool = self._pool_of(cache, layer.index)
-        plan = step.plan(attn, cache.block_size)
+        plan = attn.decode_plan(step.batch, step.batch.num_seqs, cache.block_size)
         T, D, K = h.shape[0], h.shape[1], router.top_k
         x = np.empty((T, D), np.float32)
         topk_w, topk_ids = np.empty((T, K), np.float32), np.empty((T, K), np.int64)
@@ -223,21 +222,14 @@ class FusedDecode:
 
 
 class _Step:
-    """What every fused layer of one step shares: cos/sin and cache rows as numpy, the threads, and
-    the decode attention plan (one per distinct window, through `StepBatch.memo` as attention does)."""
+    """What every fused layer of one step shares: the batch (whose memo holds the decode attention
+    plan, `GQAAttention.decode_plan`), cos/sin and cache rows as numpy, and the threads."""
 
     def __init__(self, batch: StepBatch, cos: torch.Tensor, sin: torch.Tensor, threads: int):
         self.batch = batch
         self.cos, self.sin = cos.contiguous().numpy(), sin.contiguous().numpy()  # [T, Dh] each
         self.rows = batch.slot_mapping.numpy()  # [T] int64
         self.threads = threads
-
-    def plan(self, attn: GQAAttention, block_size: int):
-        s, b = attn.spec, self.batch
-        B, window = b.num_seqs, s.sliding_window or 0
-        return b.memo(("decode_plan", B, block_size, window, s.num_heads, s.num_kv_heads, s.head_dim),
-                      lambda: decode_plan(b.block_tables[:B], b.context_tensor()[:B], block_size, window,
-                                          s.num_heads, s.num_kv_heads, s.head_dim))
 
 
 def _fusable(layer) -> bool:

@@ -73,10 +73,9 @@ class Rotary:
         """cos, sin [T, rot_dim] for positions [T], all below `end` (known on the host: no read-back):
         rows of a table kept per dtype (the values computing them gives, made once: a step then costs
         two gathers, not nine small ops on caches the last weight stream flushed), grown to 2·end."""
-        top = end
         table = self._tables.get(dtype)
-        if table is None or table[0].shape[0] < top:
-            table = self._tables[dtype] = self._table(max(2 * top, 256), dtype)
+        if table is None or table[0].shape[0] < end:
+            table = self._tables[dtype] = self._table(max(2 * end, 256), dtype)
         return table[0][positions], table[1][positions]
 
     def _table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -196,3 +196,33 @@ def test_a_capacity_set_after_load_turns_the_fused_layers_off(checkpoint):
     assert _decode(model, PROMPTS["three"], fused=True, steps=3)[2] > 0  # the layers' kinds are decided here
     set_capacity(model, 1.0, "drop")
     _assert_same(model, PROMPTS["three"], fused_calls=False)
+
+
+def test_loading_runs_the_fused_layers_once_so_the_first_request_does_not_compile_them(checkpoint):
+    calls, layer = [], FusedDecode._layer
+
+    def counting(self, *args):
+        calls.append(1)
+        return layer(self, *args)
+
+    FusedDecode._layer = counting
+    try:
+        model = load_model(checkpoint("qwen3_moe"))
+    finally:
+        FusedDecode._layer = layer
+    assert len(calls) == sum(model.fused.covers(x) for x in model.layers) > 0
+
+
+def test_serves_expert_load_window_counts_the_same_routing_fused_and_unfused(checkpoint):
+    from moetune.serve.expert_load import ExpertLoadWindow
+
+    model = load_model(checkpoint("qwen3_moe"))
+    counts = {}
+    for fused in (False, True):
+        window = ExpertLoadWindow(model, window_steps=1)  # every step counts into the one row
+        model.attach_probe(window)
+        calls = _decode(model, PROMPTS["three"], fused=fused, steps=4)[2]
+        assert (calls > 0) == fused
+        counts[fused] = window.counts()
+    model.attach_probe(None)
+    assert counts[True].sum() > 0 and (counts[True] == counts[False]).all()

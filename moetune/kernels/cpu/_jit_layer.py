@@ -1,8 +1,9 @@
-"""The numba halves of a fused decode layer (imported lazily by `layer.py`, never at package import).
+"""The numba halves of a fused decode layer (imported lazily by `runtime.jit_layer()`, never at
+package import; called by `moetune.model.fused_decode`).
 
 Each function strings together the kernels of `_jit` that a decoder layer calls one by one
 through Python otherwise, in the same order and with the same arithmetic, so the outputs match the
-unfused layer's to rounding (the same kernels, compiled into another caller). See `layer.py`.
+unfused layer's to rounding (the same kernels, compiled into another caller).
 """
 
 from __future__ import annotations
