@@ -78,9 +78,10 @@ def _threads(dev) -> str:
 
     if dev.type == "cuda":
         return "GPU"
+    from moetune.engine.heap import heap_policy
     from moetune.engine.threads import wait_policy
 
-    return f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()}"
+    return f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()} · freed memory: {heap_policy()}"
 
 
 def _settings(prefill_len: int, decode_steps: int, runs: int):

@@ -47,8 +47,10 @@ app.command()(simulate)
 
 def main() -> None:
     from moetune.cli.funnel import run_cli
+    from moetune.engine.heap import keep_freed_memory
     from moetune.engine.threads import choose_wait_policy
 
     choose_wait_policy()  # before torch loads its OpenMP runtime (docs/cpu.md)
+    keep_freed_memory()  # before the first big tensor (engine/heap.py)
 
     run_cli(app, COMMANDS)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from moetune.engine.heap import heap_policy
 from moetune.engine.threads import wait_policy
 
 
@@ -66,6 +67,7 @@ def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_n
         "triton": _version("triton"),
         "torch_num_threads": torch.get_num_threads(),
         "openmp_wait": wait_policy(),  # spin or sleep between parallel regions (engine/threads.py)
+        "malloc": heap_policy(),  # whether freed activation memory stays in the process (engine/heap.py)
         "decode_layers": ("unfused while profiled (each phase timed); outside a profile, decode steps run the fused "
                           "CPU layer kernels (model/fused_decode.py; `moetune profile --overhead` compares them)"
                           if fused else "unfused"),

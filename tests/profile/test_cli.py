@@ -76,4 +76,5 @@ def test_env_json_says_how_the_openmp_threads_waited(checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr
     env = json.loads((run / "env.json").read_text())
     assert env["openmp_wait"] == "sleep (OMP_WAIT_POLICY=PASSIVE)"  # conftest
+    assert env["malloc"] == "kept"  # the CLI keeps freed activation memory (engine/heap.py)
     assert env["decode_layers"].startswith("unfused while profiled")  # an fp32 checkpoint under the cpu backend
