@@ -82,12 +82,15 @@ class CPUBackend(TorchBackend):
         if not big.any():
             return ExpertsOutput(fused_experts_cpu(x, offsets, weights.w13, weights.w2), 1)
         small = torch.from_numpy(np.flatnonzero((counts > 0) & ~big))  # [A]
-        y = fused_experts_cpu(x, offsets, weights.w13, weights.w2, experts=small)  # big slots' rows: 0
         bounds, I = offsets.tolist(), weights.intermediate_size
+        N = x.shape[0]
+        # every row is some slot's when the slots cover [0, N): no zero fill (12.6 MB at 512 tokens, K = 8)
+        y = torch.empty(N, x.shape[1]) if bounds[0] == 0 and bounds[-1] == N else None  # [N, D]
+        y = fused_experts_cpu(x, offsets, weights.w13, weights.w2, experts=small, out=y)  # big slots' rows next
         for e in np.flatnonzero(big).tolist():
             rows = slice(bounds[e], bounds[e + 1])
             h = x[rows] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
-            y[rows] = (F.silu(h[:, :I]) * h[:, I:]) @ slot_matrix(weights.w2, e, x.dtype).t()  # [n_e, D]
+            torch.mm(F.silu(h[:, :I]) * h[:, I:], slot_matrix(weights.w2, e, x.dtype).t(), out=y[rows])  # [n_e, D]
         return ExpertsOutput(y, 1)
 
     def _per_group(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> torch.Tensor:

@@ -137,6 +137,19 @@ def test_experts_subset_computes_only_the_chosen_experts(fmt, threads):
         fused_experts_cpu(x, offsets, w13, w2, experts=torch.tensor([4]))
 
 
+def test_experts_into_out_leave_other_rows_as_they_were(threads):
+    x, offsets, w13, w2 = experts_case([2, 0, 3, 4], 40, 24, "fp32")
+    out = torch.full((9, 40), float("nan"))
+    y = fused_experts_cpu(x, offsets, w13, w2, threads=threads, experts=torch.tensor([0, 3]), out=out)
+    assert y is out
+    want = fused_experts_cpu_ref(x, offsets, w13, w2)
+    close(out[:2], want[:2])
+    close(out[5:], want[5:])
+    assert bool(out[2:5].isnan().all())  # expert 2's rows: not written
+    with pytest.raises(ValueError, match="out must be"):
+        fused_experts_cpu(x, offsets, w13, w2, out=torch.empty(9, 40).t().contiguous().t())
+
+
 def test_experts_reject_bad_input():
     x, offsets, w13, w2 = experts_case([1, 1], 64, 32, "fp32")
     with pytest.raises(ValueError, match="offsets"):

@@ -137,8 +137,24 @@ def test_small_experts_stay_on_the_kernel_for_more_rows(monkeypatch):
     got, want = _both(x, ids, small, max_rows=None)
     torch.testing.assert_close(got.y, want.y, rtol=1e-4, atol=1e-4)
     assert not torch_slots  # every slot through the kernel
-    _both(x, ids, small, max_rows=16)
+    got, want = _both(x, ids, small, max_rows=16)
     assert sorted(set(torch_slots)) == [0, 1]  # with the 16-row limit both slots take torch's GEMM
+    torch.testing.assert_close(got.y, want.y, rtol=1e-4, atol=1e-4)
+
+
+def test_slots_over_the_row_limit_and_under_it_fill_every_row(monkeypatch):
+    """torch's GEMM for the big slots, the kernel for the small ones, an empty slot between: every
+    row written (the output is not zero-filled first, so a row left out would be garbage)."""
+    from moetune.moe import cpu_backend
+
+    real_empty = torch.empty
+    monkeypatch.setattr(cpu_backend.torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    weights = _weights(4, 64, 32)
+    x = torch.randn(30, 64)
+    ids = torch.stack([torch.zeros(30, dtype=torch.long), torch.where(torch.arange(30) < 3, 1, 3)], 1)  # slot 2: none
+    got, want = _both(x, ids, weights, max_rows=8)  # slots 0 (30 rows) and 3 (27) to torch, slot 1 (3) to the kernel
+    assert not got.y.isnan().any()
+    torch.testing.assert_close(got.y, want.y, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("T", [0, 1, 5, 64, 65])

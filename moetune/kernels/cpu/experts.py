@@ -73,14 +73,20 @@ def _segments(offsets: torch.Tensor, n_rows: int, experts: torch.Tensor | None =
 
 def fused_experts_cpu(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,
                       w2: torch.Tensor | PackedWeight, threads: int | None = None,
-                      experts: torch.Tensor | None = None) -> torch.Tensor:
+                      experts: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x_sorted [N, D] fp32, offsets [E+1], w13 [E, 2I, D], w2 [E, D, I] → y [N, D] fp32.
-    `experts`: ids of the experts to compute (None: every non-empty one); other rows are 0."""
+    `experts`: ids of the experts to compute (None: every non-empty one); other rows are 0, or,
+    with `out` (a C-contiguous fp32 [N, D] to write y into), left as they were."""
     w13, w2 = as_packed(w13), as_packed(w2)
     _check(x_sorted, offsets, w13, w2)
     N, D = x_sorted.shape
     off, active = _segments(offsets, N, experts)
-    y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
+    if out is None:
+        y = torch.zeros(N, D, dtype=torch.float32)  # [N, D]
+    elif out.shape != (N, D) or out.dtype != torch.float32 or not out.is_contiguous() or out.device.type != "cpu":
+        raise ValueError(f"out must be a contiguous fp32 CPU [{N}, {D}], got {tuple(out.shape)} {out.dtype}")
+    else:
+        y = out
     if active.size == 0 or D == 0 or in_features(w2) == 0:
         return y
     with launch(threads, weight_bytes(w13, w2) * active.size // w13.data.shape[0]) as k:
