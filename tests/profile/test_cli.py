@@ -78,3 +78,14 @@ def test_env_json_says_how_the_openmp_threads_waited(checkpoint, tmp_path):
     assert env["openmp_wait"] == "sleep (OMP_WAIT_POLICY=PASSIVE)"  # conftest
     assert env["malloc"] == "kept"  # the CLI keeps freed activation memory (engine/heap.py)
     assert env["decode_layers"].startswith("unfused while profiled")  # an fp32 checkpoint under the cpu backend
+
+
+def test_overhead_measures_probes_switched_within_one_run(checkpoint, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # one table row per line
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), *SMALL, "--output-len", "20",
+                     "--overhead")
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "overhead on vs off, per round" in out
+    assert "decode steps, switched every 8 steps" in out and "block pairs" in out
+    assert "unfused layers (what a profile times) vs fused" in out  # an fp32 checkpoint under the cpu backend

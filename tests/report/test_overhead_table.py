@@ -32,3 +32,35 @@ def test_the_per_round_overhead_compares_each_rounds_adjacent_runs():
     assert abs(r.overhead - (1.15 / 1.1 - 1)) < 1e-12  # medians of each side
     assert abs(r.overhead_paired - (1.05 / 1.0 - 1)) < 1e-12  # rounds: 1.083, 1.05, 1.045
     assert any(row[1] == "+5.0% (median of on ÷ off)" for row in overhead_table(r).rows)
+
+
+def test_in_run_blocks_pair_adjacent_blocks_and_cancel_a_steady_drift():
+    from moetune.profile.overhead import BLOCK, StepBlocks, _SIDES
+
+    n = 8 * BLOCK
+    on = [_SIDES[(i // BLOCK) % len(_SIDES)] for i in range(n)]
+    drift = [1.0 + 0.01 * i for i in range(n)]  # the machine slows down step by step
+    seconds = [d * (1.04 if o else 1.0) for d, o in zip(drift, on)]  # probes cost 4 %
+    blocks = StepBlocks(["decode"] * n, seconds, on)
+    assert len(blocks.pairs("decode")) == 4
+    assert abs(blocks.overhead("decode") - 0.04) < 0.003  # off/on and on/off pairs: the drift cancels
+    assert abs(blocks.overhead_median("decode") - 0.04) < 0.01
+    assert blocks.kinds_seen() == ["decode"]
+
+
+def test_in_run_blocks_compare_a_step_kind_only_where_both_blocks_have_it():
+    from moetune.profile.overhead import BLOCK, StepBlocks, _SIDES
+
+    n = 4 * BLOCK
+    on = [_SIDES[(i // BLOCK) % len(_SIDES)] for i in range(n)]
+    kinds = ["decode"] * n
+    kinds[0] = "prefill"  # an off block's prefill step with no probed prefill beside it
+    seconds = [50.0 if k == "prefill" else (1.1 if o else 1.0) for k, o in zip(kinds, on)]
+    blocks = StepBlocks(kinds, seconds, on)
+    assert blocks.pairs("prefill") == [] and blocks.overhead("prefill") is None
+    assert abs(blocks.overhead("decode") - 0.1) < 1e-9
+    r = OverheadResult(runs=3, steps=10, off_s=[1.0] * 3, on_s=[1.1] * 3, null_scope_ns=50.0, scopes_per_step=30,
+                       blocks=blocks)
+    rows = [row for row in overhead_table(r).rows if "switched" in row[0]]
+    assert len(rows) == 1 and rows[0][0].startswith("overhead on vs off, decode steps")
+    assert rows[0][1] == "+10.0% (Σ on ÷ Σ off, 2 block pairs)"
