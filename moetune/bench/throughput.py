@@ -170,6 +170,10 @@ class RoutedExperts:
         for layer in self.layers:
             layer.store = self
 
+    @property
+    def resident(self) -> bool:
+        return self.store.resident
+
     def acquire(self, layer: int, topk_ids: torch.Tensor):
         if self.on:
             self.ids.append(topk_ids)

@@ -220,6 +220,8 @@ class OffloadingExpertStore:
     """See the module docstring. `layers`: every layer's experts in full (the source of the blobs,
     released after start-up); `warm_loads` [Lm, E]: start with each layer's most loaded experts."""
 
+    resident = False  # acquire loads what the ids need
+
     def __init__(self, layers: dict[int, ExpertWeights], top_k: int, settings: OffloadSettings,
                  device: torch.device | str = "cpu", warm_loads: np.ndarray | None = None):
         self.settings, self.device, self.top_k = settings, torch.device(device), top_k

@@ -133,6 +133,9 @@ class ExpertWeights:
 
 
 class ExpertStore(Protocol):
+    resident: bool  # acquire hands out the same weights whatever the ids, and prefetch does nothing:
+    # a caller may tell the store after computing (the one-call fused decode step does)
+
     def acquire(self, layer: int, topk_ids: torch.Tensor) -> ExpertWeights:
         """The layer's experts, with every expert in `topk_ids` [T, K] ready to compute."""
         ...
@@ -149,6 +152,8 @@ class ExpertStore(Protocol):
 
 class ResidentExpertStore:
     """Every expert of every MoE layer resident on the compute device."""
+
+    resident = True
 
     def __init__(self, layers: dict[int, ExpertWeights]):
         self._layers = layers
