@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 
+from moetune.engine.heap import keep_freed_memory
 from moetune.engine.threads import choose_wait_policy, use_threads, wait_policy
 
 choose_wait_policy()  # as the CLI does, before torch loads OpenMP (docs/cpu.md)
+keep_freed_memory()  # as the CLI does (engine/heap.py)
 
 import torch  # noqa: E402
 

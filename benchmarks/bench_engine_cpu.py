@@ -47,10 +47,12 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--kernel-backend", default=None)
     args = p.parse_args()
+    from moetune.engine.heap import heap_policy, keep_freed_memory
     from moetune.engine.threads import choose_wait_policy, wait_policy
 
     choose_wait_policy()  # as moetune's CLI does (docs/cpu.md); before torch
-    print(f"OpenMP wait: {wait_policy()}")
+    keep_freed_memory()  # as the CLI does (engine/heap.py)
+    print(f"OpenMP wait: {wait_policy()} · freed memory: {heap_policy()}")
 
     import torch
 
