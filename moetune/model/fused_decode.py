@@ -107,6 +107,7 @@ class FusedDecode:
         self._pools: dict[int, tuple[torch.Tensor, np.ndarray, np.ndarray]] = {}
         self._covers: dict[int, bool] = {}
         self._whole: _Whole | None = None
+        self._seen: tuple | None = None  # the key of the last step not run in one call
 
     def takes(self, batch: StepBatch) -> bool:
         """Whether this step is fused: every sequence decodes one token, and at most max_rows of them."""
@@ -155,7 +156,7 @@ class FusedDecode:
         batch = StepBatch(one(0), one(0), [1], [1], one(bs), one(1)[None], StepKind.DECODE, num_single=1)
         h = model.embed[batch.input_ids]  # [1, D]
         cos, sin = model.rotary.cos_sin(batch.positions, h.dtype, 1)
-        for _ in range(2):  # layer by layer, then (the layers' arrays now known) all layers in one call
+        for _ in range(2):  # layer by layer, then (the same cache, stores and weights: `_whole_of`) in one call
             self.run(layers, h.clone(), batch, cache, cos, sin)
 
     def _layer(self, layer, h: torch.Tensor, step: "_Step", cache: PagedKVCache, probe) -> None:
@@ -215,21 +216,23 @@ class FusedDecode:
         needs every layer fused, alike (attention and routing settings, window, expert format), and
         its experts in a resident store (`ExpertStore.resident`: acquire hands out the same weights
         whatever the ids, so it can be told after the step) with identity slots and no shared
-        expert. Built on the first step that qualifies once each layer has run fused on its own
-        (which records its experts' arrays), again when a weight, store or cache changes."""
+        expert. Made on the second step with the same cache, stores and weights: the first runs
+        layer by layer, so each layer acquires its experts from the store as it is now."""
         if not layers or not all(self.covers(layer) for layer in layers):
             return None
-        stores = tuple(layer.mlp.store for layer in layers)
-        ptrs = tuple(layer.attention.qkv.weight.data_ptr() for layer in layers)
-        got = self._whole
-        if got is not None and got.cache is cache and got.ptrs == ptrs and all(a is b for a, b in zip(got.stores, stores)):
-            return got
+        key = (cache, tuple(layer.mlp.store for layer in layers),
+               tuple(layer.attention.qkv.weight.data_ptr() for layer in layers))
+        if self._whole is not None and _same(self._whole.key, key):
+            return self._whole
+        if self._seen is None or not _same(self._seen, key):
+            self._seen = key  # (a store swapped since, e.g. for quantized experts, is read afresh)
+            return None
         experts = [self._experts.get(layer.index) for layer in layers]
-        if any(e is None or not e.identity for e in experts) or not all(getattr(st, "resident", False) for st in stores) \
+        if any(e is None or not e.identity for e in experts) or not all(getattr(st, "resident", False) for st in key[1]) \
                 or any(layer.mlp.shared is not None for layer in layers) or len({_settings(layer) for layer in layers}) != 1 \
                 or len({(e.w13.dtype, e.slots, e.nbytes) for e in experts}) != 1:
             return None
-        self._whole = _Whole.of(cache, stores, ptrs, [self._dense_of(layer) for layer in layers], experts,
+        self._whole = _Whole.of(key, [self._dense_of(layer) for layer in layers], experts,
                                 [self._pool_of(cache, layer.index) for layer in layers])
         return self._whole
 
@@ -306,9 +309,7 @@ class FusedDecode:
 class _Whole:
     """The per-layer arrays of `decode_layers`, one tuple entry per layer, and what they were made
     for (the cache, stores and weight pointers `_whole_of` compares each step)."""
-    cache: PagedKVCache
-    stores: tuple
-    ptrs: tuple
+    key: tuple  # (cache, stores, qkv weight pointers) it was made for (`_whole_of`)
     tell: bool  # some store is not a plain ResidentExpertStore (e.g. the bench's counting wrapper): tell it after the step
     dense: list
     experts: list
@@ -327,17 +328,22 @@ class _Whole:
     row_limits: tuple
 
     @staticmethod
-    def of(cache: PagedKVCache, stores: tuple, ptrs: tuple, dense: list, experts: list, pools: list) -> "_Whole":
+    def of(key: tuple, dense: list, experts: list, pools: list) -> "_Whole":
         def each(name: str, of=dense) -> tuple:
             return tuple(getattr(x, name) for x in of)
 
         head = (each("norm1"), each("norm2"), dense[0].eps, each("wqkv"), each("ones_qkv"), each("bqkv"),
                 each("wo"), each("ones_o"), each("bo"))
-        tell = not all(type(store) is ResidentExpertStore for store in stores)
-        return _Whole(cache, stores, ptrs, tell, dense, experts, head, each("q_norm"), each("k_norm"),
+        tell = not all(type(store) is ResidentExpertStore for store in key[1])
+        return _Whole(key, tell, dense, experts, head, each("q_norm"), each("k_norm"),
                       tuple(k for k, _ in pools), tuple(v for _, v in pools), each("wg"), each("ones_g"),
                       each("bias"), each("w13", experts), each("s13", experts), each("w2", experts),
                       each("s2", experts), each("row_limit", experts))
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Two `_whole_of` keys: the same cache and stores (objects) and weight pointers."""
+    return a[0] is b[0] and a[2] == b[2] and len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1]))
 
 
 def _settings(layer) -> tuple:

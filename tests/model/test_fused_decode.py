@@ -266,3 +266,23 @@ def test_the_benchs_expert_counting_hears_every_layer_of_a_one_call_step(checkpo
         routed.detach()
         assert (wholes > 0) == fused
     assert counted[True] == counted[False] > 0
+
+
+def test_a_store_swapped_between_steps_is_read_afresh(ck64):
+    """As the int8 benchmark does: after one-call steps on fp32 experts, the model's store is
+    replaced by one of int8 experts; the next steps compute with those (equal to the unfused layers
+    on them), again in one call once a step has acquired them."""
+    from moetune.experts.store import ExpertWeights, ResidentExpertStore
+    from moetune.kernels.cpu import quantize_int8
+
+    model = load_model(ck64)
+    assert _decode(model, PROMPTS["three"], fused=True, steps=4)[3] > 0
+    old = model.experts
+    store = ResidentExpertStore({i: ExpertWeights(quantize_int8(old.weights(i).w13.data),
+                                                  quantize_int8(old.weights(i).w2.data), old.weights(i).slots)
+                                 for i in old.layers()})
+    model.experts = store
+    for layer in model.layers:
+        if isinstance(layer.mlp, MoELayer):
+            layer.mlp.store = store
+    _assert_same(model, PROMPTS["three"], unfused_experts=False, one_call=True)
