@@ -8,7 +8,9 @@ Speed: through the Engine as `moetune bench` runs it (decode steps after an unti
 experts quantized in place (`moetune.kernels.cpu.quantize_int8` / `quantize_int4`, group 64) and
 everything else fp32. GB/s = weight bytes read per run / time, bytes counted as in
 `moetune.bench.roofline` (the quantized experts' bytes, scales included). The read limit is
-measured in the same process just before.
+sampled in the same process before every timed run. Every format's model is loaded beside the
+first's (fp32 by default) and their runs take turns, so the printed ratio compares the same
+moments of the machine.
 
 Quality (`--quality-model`, default the bundled trained model): logits of fp32 vs quantized experts
 at every position of the first N held-out prompts (truncated to 256 tokens), one prefill each:
@@ -49,22 +51,46 @@ def quantize_experts(model, fmt: str) -> None:
             layer.mlp.store = store
 
 
-def speed(model_dir: str, fmt: str, batches: list[int], steps: int, runs: int) -> None:
+def speed(model_dir: str, formats: list[str], batches: list[int], steps: int, runs: int) -> None:
+    """Decode rows for every expert format. Each format's model is loaded beside the first format's,
+    and for each workload their runs take turns (`measure_alternating`), so that each ratio to the
+    first format compares the same moments of a machine whose speed drifts by tens of percent."""
     from moetune.bench.roofline import LimitSampler
-    from moetune.bench.throughput import BenchSettings, bench_moetune
+    from moetune.bench.throughput import BenchSettings, plan_moetune, sampled_beside
+    from moetune.bench.throughput import WARMUP
+    from moetune.bench.timing import measure, measure_alternating
     from moetune.model.loader import load_model
 
-    model = load_model(model_dir)
-    quantize_experts(model, fmt)
-    sampler = LimitSampler(model.device)  # a read-limit sample before each timed run, as `moetune bench`
-    rows = bench_moetune(model, BenchSettings(prefill_len=16, decode_batches=tuple(batches), decode_steps=steps,
-                                              runs=runs), sampler)
-    for r in rows[1:]:
-        lo, hi = r.tokens / r.timing.max_s, r.tokens / r.timing.min_s
-        print(f"  experts {fmt:<5} {r.workload:<11} {r.tokens_per_s:8.1f} tok/s ({lo:.1f}–{hi:.1f}) "
-              f"{r.gbytes_per_s:6.1f} GB/s = {r.gbytes_per_s / r.limit:5.1%} of read limit "
-              f"{r.limit:.1f} GB/s (beside its runs) · weight bytes/step {r.weight_bytes / steps / 1e6:.1f} MB "
-              f"· load avg {open('/proc/loadavg').read().split()[0]}")
+    settings = BenchSettings(prefill_len=16, decode_batches=tuple(batches), decode_steps=steps, runs=runs)
+    sampler = LimitSampler(torch.device("cpu"))  # a read-limit sample before each timed run, as `moetune bench`
+    sides = []
+    for fmt in formats:
+        model = load_model(model_dir)
+        quantize_experts(model, fmt)
+        plans, done = plan_moetune(model, settings)
+        sides.append((fmt, sampled_beside(plans[1:], sampler), done))  # (decode workloads only)
+    base_fmt, base, _ = sides[0]
+    if len(sides) == 1:
+        for a in base:
+            _print_row(base_fmt, a.row(measure(a.work.fn, torch.device("cpu"), runs, warmup=WARMUP,
+                                               setup=a.work.setup), sampler.median(a.workload)), steps)
+    for fmt, plans, _ in sides[1:]:
+        for a, b in zip(base, plans):
+            ta, tb = measure_alternating(a.work, b.work, torch.device("cpu"), runs, warmup=WARMUP)
+            ra, rb = a.row(ta, sampler.median(a.workload)), b.row(tb, sampler.median(b.workload))
+            _print_row(base_fmt, ra, steps)
+            _print_row(fmt, rb, steps)
+            print(f"  {fmt} ÷ {base_fmt} {a.workload}: {rb.tokens_per_s / ra.tokens_per_s:.2f}x (runs taking turns)")
+    for _, _, done in sides:
+        done()
+
+
+def _print_row(fmt: str, r, steps: int) -> None:
+    lo, hi = r.tokens / r.timing.max_s, r.tokens / r.timing.min_s
+    print(f"  experts {fmt:<5} {r.workload:<11} {r.tokens_per_s:8.1f} tok/s ({lo:.1f}–{hi:.1f}) "
+          f"{r.gbytes_per_s:6.1f} GB/s = {r.gbytes_per_s / r.limit:5.1%} of read limit "
+          f"{r.limit:.1f} GB/s (beside its runs) · weight bytes/step {r.weight_bytes / steps / 1e6:.1f} MB "
+          f"· load avg {open('/proc/loadavg').read().split()[0]}")
 
 
 @torch.inference_mode()
@@ -109,8 +135,7 @@ def main() -> None:
     args = p.parse_args()
     use_threads(None)
     print(f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()}")
-    for fmt in args.experts:
-        speed(args.model, fmt, args.batch, args.steps, args.runs)
+    speed(args.model, args.experts, args.batch, args.steps, args.runs)
     if not args.no_quality:
         for fmt in args.experts:
             if fmt != "fp32":
