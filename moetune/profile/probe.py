@@ -75,17 +75,18 @@ class Profiler:
         if self.recording:
             self._raw[layer] = (route.topk_ids, permute.counts, block_m)
 
-    def _routing_of_step(self, raw: list[tuple]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """One step's routing (`raw`: per MoE layer, what `routed` kept), all layers at once: ids
-        [T, Lm, K], counts per logical expert [Lm, E] and padded rows per layer."""
-        E, Lm = self.num_experts, len(raw)
-        ids = torch.stack([r[0] for r in raw], dim=1).to("cpu").numpy().astype(id_dtype(E))  # [T, Lm, K]
-        flat = ids.transpose(1, 0, 2).reshape(Lm, -1).astype(np.int64) + np.arange(Lm)[:, None] * E  # [Lm, T*K]
-        counts = np.bincount(flat.ravel(), minlength=Lm * E).reshape(Lm, E)  # [Lm, E]
-        rows = counts.sum(1)  # [Lm] copies per layer
-        padded = [int(rows[j]) if block_m == 1 else padded_rows(slot_counts.to("cpu").numpy(), block_m)
-                  for j, (_, slot_counts, block_m) in enumerate(raw)]  # (block_m 1: nothing padded)
-        return ids, counts, padded
+    def _routing_of_steps(self, raws: list[list[tuple]], lens: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        """The routing of many steps at once (`raws`: per step, per MoE layer, what `routed` kept;
+        `lens`: each step's tokens): per step the ids [T, Lm, K] (views of one array) and the counts
+        per logical expert [S, Lm, E]. A few array operations for all the pending steps rather than a
+        dozen per step (each costs µs; the profiler's bookkeeping is part of its overhead)."""
+        E, Lm, S = self.num_experts, len(self.moe_layers), len(raws)
+        ids = torch.stack([torch.cat([raw[j][0] for raw in raws]) for j in range(Lm)], dim=1)  # [ΣT, Lm, K]
+        ids = ids.to("cpu").numpy().astype(np.int64)
+        step = np.repeat(np.arange(S), lens)  # [ΣT]: the step of each token
+        flat = (step[:, None, None] * Lm + np.arange(Lm)[None, :, None]) * E + ids  # [ΣT, Lm, K]
+        counts = np.bincount(flat.ravel(), minlength=S * Lm * E).reshape(S, Lm, E)  # [S, Lm, E]
+        return np.split(ids.astype(id_dtype(E)), np.cumsum(lens)[:-1]), counts
 
     def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
         self._moved[0] += dispatch_bytes
@@ -135,10 +136,14 @@ class Profiler:
         """Rows of the pending steps, in step order. Made in batches, not at each step's end: a
         step's few dozen small dict and array operations, right after the step, cost ~4× what they
         cost back to back (docs/cpu.md)."""
-        for kept, phases, layers, raw in self._pending:
+        if not self._pending:
+            return
+        ids, counts = self._routing_of_steps([raw for *_, raw in self._pending],
+                                             [sum(kept[2]) for kept, *_ in self._pending])
+        for (kept, phases, layers, raw), step_ids, step_counts in zip(self._pending, ids, counts):
             row = self._step_row(*kept)
             self._keep_rows(row, phases, layers)
-            self._keep_routing(row["step"], row["kind"], row["tokens"], raw)
+            self._keep_routing(row["step"], row["kind"], row["tokens"], raw, step_ids, step_counts)
         self._pending.clear()
 
     def _keep_rows(self, row: dict, phases: dict, layers: dict) -> None:
@@ -153,12 +158,16 @@ class Profiler:
         for layer, secs in sorted(layers.items()):
             rec.layers.append({"step": step, "kind": kind, "layer": layer, "seconds": secs})
 
-    def _keep_routing(self, step: int, kind: str, T: int, raw: list[tuple]) -> None:
+    def _keep_routing(self, step: int, kind: str, T: int, raw: list[tuple], ids: np.ndarray,
+                      counts: np.ndarray) -> None:
+        """One step's routing rows: ids [T, Lm, K], counts [Lm, E] (`_routing_of_steps`)."""
         rec = self._records
-        ids, counts, padded = self._routing_of_step(raw)  # [T, Lm, K], [Lm, E], [Lm]
         for j, layer in enumerate(self.moe_layers):
-            rec.moe.append({"step": step, "kind": kind, "layer": layer, "tokens": T, "rows": int(counts[j].sum()),
-                            "padded_rows": padded[j]})
+            _, slot_counts, block_m = raw[j]
+            rows = int(counts[j].sum())
+            padded = rows if block_m == 1 else padded_rows(slot_counts.to("cpu").numpy(), block_m)
+            rec.moe.append({"step": step, "kind": kind, "layer": layer, "tokens": T, "rows": rows,
+                            "padded_rows": padded})  # (block_m 1: nothing padded)
         rec.counts.append(counts)
         rec.ids.append(ids)
         rec.kinds.append(kind)
