@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from moetune.engine.sampling import TokenLogprobs, sample, token_logprobs
+from moetune.engine.sampling import TokenLogprobs, greedy_tokens, sample, token_logprobs
 from moetune.engine.scheduler import SchedulerOutput
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
@@ -113,7 +113,7 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, seqs) -> list[int]:
         """logits [S, V] → one token per sequence."""
         if all(s.params.greedy for s in seqs):
-            return logits.argmax(dim=-1).tolist()
+            return greedy_tokens(logits)
         return [sample(row, s.params, s.generator) for row, s in zip(logits, seqs)]
 
 

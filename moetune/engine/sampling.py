@@ -48,6 +48,15 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """logits [S, V] → the first maximum of each row. fp32 CPU logits go through numpy: torch's CPU
+    argmax took 35 µs for one 32,000-wide row and 1 ms for 64 rows on the 2-core machine of issue
+    13, numpy's 3 µs and 0.13 ms (the same index: the first maximum, a NaN counting as one)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """logits: [V] fp32 → one token id."""
     if params.greedy:
