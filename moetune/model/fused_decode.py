@@ -19,7 +19,11 @@ FUSED_ROWS of them; a layer, when it is grouped-query attention and an MoE block
 `cpu` backend, one rank, no capacity limit, routing without group limits. Its experts run fused
 when the store hands out one fp32 or int8 format and no slot has more rows than the backend's
 `row_limit`; otherwise the unfused phases take over after the router. Layers not fused (dense MLP,
-MLA) run unfused within the same step.
+MLA) run unfused within the same step. Measured (in-process A/B, unfused ÷ fused step time,
+docs/cpu.md): 1.15-1.21x at batch 1, 1.06-1.08x at 16 and 1.09-1.11x at 32-64 on 340M/Qwen3-style
+models; 1.20-1.74x on the bundled model, whose layers are mostly overhead; the projections at 17-64
+rows run the decode kernel here even where torch's GEMM computes faster (small weights), and the
+step still gains.
 
 When every layer is fused and alike (the same attention and routing settings and window, one
 expert format) and the experts sit in a resident store (`ExpertStore.resident`: acquire hands out
@@ -28,11 +32,7 @@ expert, the whole step is one call, `decode_layers` (the two halves layer after 
 (when it is not the plain `ResidentExpertStore`, e.g. the bench's counting wrapper) and a routing
 probe hear each layer's routing after it, in layer order, and a layer whose experts the kernel
 hands back (the row limit) runs the unfused phases, the layers after it fused one by one. In-process
-A/B, layer by layer ÷ one call: 1.03-1.04 (340M b=1, bundled b=8), 1.00-1.02 at larger batches. Measured (in-process A/B, unfused ÷ fused step time,
-docs/cpu.md): 1.15-1.21x at batch 1, 1.06-1.08x at 16 and 1.09-1.11x at 32-64 on 340M/Qwen3-style
-models; 1.20-1.74x on the bundled model, whose layers are mostly overhead; the projections at 17-64
-rows run the decode kernel here even where torch's GEMM computes faster (small weights), and the
-step still gains.
+A/B, layer by layer ÷ one call: 1.03-1.04 (340M b=1, bundled b=8), 1.00-1.02 at larger batches.
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ class FusedDecode:
 
     @torch.inference_mode()
     def warm(self, model) -> None:
-        """Compile the two kernels for this model's formats (or load them from numba's disk cache:
+        """Compile the kernels for this model's formats (or load them from numba's disk cache:
         compiling takes ~15 s here) at load time: one token through the fused layers alone, on a
-        throwaway one-block cache."""
+        throwaway one-block cache, layer by layer and then, where the layers allow, in one call."""
         layers = [layer for layer in model.layers if self.covers(layer)]
         if not layers:
             return
