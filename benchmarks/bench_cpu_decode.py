@@ -56,8 +56,7 @@ def speed(model_dir: str, formats: list[str], batches: list[int], steps: int, ru
     and for each workload their runs take turns (`measure_alternating`), so that each ratio to the
     first format compares the same moments of a machine whose speed drifts by tens of percent."""
     from moetune.bench.roofline import LimitSampler
-    from moetune.bench.throughput import BenchSettings, plan_moetune, sampled_beside
-    from moetune.bench.throughput import WARMUP
+    from moetune.bench.throughput import WARMUP, BenchSettings, plan_moetune, sampled_beside
     from moetune.bench.timing import measure, measure_alternating
     from moetune.model.loader import load_model
 
