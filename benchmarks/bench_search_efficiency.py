@@ -35,8 +35,8 @@ def main() -> None:
 
     import optuna
 
-    from moetune.search.setup import Inputs, prepare
-    from moetune.search.space import Limits, build_space, prune, read_space_file
+    from moetune.search.study.setup import Inputs, prepare
+    from moetune.search.study.space import Limits, build_space, prune, read_space_file
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     setup = prepare(Inputs(a.trace, a.hardware, None, None, a.scale_model, a.num_requests, a.input_len, a.output_len))
@@ -75,7 +75,7 @@ def main() -> None:
 def run_one(sampler: str, seed: int, space, truth: dict, names: list[str], budget: int, best: float):
     import optuna
 
-    from moetune.search.space import Deployment
+    from moetune.search.study.space import Deployment
 
     if sampler == "tpe":
         s = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)

@@ -26,10 +26,10 @@ def main() -> None:
 
     from pathlib import Path
 
-    from moetune.search.evaluate import MeasureEvaluator
-    from moetune.search.measure import request_prompts
-    from moetune.search.setup import Inputs, prepare
-    from moetune.search.space import Deployment
+    from moetune.search.study.evaluate import MeasureEvaluator
+    from moetune.search.study.measure import request_prompts
+    from moetune.search.study.setup import Inputs, prepare
+    from moetune.search.study.space import Deployment
 
     setup = prepare(Inputs(a.trace, "this-machine", num_requests=a.num_requests, output_len=a.output_len))
     prompts = request_prompts(setup.base, None, setup.workload)

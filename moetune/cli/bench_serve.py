@@ -30,7 +30,7 @@ def bench_serve(
 
     from moetune.report.serve_load import load_table
     from moetune.report.terminal import rich_table
-    from moetune.serve.loadgen import LoadSettings, run_load, write_result
+    from moetune.bench.loadgen import LoadSettings, run_load, write_result
 
     settings = LoadSettings(url, num_prompts, request_rate, concurrency, prompts, output_len, api_key=api_key,
                             model=model, seed=seed)

@@ -98,7 +98,7 @@ def _profile(settings, report: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from moetune.profile.runner import run_profile
-    from moetune.report.rank_tables import rank_tables
+    from moetune.report.ranks.tables import rank_tables
     from moetune.report.tables import formulas_table, imbalance_table, phase_table, rates_table
     from moetune.report.terminal import rich_table
 

@@ -44,8 +44,8 @@ def search(
     from pathlib import Path
 
     from moetune.cli import checks
-    from moetune.search.setup import Inputs
-    from moetune.search.study import Constraints, StudySettings
+    from moetune.search.study.setup import Inputs
+    from moetune.search.study.optuna_study import Constraints, StudySettings
 
     for flag, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
@@ -59,7 +59,7 @@ def search(
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
                                    n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share),
                                    heartbeat_s=max(1, grace_s // 3), grace_s=grace_s)
-    from moetune.search.run import SearchSettings
+    from moetune.search.study.run import SearchSettings
 
     settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len),
                               study_settings, out_dir, evaluator, space, what_if, remeasure)
@@ -71,8 +71,8 @@ def _run(settings) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from moetune.report.terminal import rich_table
-    from moetune.search.run import run_search
-    from moetune.search.tables import trials_table, states_table
+    from moetune.search.study.run import run_search
+    from moetune.search.study.tables import trials_table, states_table
 
     err = Console(stderr=True)
     objective = settings.study.objectives[0]
@@ -106,7 +106,7 @@ def _run(settings) -> None:
         return
     console.print(rich_table(trials_table(result.ranked, settings.study.objectives)))
     if result.remeasured:
-        from moetune.search.tables import remeasure_table
+        from moetune.search.study.tables import remeasure_table
 
         console.print(rich_table(remeasure_table(result.remeasured)))
     for name, path in result.files.items():

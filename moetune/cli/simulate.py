@@ -31,9 +31,9 @@ def simulate(
     from rich.console import Console
 
     from moetune.report.terminal import rich_table
-    from moetune.search.one import simulate_recipe
-    from moetune.search.setup import Inputs
-    from moetune.search.tables import metrics_table, phase_table
+    from moetune.search.study.one import simulate_recipe
+    from moetune.search.study.setup import Inputs
+    from moetune.search.study.tables import metrics_table, phase_table
 
     if low_format is not None and low_format not in ("none", "fp8", "int8", "int4"):
         from moetune.errors import UsageError

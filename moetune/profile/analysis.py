@@ -109,7 +109,7 @@ def rates_table(tables: RunTables, dims: dict) -> pd.DataFrame:
 
 def summarize(tables: RunTables, dims: dict, layout, capacity_factor: float | None) -> dict:
     """layout: the EPLayout of the ep_* what-if tables (with R ranks run, the run's own)."""
-    from moetune.profile.rank_analysis import rank_summary
+    from moetune.profile.ranks.analysis import rank_summary
 
     out: dict = {"kinds": {}}
     rates = rates_table(tables, dims)

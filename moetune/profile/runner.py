@@ -61,7 +61,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     layout = placement_layout(resolve_placement(cfg.parallel, spec), spec.moe.num_experts, ep, rpn)
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if ep > 1 and not settings.what_if:
-        from moetune.profile.rank_run import run_rank_profile
+        from moetune.profile.ranks.run import run_rank_profile
 
         return run_rank_profile(settings, cfg, texts, writer, on_start, on_step)
     writer.check_free()

@@ -151,7 +151,7 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
         ("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load)),
     ] + extra
     if len(tables.rank_moe):
-        from moetune.report.rank_plots import rank_timeline
+        from moetune.report.ranks.plots import rank_timeline
 
         plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
                       rank_timeline(tables.rank_steps, tables.rank_moe)))

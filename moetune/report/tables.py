@@ -189,7 +189,7 @@ def offload_table(summary: dict) -> Table:
 
 
 def all_tables(summary: dict) -> list[Table]:
-    from moetune.report.rank_tables import rank_tables
+    from moetune.report.ranks.tables import rank_tables
 
     tables = [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
               gemm_table(summary), *rank_tables(summary), ep_table(summary), locality_table(summary),

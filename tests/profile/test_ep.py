@@ -66,7 +66,7 @@ def test_a_placement_with_replicas_splits_copies_by_each_tokens_index_on_its_ran
 
 
 def test_the_measured_send_matrix_splits_bytes_by_locality():
-    from moetune.profile.rank_tables import locality_rows, send_matrix
+    from moetune.profile.ranks.tables import locality_rows, send_matrix
 
     counts = np.array([[1, 2, 0, 3], [4, 0, 5, 6]])  # [R=2, P=4] copies each rank sent to each slot
     S = send_matrix(counts, 2)

@@ -8,9 +8,9 @@ import yaml
 from moetune.config import load_recipe, parse_config
 from moetune.profile.runner import ProfileSettings, run_profile
 from moetune.profile.workload import Workload
-from moetune.search.run import SearchSettings, run_search
-from moetune.search.setup import Inputs
-from moetune.search.study import StudySettings
+from moetune.search.study.run import SearchSettings, run_search
+from moetune.search.study.setup import Inputs
+from moetune.search.study.optuna_study import StudySettings
 
 NEUTRAL = ("quant_low_format: none\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
            "offload_prefetch_depth: 0\noffload_eviction: lru\n")  # quant and offload knobs fixed

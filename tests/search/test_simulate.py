@@ -6,12 +6,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from moetune.search.hardware import BUILTIN, HardwareError, get_hardware
-from moetune.search.offload import OffloadState, SlotCache
-from moetune.search.scale import scale_ids
-from moetune.search.schedule import SimWorkload, simulate_schedule
-from moetune.search.setup import Inputs, prepare
-from moetune.search.space import Deployment
+from moetune.search.cost.hardware import BUILTIN, HardwareError, get_hardware
+from moetune.search.cost.offload import OffloadState, SlotCache
+from moetune.search.cost.scale import scale_ids
+from moetune.search.cost.schedule import SimWorkload, simulate_schedule
+from moetune.search.study.setup import Inputs, prepare
+from moetune.search.study.space import Deployment
 from tests.cli_run import assert_one_line_error, moetune
 
 H200 = "H200"
@@ -146,7 +146,7 @@ def test_simulate_command_user_mistakes_are_one_line(run_dir, tmp_path):
 def test_on_this_machine_call_overheads_are_fitted_on_the_run_and_reproduce_it(run_dir):
     import json
 
-    from moetune.search.one import simulate_recipe
+    from moetune.search.study.one import simulate_recipe
 
     setup, d, m = simulate_recipe(Inputs(str(run_dir), "this-machine"))
     assert {"attention", "experts", "other", "attention/decode"} <= set(setup.sim.k)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moetune.search.space import (Deployment, canonical, Limits, SpaceError, build_space, default_knobs, prune, recipe_accepts,
+from moetune.search.study.space import (Deployment, canonical, Limits, SpaceError, build_space, default_knobs, prune, recipe_accepts,
                                   to_config, from_config)
 from moetune.config import RunConfig
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from moetune.config import load_recipe
-from moetune.search.run import SearchSettings, run_search
-from moetune.search.setup import Inputs
-from moetune.search.study import Constraints, StudySettings
+from moetune.search.study.run import SearchSettings, run_search
+from moetune.search.study.setup import Inputs
+from moetune.search.study.optuna_study import Constraints, StudySettings
 from tests.cli_run import assert_one_line_error, moetune
 
 
@@ -105,8 +105,8 @@ class Failing:
 
 
 def test_a_failing_trial_is_recorded_with_its_reason_and_the_study_goes_on(run_dir, tmp_path):
-    from moetune.search.evaluate import SimulateEvaluator
-    from moetune.search.setup import prepare
+    from moetune.search.study.evaluate import SimulateEvaluator
+    from moetune.search.study.setup import prepare
 
     s = settings(run_dir, tmp_path / "fail", sampler="grid", n=8,
                  space=_space(tmp_path, "ep_size: [1, 2]\nredundant_experts: 0\nplacement: contiguous\n"
@@ -157,7 +157,7 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     trials = load(out, "r").get_trials(deepcopy=False)
-    from moetune.search.study import retried_number
+    from moetune.search.study.optuna_study import retried_number
 
     retried = {retried_number(t): t for t in trials}
     stale = killed[0].number if killed else -1
@@ -202,7 +202,7 @@ def test_a_worker_that_died_before_its_first_heartbeat_does_not_hold_the_study(r
     trials = load(out).get_trials(deepcopy=False)
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
     assert trials[empty.number].state.name == "FAIL" and trials[queued.number].state.name == "FAIL"
-    from moetune.search.study import retried_number
+    from moetune.search.study.optuna_study import retried_number
 
     rerun = [t for t in trials if retried_number(t) == queued.number]
     assert len(rerun) == 1 and rerun[0].params == point and rerun[0].state.name == "COMPLETE"

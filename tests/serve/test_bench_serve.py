@@ -2,7 +2,7 @@
 
 import json
 
-from moetune.serve.loadgen import LoadSettings, run_load
+from moetune.bench.loadgen import LoadSettings, run_load
 from tests.cli_run import assert_one_line_error, moetune
 from tests.serve.conftest import API_KEY
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moetune.search.schedule import SimWorkload
-from moetune.search.simmodel import SimModel, sim_model
+from moetune.search.cost.schedule import SimWorkload
+from moetune.search.cost.simmodel import SimModel, sim_model
 
 
 @dataclass
@@ -41,7 +41,7 @@ def load_source(run_dir: str | Path, scale_config: str | None = None) -> TraceSo
     from moetune.model.registry import resolve_model
     from moetune.model.validate import read_spec
     from moetune.profile.rundir import read_run
-    from moetune.search.scale import read_scale_spec, scale_ids
+    from moetune.search.cost.scale import read_scale_spec, scale_ids
 
     run = read_run(Path(run_dir))
     recipe = yaml.safe_load(run.recipe_yaml) or {}

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moetune.config import RunConfig
-from moetune.search.metrics import Metrics
-from moetune.search.schedule import SimWorkload
+from moetune.search.cost.metrics import Metrics
+from moetune.search.cost.schedule import SimWorkload
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _sized(cfg: RunConfig, w: SimWorkload, extra: dict | None) -> RunConfig:
 def _to_metrics(result: dict, w: SimWorkload, R: int, act_bytes: float) -> Metrics:
     import numpy as np
 
-    from moetune.search.simulate import summarize_steps
+    from moetune.search.cost.simulate import summarize_steps
 
     ranks = result["ranks"]
     S = len(ranks[0]["step_s"])

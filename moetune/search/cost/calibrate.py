@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moetune.search.hardware import Hardware
-from moetune.search.simmodel import SimModel
+from moetune.search.cost.hardware import Hardware
+from moetune.search.cost.simmodel import SimModel
 
 FITTED = ("attention", "router", "permute", "experts", "unpermute", "shared_expert", "dense_mlp", "other")
 

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from moetune.profile.ep import EPLayout
-from moetune.profile.rank_merge import aligned, lockstep_kind
-from moetune.profile.rank_probe import LockStep, RankRecord
+from moetune.profile.ranks.merge import aligned, lockstep_kind
+from moetune.profile.ranks.probe import LockStep, RankRecord
 from moetune.profile.tables import RANK_MOE_COLUMNS, RANK_STEPS_COLUMNS, typed_frame
 
 MOE_PHASES = ("router", "offload_wait", "permute", "dispatch", "experts", "combine", "shared_expert", "unpermute")

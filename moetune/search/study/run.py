@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Callable
 
 from moetune.errors import MoetuneError
-from moetune.search.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
-from moetune.search.metrics import Metrics
-from moetune.search.setup import Inputs, Setup, prepare
-from moetune.search.space import Limits, build_space, canonical, from_config, read_space_file
-from moetune.search.study import StudySettings, TrialRow, pareto, ranked, rows, run_study
+from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
+from moetune.search.cost.metrics import Metrics
+from moetune.search.study.setup import Inputs, Setup, prepare
+from moetune.search.study.space import Limits, build_space, canonical, from_config, read_space_file
+from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
 
@@ -48,7 +48,7 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
         raise MoetuneError(f"--evaluator {kind!r} is not one of {', '.join(EVALUATORS)}")
     if setup.hardware.name != "this-machine" or setup.source.scaled_from is not None:
         raise MoetuneError("--evaluator measure runs here: use --hardware this-machine and no --scale-model")
-    from moetune.search.measure import request_prompts
+    from moetune.search.study.measure import request_prompts
 
     prompts_file = settings.prompts or setup.source.prompts
     if prompts_file and not Path(prompts_file).is_file():
@@ -59,7 +59,7 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
 
 def run_search(settings: SearchSettings, on_trial: Callable | None = None,
                evaluator: Evaluator | None = None) -> SearchResult:
-    from moetune.search.study import check_settings
+    from moetune.search.study.optuna_study import check_settings
 
     check_settings(settings.study)
     setup = prepare(settings.inputs)
@@ -82,9 +82,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
 
 def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) -> SearchResult:
-    from moetune.search.emit import write_csv, write_winner
-    from moetune.search.report import render, write_report
-    from moetune.search.tables import remeasure_table
+    from moetune.search.study.emit import write_csv, write_winner
+    from moetune.search.study.report import render, write_report
+    from moetune.search.study.tables import remeasure_table
 
     all_rows, best, front = rows(study), ranked(study), pareto(study)
     objectives = settings.study.objectives
@@ -123,7 +123,7 @@ def baseline(setup: Setup, evaluator: Evaluator):
     with the fewest expert-parallel ranks that fit."""
     from dataclasses import replace
 
-    from moetune.search.space import prune
+    from moetune.search.study.space import prune
 
     m = setup.source.model
     lim = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)

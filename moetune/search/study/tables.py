@@ -4,8 +4,8 @@ carries "(estimated)" in its column or cell."""
 from __future__ import annotations
 
 from moetune.report.tables import Table
-from moetune.search.metrics import Metrics
-from moetune.search.study import TrialRow
+from moetune.search.cost.metrics import Metrics
+from moetune.search.study.optuna_study import TrialRow
 
 PHASE_ORDER = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
                "shared_expert", "dense_mlp", "other", "straggler_wait")

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moetune.search.formats import expert_bytes
-from moetune.search.hardware import Hardware
-from moetune.search.memory import RankMemory, memory_reason, rank_memory
-from moetune.search.metrics import Metrics
-from moetune.search.offload import OffloadState
-from moetune.search.schedule import Schedule, SimWorkload, simulate_schedule
-from moetune.search.source import TraceSource
-from moetune.search.space import Deployment, resident_slots
+from moetune.search.cost.formats import expert_bytes
+from moetune.search.cost.hardware import Hardware
+from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
+from moetune.search.cost.metrics import Metrics
+from moetune.search.cost.offload import OffloadState
+from moetune.search.cost.schedule import Schedule, SimWorkload, simulate_schedule
+from moetune.search.cost.source import TraceSource
+from moetune.search.study.space import Deployment, resident_slots
 
 # torch calls per phase and layer: (fixed, per sequence in the step); "step" is once per step.
 CALLS = {
@@ -151,7 +151,7 @@ class Simulator:
         (local gloo processes: a few seconds; it depends on how busy the machine is, so it is not assumed)."""
         from dataclasses import replace
 
-        from moetune.search.hardware import collective_latency
+        from moetune.search.cost.hardware import collective_latency
 
         if self.hw.name != "this-machine" or self._link_measured:
             return

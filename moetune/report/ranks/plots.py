@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moetune.profile.rank_analysis import slowest_ranks
+from moetune.profile.ranks.analysis import slowest_ranks
 from moetune.report.plots import _figure, _png
 
 RANK_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]

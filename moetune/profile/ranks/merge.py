@@ -15,7 +15,7 @@ import numpy as np
 
 from moetune.errors import MoetuneError
 from moetune.profile.metrics import padded_rows
-from moetune.profile.rank_probe import LockStep, RankRecord
+from moetune.profile.ranks.probe import LockStep, RankRecord
 from moetune.profile.records import Records
 from moetune.profile.trace import KINDS, RoutingTrace, id_dtype
 

@@ -60,7 +60,7 @@ class RankJob:
         return finish_rank_run(self.out, self.settings, self.cfg, gathered, dp, nvml)
 
     def _run(self, dp):
-        from moetune.profile.rank_probe import RankProfiler
+        from moetune.profile.ranks.probe import RankProfiler
         from moetune.profile.workload import batches, request_tokens
 
         w, rank0 = self.settings.workload, dp.rank == 0
@@ -100,8 +100,8 @@ def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks:
     from moetune.engine.build import resolve_placement
     from moetune.model.registry import resolve_model
     from moetune.profile.ep import placement_layout
-    from moetune.profile.rank_merge import merge_records, merged_trace
-    from moetune.profile.rank_tables import rank_moe_table, rank_steps_table
+    from moetune.profile.ranks.merge import merge_records, merged_trace
+    from moetune.profile.ranks.tables import rank_moe_table, rank_steps_table
     from moetune.profile.rates import model_dims
     from moetune.profile.tables import build_tables
 

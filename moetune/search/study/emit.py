@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from moetune.config import RunConfig
-from moetune.search.space import Deployment, to_config, what_if_values
-from moetune.search.study import TrialRow
+from moetune.search.study.space import Deployment, to_config, what_if_values
+from moetune.search.study.optuna_study import TrialRow
 
 
 def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -> str:

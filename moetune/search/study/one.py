@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from moetune.search.metrics import Metrics
-from moetune.search.setup import Inputs, Setup, prepare
-from moetune.search.space import Deployment, Limits, from_config, prune
+from moetune.search.cost.metrics import Metrics
+from moetune.search.study.setup import Inputs, Setup, prepare
+from moetune.search.study.space import Deployment, Limits, from_config, prune
 
 
 def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None = None) -> tuple[Setup, Deployment, Metrics]:

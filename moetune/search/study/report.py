@@ -10,9 +10,9 @@ from pathlib import Path
 from moetune.report.html import CSS, figure_html, table_html
 from moetune.report.markdown import table_markdown
 from moetune.report.tables import Table
-from moetune.search.metrics import OBJECTIVES, Metrics
-from moetune.search.study import TrialRow
-from moetune.search.tables import phase_table, states_table, trials_table
+from moetune.search.cost.metrics import OBJECTIVES, Metrics
+from moetune.search.study.optuna_study import TrialRow
+from moetune.search.study.tables import phase_table, states_table, trials_table
 
 
 def why_it_wins(win: Metrics, base: Metrics) -> list[str]:

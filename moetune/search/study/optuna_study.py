@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from moetune.errors import MoetuneError
-from moetune.search.evaluate import Evaluator
-from moetune.search.metrics import OBJECTIVES, Metrics
-from moetune.search.space import Deployment, Limits, Space, canonical, prune
+from moetune.search.study.evaluate import Evaluator
+from moetune.search.cost.metrics import OBJECTIVES, Metrics
+from moetune.search.study.space import Deployment, Limits, Space, canonical, prune
 
 SAMPLERS = ("tpe", "nsga2", "grid", "random")
 

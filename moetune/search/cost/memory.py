@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from moetune.search.hardware import Hardware
-from moetune.search.schedule import SimWorkload
-from moetune.search.simmodel import SimModel
-from moetune.search.space import Deployment
+from moetune.search.cost.hardware import Hardware
+from moetune.search.cost.schedule import SimWorkload
+from moetune.search.cost.simmodel import SimModel
+from moetune.search.study.space import Deployment
 
 HEADROOM = 0.9
 

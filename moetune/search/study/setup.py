@@ -8,10 +8,10 @@ from pathlib import Path
 
 from moetune.config import RunConfig, load_recipe, parse_config
 from moetune.errors import MoetuneError
-from moetune.search.hardware import Hardware, get_hardware
-from moetune.search.schedule import SimWorkload
-from moetune.search.simulate import Simulator
-from moetune.search.source import TraceSource, load_source
+from moetune.search.cost.hardware import Hardware, get_hardware
+from moetune.search.cost.schedule import SimWorkload
+from moetune.search.cost.simulate import Simulator
+from moetune.search.cost.source import TraceSource, load_source
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def multipliers(source: TraceSource, hw: Hardware) -> dict[str, float]:
     """Call-overhead multipliers fitted on the run when it was recorded here (calibrate.py); else none."""
     if hw.name != "this-machine" or source.scaled_from is not None or source.recorded_on != "cpu":
         return {}
-    from moetune.search.calibrate import fit_multipliers
-    from moetune.search.simulate import CALLS
+    from moetune.search.cost.calibrate import fit_multipliers
+    from moetune.search.cost.simulate import CALLS
 
     return fit_multipliers(source.tables, source.model, hw, CALLS)

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Protocol
 
 from moetune.config import RunConfig
-from moetune.search.measure import measure, placement_file_for
-from moetune.search.metrics import Metrics
-from moetune.search.schedule import SimWorkload
-from moetune.search.simulate import Simulator
-from moetune.search.space import Deployment, recipe_accepts, to_config, default_knobs
+from moetune.search.study.measure import measure, placement_file_for
+from moetune.search.cost.metrics import Metrics
+from moetune.search.cost.schedule import SimWorkload
+from moetune.search.cost.simulate import Simulator
+from moetune.search.study.space import Deployment, recipe_accepts, to_config, default_knobs
 
 
 class Evaluator(Protocol):
