@@ -63,18 +63,18 @@ class RequestResult:
     error: str | None = None
 
 
-def load_prompts(settings: LoadSettings) -> list[str]:
-    from moetune.profile.workload import Workload, load_prompt_texts, prompts_path
-
-    texts = load_prompt_texts(prompts_path(Workload(prompts=settings.prompts)))
+def load_prompts(settings: LoadSettings, texts: list[str]) -> list[str]:
+    """`num_prompts` prompts cycled from the prompt file's texts (read by the caller: the profile's
+    reader, which bench, below profile, does not import), each cut to `prompt_chars`."""
     if settings.prompt_chars:
         texts = [t[: settings.prompt_chars] for t in texts]
     return [texts[i % len(texts)] for i in range(settings.num_prompts)]
 
 
-def run_load(settings: LoadSettings, on_done: Callable[[RequestResult], None] | None = None) -> dict:
+def run_load(settings: LoadSettings, texts: list[str],
+             on_done: Callable[[RequestResult], None] | None = None) -> dict:
     settings.check()
-    prompts = load_prompts(settings)
+    prompts = load_prompts(settings, texts)
     return asyncio.run(_run(settings, prompts, on_done))
 
 

@@ -31,13 +31,16 @@ def bench_serve(
     from moetune.report.serve_load import load_table
     from moetune.report.terminal import rich_table
     from moetune.bench.loadgen import LoadSettings, run_load, write_result
+    from moetune.profile.workload import Workload, load_prompt_texts, prompts_path
 
     settings = LoadSettings(url, num_prompts, request_rate, concurrency, prompts, output_len, api_key=api_key,
                             model=model, seed=seed)
+    settings.check()  # flag mistakes before the prompt file's
+    texts = load_prompt_texts(prompts_path(Workload(prompts=prompts)))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("requests", total=num_prompts)
-        result = run_load(settings, on_done=lambda r: progress.update(task, advance=1))
+        result = run_load(settings, texts, on_done=lambda r: progress.update(task, advance=1))
     path = write_result(result, Path(out) if out else Path("runs") / f"bench-serve-{time.strftime('%Y%m%d-%H%M%S')}.json")
     console = Console()
     console.print(rich_table(load_table(result)))

@@ -3,12 +3,15 @@
 import json
 
 from moetune.bench.loadgen import LoadSettings, run_load
+from moetune.profile.workload import Workload, load_prompt_texts, prompts_path
 from tests.cli_run import assert_one_line_error, moetune
 from tests.serve.conftest import API_KEY
 
+TEXTS = load_prompt_texts(prompts_path(Workload()))  # the bundled held-out prompts
+
 
 def test_load_at_a_concurrency_answers_everything(server):
-    result = run_load(LoadSettings(server.url, num_prompts=8, concurrency=4, output_len=6, api_key=API_KEY))
+    result = run_load(LoadSettings(server.url, num_prompts=8, concurrency=4, output_len=6, api_key=API_KEY), TEXTS)
     assert (result["answered"], result["refused"], result["lost"]) == (8, 0, 0)
     assert result["output_tokens"] == 48 and result["output_token_throughput"] > 0
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms"):
@@ -17,7 +20,7 @@ def test_load_at_a_concurrency_answers_everything(server):
 
 def test_refusals_are_counted_by_status(server):
     result = run_load(LoadSettings(server.url, num_prompts=3, request_rate=50, output_len=2, api_key="sk-wrong",
-                                   model=server.model))
+                                   model=server.model), TEXTS)
     assert result["refused"] == 3 and result["failures_by_status"] == {"401": 3} and result["lost"] == 0
 
 
