@@ -68,12 +68,12 @@ def _preflight(settings) -> None:
     from moetune.profile.workload import load_prompt_texts, prompts_path
 
     from moetune.engine.build import resolve_placement
-    from moetune.profile.runner import _parallel
+    from moetune.profile.session import parallel_sizes
 
     w = settings.workload
     texts = load_prompt_texts(prompts_path(w))
     target = Target(settings.config)
-    ep, rpn = _parallel(settings)
+    ep, rpn = parallel_sizes(settings)
     parallel = settings.config.parallel.model_copy(update={"ep_size": ep, "ranks_per_node": rpn})
     resolve_placement(parallel, target.spec)  # a bad --ep-size, --placement or --redundant-experts, before loading
     limit = target.spec.max_position

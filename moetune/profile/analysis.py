@@ -13,7 +13,8 @@ import pandas as pd
 
 from moetune.profile import metrics
 from moetune.profile.rates import phase_rates, phase_work
-from moetune.profile.tables import RunTables
+from moetune.profile.ranks.analysis import rank_summary
+from moetune.profile.tables import RunTables, load_matrix, rank_matrix
 from moetune.profile.trace import KINDS
 
 KIND_ORDER = KINDS
@@ -22,13 +23,6 @@ KIND_ORDER = KINDS
 def kinds_in(tables: RunTables) -> list[str]:
     present = set(tables.steps.kind)
     return [k for k in KIND_ORDER if k in present]
-
-
-def load_matrix(expert_load: pd.DataFrame, kind: str) -> tuple[list[int], np.ndarray]:
-    """→ (layers, counts [Lm, E]) summed over the steps of `kind`."""
-    df = expert_load[expert_load.kind == kind]
-    pivot = df.pivot_table(index="layer", columns="expert", values="tokens", aggfunc="sum", fill_value=0)
-    return [int(x) for x in pivot.index], pivot.to_numpy()
 
 
 def phase_breakdown(tables: RunTables, kind: str) -> list[dict]:
@@ -44,13 +38,6 @@ def layer_closure(tables: RunTables) -> pd.DataFrame:
     ph = tables.phases[tables.phases.layer >= 0].groupby(["step", "layer"], as_index=False).seconds.sum()
     df = ph.merge(tables.layers, on=["step", "layer"], suffixes=("_phases", "_layer"))
     return df.assign(ratio=df.seconds_phases / df.seconds_layer)
-
-
-def rank_matrix(ep_ranks: pd.DataFrame, kind: str, column: str = "copies") -> tuple[list[int], np.ndarray]:
-    """→ (layers, [Lm, R]) a per-rank column summed over the steps of `kind`."""
-    df = ep_ranks[ep_ranks.kind == kind]
-    pivot = df.pivot_table(index="layer", columns="rank", values=column, aggfunc="sum", fill_value=0)
-    return [int(x) for x in pivot.index], pivot.to_numpy()
 
 
 def load_summary(tables: RunTables, kind: str) -> dict:
@@ -109,8 +96,6 @@ def rates_table(tables: RunTables, dims: dict) -> pd.DataFrame:
 
 def summarize(tables: RunTables, dims: dict, layout, capacity_factor: float | None) -> dict:
     """layout: the EPLayout of the ep_* what-if tables (with R ranks run, the run's own)."""
-    from moetune.profile.ranks.analysis import rank_summary
-
     out: dict = {"kinds": {}}
     rates = rates_table(tables, dims)
     for kind in kinds_in(tables):

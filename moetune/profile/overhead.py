@@ -118,7 +118,8 @@ def measure_overhead(settings, runs: int = 7, block_passes: int = 3) -> Overhead
     from moetune.model.registry import resolve_model
     from moetune.profile.probe import Profiler
     from moetune.config import parse_config
-    from moetune.profile.runner import engine_for, greedy_params
+    from moetune.profile.runner import engine_for
+    from moetune.profile.session import greedy_params
     from moetune.profile.workload import batches, load_prompt_texts, prompts_path, request_tokens
 
     w = settings.workload

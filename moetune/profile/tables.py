@@ -96,3 +96,19 @@ def ep_tables(trace: RoutingTrace, layout: EPLayout, row_bytes: int) -> tuple[pd
     return (pd.DataFrame(ranks, columns=["step", "kind", "layer", "rank", "copies", "send_bytes", "recv_bytes"]),
             pd.DataFrame(traffic, columns=["step", "kind", "layer", "same_rank_bytes", "intra_node_bytes",
                                            "inter_node_bytes"]))
+
+
+# Pivots of the tables, shared by the run's summary (analysis.py) and the per-rank one (ranks/analysis.py).
+
+def load_matrix(expert_load: pd.DataFrame, kind: str) -> tuple[list[int], np.ndarray]:
+    """→ (layers, counts [Lm, E]) summed over the steps of `kind`."""
+    df = expert_load[expert_load.kind == kind]
+    pivot = df.pivot_table(index="layer", columns="expert", values="tokens", aggfunc="sum", fill_value=0)
+    return [int(x) for x in pivot.index], pivot.to_numpy()
+
+
+def rank_matrix(ep_ranks: pd.DataFrame, kind: str, column: str = "copies") -> tuple[list[int], np.ndarray]:
+    """→ (layers, [Lm, R]) a per-rank column summed over the steps of `kind`."""
+    df = ep_ranks[ep_ranks.kind == kind]
+    pivot = df.pivot_table(index="layer", columns="rank", values=column, aggfunc="sum", fill_value=0)
+    return [int(x) for x in pivot.index], pivot.to_numpy()

@@ -43,9 +43,9 @@ def test_batches_and_step_count():
 
 def test_ep_size_defaults_to_the_recipe_then_one():
     from moetune.config import parse_config
-    from moetune.profile.runner import ProfileSettings, _parallel
+    from moetune.profile.session import ProfileSettings, parallel_sizes
 
     recipe = parse_config({"parallel": {"ep_size": 4, "ranks_per_node": 2}})
-    assert _parallel(ProfileSettings(recipe)) == (4, 2)
-    assert _parallel(ProfileSettings(recipe, ep_size=8)) == (8, 2)
-    assert _parallel(ProfileSettings(parse_config({}))) == (1, 1)
+    assert parallel_sizes(ProfileSettings(recipe)) == (4, 2)
+    assert parallel_sizes(ProfileSettings(recipe, ep_size=8)) == (8, 2)
+    assert parallel_sizes(ProfileSettings(parse_config({}))) == (1, 1)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from moetune.profile import metrics
-from moetune.profile.analysis import load_matrix, rank_matrix
+from moetune.profile.tables import load_matrix, rank_matrix
 
 
 def slowest_ranks(rank_moe: pd.DataFrame) -> pd.DataFrame:

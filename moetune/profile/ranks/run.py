@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from moetune.config import RunConfig
-from moetune.profile.runner import (ProfileResult, ProfileSettings, RunParts, _check_lengths, _cuda_index,
-                                    _torch_trace, greedy_params, write_run)
+from moetune.profile.session import (ProfileResult, ProfileSettings, RunParts, check_lengths, cuda_index,
+                                     greedy_params, torch_trace, write_run)
 
 
 def run_rank_profile(settings: ProfileSettings, cfg: RunConfig, texts: list[str], writer,
@@ -50,7 +50,7 @@ class RankJob:
 
         from moetune.profile.nvml import NvmlSampler
 
-        with NvmlSampler(_cuda_index(dp.model.device)) as nvml:
+        with NvmlSampler(cuda_index(dp.model.device)) as nvml:
             profiler = self._run(dp)
         record = profiler.record(wire_row_bytes(profiler.dispatcher, dp.model))
         gathered: list | None = [None] * dp.world if dp.rank == 0 else None
@@ -65,7 +65,7 @@ class RankJob:
 
         w, rank0 = self.settings.workload, dp.rank == 0
         requests = request_tokens(self.texts, dp.generator.encode, w)
-        _check_lengths(requests, w, dp.model.spec.max_position)
+        check_lengths(requests, w, dp.model.spec.max_position)
         groups = batches(requests, w.batch_size)
         profiler = RankProfiler(dp.model, dispatcher_of(dp.model), dp.rank, self.settings.trace and rank0,
                                 self.on_step if rank0 else None)
@@ -75,7 +75,7 @@ class RankJob:
                 profiler.recording = False
                 dp.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
             profiler.start_measuring()
-            with _torch_trace(self.out if self.settings.trace and rank0 else None, dp.model.device):
+            with torch_trace(self.out if self.settings.trace and rank0 else None, dp.model.device):
                 for group in groups:
                     dp.generate(group, greedy_params(w.output_len))
         finally:
