@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pandas as pd
 
 from moetune.profile.trace import KINDS
+from moetune.report.figure import figure, png
+from moetune.report.ranks.plots import rank_timeline
 
 PHASE_COLORS = {"attention": "#4c72b0", "router": "#dd8452", "permute": "#55a868", "dispatch": "#c44e52",
                 "experts": "#8172b3", "combine": "#937860", "shared_expert": "#da8bc3", "unpermute": "#8c8c8c",
                 "dense_mlp": "#ccb974", "offload_wait": "#64b5cd", "other": "#d0d0d0"}
-
-
-def _figure(width: float, height: float):
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt, plt.figure(figsize=(width, height), dpi=100)
-
-
-def _png(plt, fig) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def _kinds(df: pd.DataFrame) -> list[str]:
@@ -38,7 +21,7 @@ def _kinds(df: pd.DataFrame) -> list[str]:
 def load_heatmap(expert_load: pd.DataFrame) -> bytes:
     """Share of each layer's token copies per expert: layer × expert, one panel per kind."""
     kinds = _kinds(expert_load)
-    plt, fig = _figure(11, 1.2 + 0.9 * len(kinds) * max(expert_load.layer.nunique(), 1) ** 0.5 + 1.5)
+    plt, fig = figure(11, 1.2 + 0.9 * len(kinds) * max(expert_load.layer.nunique(), 1) ** 0.5 + 1.5)
     for i, kind in enumerate(kinds, 1):
         pivot = expert_load[expert_load.kind == kind].pivot_table(
             index="layer", columns="expert", values="tokens", aggfunc="sum", fill_value=0)
@@ -51,13 +34,13 @@ def load_heatmap(expert_load: pd.DataFrame) -> bytes:
         ax.set_xlabel("expert")
         ax.set_title(f"{kind}: tokens per expert ÷ fair share (1.0 = even)")
         fig.colorbar(im, ax=ax, fraction=0.03)
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def phase_bars(phases: pd.DataFrame, steps: pd.DataFrame) -> bytes:
     """Stacked horizontal bars: % of step time per phase, prefill vs decode."""
     kinds = _kinds(steps)
-    plt, fig = _figure(11, 1.6 + 0.6 * len(kinds))
+    plt, fig = figure(11, 1.6 + 0.6 * len(kinds))
     ax = fig.add_subplot(1, 1, 1)
     order = [p for p in PHASE_COLORS if p in set(phases.phase)]
     for y, kind in enumerate(kinds):
@@ -75,13 +58,13 @@ def phase_bars(phases: pd.DataFrame, steps: pd.DataFrame) -> bytes:
     ax.set_xlim(0, 100)
     ax.legend(ncol=2, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Phase breakdown")
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def rank_load_bars(ep_ranks: pd.DataFrame) -> bytes:
     """Token copies per rank for each MoE layer (grouped bars), one panel per kind."""
     kinds = _kinds(ep_ranks)
-    plt, fig = _figure(11, 1 + 2.6 * len(kinds))
+    plt, fig = figure(11, 1 + 2.6 * len(kinds))
     for i, kind in enumerate(kinds, 1):
         pivot = ep_ranks[ep_ranks.kind == kind].pivot_table(index="layer", columns="rank", values="copies",
                                                             aggfunc="sum", fill_value=0)  # [Lm, R]
@@ -97,13 +80,13 @@ def rank_load_bars(ep_ranks: pd.DataFrame) -> bytes:
         ax.set_ylabel("token copies")
         ax.set_title(f"{kind}: load per EP rank")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def mshape_histogram(expert_load: pd.DataFrame) -> bytes:
     """Histogram of expert GEMM m-shapes (rows per non-empty expert per step and layer)."""
     kinds = _kinds(expert_load)
-    plt, fig = _figure(11, 1 + 2.4 * len(kinds))
+    plt, fig = figure(11, 1 + 2.4 * len(kinds))
     for i, kind in enumerate(kinds, 1):
         rows = expert_load[(expert_load.kind == kind) & (expert_load.tokens > 0)].tokens.to_numpy()
         ax = fig.add_subplot(len(kinds), 1, i)
@@ -121,7 +104,7 @@ def mshape_histogram(expert_load: pd.DataFrame) -> bytes:
         ax.set_ylabel("GEMMs")
         empty = int(((expert_load.kind == kind) & (expert_load.tokens == 0)).sum())
         ax.set_title(f"{kind}: GEMM m-shapes ({len(rows)} GEMMs, {empty} experts idle)")
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def offload_bars(offload: dict) -> bytes:
@@ -129,13 +112,13 @@ def offload_bars(offload: dict) -> bytes:
     layers = sorted(offload["layers"], key=int)
     hit = [100 * offload["layers"][k]["hit_rate"] for k in layers]
     wait = [1e3 * offload["layers"][k]["offload_wait_s"] for k in layers]
-    plt, fig = _figure(11, 3.2)
+    plt, fig = figure(11, 3.2)
     for i, (values, label, color) in enumerate(((hit, "hit rate %", "#55a868"), (wait, "offload_wait ms", "#64b5cd")), 1):
         ax = fig.add_subplot(1, 2, i)
         ax.bar([str(k) for k in layers], values, color=color)
         ax.set_xlabel("MoE layer")
         ax.set_ylabel(label)
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes]]:
@@ -151,8 +134,6 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
         ("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load)),
     ] + extra
     if len(tables.rank_moe):
-        from moetune.report.ranks.plots import rank_timeline
-
         plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
                       rank_timeline(tables.rank_steps, tables.rank_moe)))
     return plots

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from moetune.profile.trace import KINDS
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    note: str = ""
-    align_right: list[bool] = field(default_factory=list)
+from moetune.report.ranks.tables import rank_tables
+from moetune.report.table import Table, mb, num
 
 
 def _kinds(summary: dict) -> list[str]:
     return [k for k in KINDS if k in summary["kinds"]]
-
-
-def _mb(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB"
-
-
-def _num(value, fmt: str) -> str:
-    return "–" if value is None or value != value else format(value, fmt)
 
 
 def overview_table(summary: dict) -> Table:
@@ -101,7 +84,7 @@ def rates_table(summary: dict) -> Table:
     for kind in _kinds(summary):
         for r in summary["kinds"][kind]["rates"]:
             rows.append([kind, r["phase"], f"{1e3 * r['seconds']:.2f}", f"{r['gflop']:.4f}",
-                         _num(r["gflops_per_s"], ".2f"), _num(r["gbytes_per_s"], ".3f")])
+                         num(r["gflops_per_s"], ".2f"), num(r["gbytes_per_s"], ".3f")])
     return Table("Achieved rates per phase", ["kind", "phase", "ms total", "GFLOP", "GFLOP/s", "GB/s"], rows,
                  "GFLOP/s = FLOPs / time, GB/s = bytes / time, summed over steps and layers (formulas below).")
 
@@ -123,7 +106,7 @@ def ep_table(summary: dict) -> Table:
     for kind in _kinds(summary):
         ep = summary["kinds"][kind]["ep"]
         for r in ep["per_rank"]:
-            rows.append([kind, f"rank {r['rank']}", str(r["copies"]), _mb(r["send_bytes"]), _mb(r["recv_bytes"])])
+            rows.append([kind, f"rank {r['rank']}", str(r["copies"]), mb(r["send_bytes"]), mb(r["recv_bytes"])])
     p = summary["parallel"]
     return Table(f"Expert parallel load per rank (R={p['ep_size']}, {p['ranks_per_node']} ranks/node)",
                  ["kind", "rank", "token copies", "sent", "received"], rows,
@@ -136,7 +119,7 @@ def locality_table(summary: dict) -> Table:
     for kind in _kinds(summary):
         ep = summary["kinds"][kind]["ep"]
         total = ep["same_rank_bytes"] + ep["intra_node_bytes"] + ep["inter_node_bytes"]
-        rows.append([kind] + [f"{_mb(ep[k])} ({100 * ep[k] / total:.0f}%)" if total else "0" for k in
+        rows.append([kind] + [f"{mb(ep[k])} ({100 * ep[k] / total:.0f}%)" if total else "0" for k in
                               ("same_rank_bytes", "intra_node_bytes", "inter_node_bytes")])
     p = summary["parallel"]
     where = ("Placement: expert e on rank e // (E/R)" if p["placement"] == "contiguous" and not p.get("redundant_experts")
@@ -158,12 +141,12 @@ def gemm_table(summary: dict) -> Table:
 
 def memory_table(summary: dict) -> Table:
     m, n = summary["memory"], summary["nvml"]
-    rows = [["attention / dense weights", _mb(m["dense_weight_bytes"])],
-            ["routed expert weights", _mb(m["expert_weight_bytes"])],
-            ["KV cache (largest batch)", _mb(m["kv_cache_bytes"])],
-            ["activations (estimate)", f"{_mb(m['activation_bytes_estimate'])} = {m['activation_formula']}"]]
+    rows = [["attention / dense weights", mb(m["dense_weight_bytes"])],
+            ["routed expert weights", mb(m["expert_weight_bytes"])],
+            ["KV cache (largest batch)", mb(m["kv_cache_bytes"])],
+            ["activations (estimate)", f"{mb(m['activation_bytes_estimate'])} = {m['activation_formula']}"]]
     if n.get("available"):
-        rows.append(["NVML peak memory used", _mb(n.get("peak_memory_used_bytes", 0))])
+        rows.append(["NVML peak memory used", mb(n.get("peak_memory_used_bytes", 0))])
         rows.append(["NVML mean util / peak power", f"{n.get('mean_gpu_util_pct', 0):.0f}% / {n.get('peak_power_w', 0):.0f} W"])
     else:
         rows.append(["NVML", n.get("reason", "not available")])
@@ -176,9 +159,9 @@ def offload_table(summary: dict) -> Table:
     rows = []
     for layer, r in sorted(off["layers"].items(), key=lambda kv: int(kv[0])):
         rows.append([layer, f"{100 * r['hit_rate']:.1f}%", f"{r['hits']}/{r['hits'] + r['misses']}",
-                     _num(r["prefetch_precision"], ".2f"), _num(r["prefetch_recall"], ".2f"),
-                     _mb(r["bytes_host"] + r["bytes_disk"]), f"{1e3 * r['offload_wait_s']:.2f}",
-                     _mb(r["resident_bytes"])])
+                     num(r["prefetch_precision"], ".2f"), num(r["prefetch_recall"], ".2f"),
+                     mb(r["bytes_host"] + r["bytes_disk"]), f"{1e3 * r['offload_wait_s']:.2f}",
+                     mb(r["resident_bytes"])])
     s = off["settings"]
     note = (f"capacity {s['capacity']} experts/layer, {s['policy']} eviction, {s['tier']} tier, prefetch depth "
             f"{s['prefetch_depth']}. Hit rate = needed experts found resident / needed; precision = prefetched "
@@ -189,8 +172,6 @@ def offload_table(summary: dict) -> Table:
 
 
 def all_tables(summary: dict) -> list[Table]:
-    from moetune.report.ranks.tables import rank_tables
-
     tables = [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
               gemm_table(summary), *rank_tables(summary), ep_table(summary), locality_table(summary),
               rates_table(summary), formulas_table(summary), memory_table(summary)]

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from moetune.profile.ranks.analysis import slowest_ranks
-from moetune.report.plots import _figure, _png
+from moetune.report.figure import figure, png
 
 RANK_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]
 
@@ -16,11 +16,11 @@ def rank_timeline(rank_steps: pd.DataFrame, rank_moe: pd.DataFrame) -> bytes:
     then the seconds spent waiting for the slowest rank. Bottom: per MoE layer (rows) and lock-step
     (columns), the rank everyone waited for."""
     R = int(rank_steps["rank"].max()) + 1
-    plt, fig = _figure(11, 2.2 + 0.45 * R + 0.3 * rank_moe.layer.nunique())
+    plt, fig = figure(11, 2.2 + 0.45 * R + 0.3 * rank_moe.layer.nunique())
     lanes, grid = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
     _lanes(lanes, rank_steps, rank_moe, R)
     _waited_grid(fig, grid, rank_moe, R)
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def _lanes(ax, rank_steps: pd.DataFrame, rank_moe: pd.DataFrame, R: int) -> None:

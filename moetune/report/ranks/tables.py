@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moetune.profile.trace import KINDS
-from moetune.report.tables import Table, _mb, _num
+from moetune.report.table import Table, mb, num
 
 
 def _ranked_kinds(summary: dict) -> list[str]:
@@ -17,8 +17,8 @@ def measured_rank_table(summary: dict) -> Table:
             a2a = r["dispatch_s"] + r["combine_s"]
             rows.append([kind, f"rank {r['rank']}", f"{r['tokens']} ({r['idle_steps']} idle steps)", str(r["copies_in"]),
                          f"{1e3 * r['moe_s']:.1f}", f"{1e3 * a2a:.1f} ({100 * r['dispatch_combine_share_of_moe']:.0f}%)",
-                         f"{1e3 * r['wait_s']:.1f}", _mb(r["dispatch_bytes"] + r["combine_bytes"]),
-                         f"{_mb(r['intra_node_bytes'])} / {_mb(r['inter_node_bytes'])}", str(r["waited_for"])])
+                         f"{1e3 * r['wait_s']:.1f}", mb(r["dispatch_bytes"] + r["combine_bytes"]),
+                         f"{mb(r['intra_node_bytes'])} / {mb(r['inter_node_bytes'])}", str(r["waited_for"])])
     p = summary["parallel"]
     return Table(f"Measured per rank (R={p['ep_size']} ranks run, {p['placement']} placement)",
                  ["kind", "rank", "tokens", "copies computed", "MoE ms", "dispatch+combine ms (of MoE)",
@@ -35,11 +35,11 @@ def waited_for_table(summary: dict) -> Table:
         for r in ranks["per_layer"]:
             waited = " · ".join(f"r{k}: {v}" for k, v in r["waited_for"].items())
             wait = " · ".join(f"r{k}: {v:.2f}" for k, v in r["wait_ms_per_step"].items())
-            rows.append([kind, str(r["layer"]), waited, wait, _num(r["balancedness_measured"], ".3f"),
-                         _num(r["balancedness_computed"], ".3f"), _num(r["balancedness_without_replicas"], ".3f")])
+            rows.append([kind, str(r["layer"]), waited, wait, num(r["balancedness_measured"], ".3f"),
+                         num(r["balancedness_computed"], ".3f"), num(r["balancedness_without_replicas"], ".3f")])
         mean = ranks["mean_over_layers"]
-        rows.append([kind, "mean of layers", "", "", _num(mean["balancedness_measured"], ".3f"),
-                     _num(mean["balancedness_computed"], ".3f"), _num(mean["balancedness_without_replicas"], ".3f")])
+        rows.append([kind, "mean of layers", "", "", num(mean["balancedness_measured"], ".3f"),
+                     num(mean["balancedness_computed"], ".3f"), num(mean["balancedness_without_replicas"], ".3f")])
     return Table("Which rank everyone waited for, per layer", ["kind", "layer", "waited for (times)",
                                                                 "wait ms per lock-step", "bal. measured",
                                                                 "bal. what-if", "bal. without replicas"], rows,
