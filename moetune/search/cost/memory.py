@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simmodel import SimModel
-from moetune.search.study.space import Deployment
+from moetune.search.cost.deployment import Deployment
 
 HEADROOM = 0.9
 

@@ -39,7 +39,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.offload import OffloadState
 from moetune.search.cost.schedule import Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.source import TraceSource
-from moetune.search.study.space import Deployment, resident_slots
+from moetune.search.cost.deployment import Deployment, resident_slots
 
 # torch calls per phase and layer: (fixed, per sequence in the step); "step" is once per step.
 CALLS = {

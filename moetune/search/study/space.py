@@ -29,47 +29,17 @@ to simulated searches (none at present). To add a knob: one `Knob(...)` row in `
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import math
-
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
+from moetune.search.cost.deployment import Deployment, resident_slots
 
 
 class SpaceError(MoetuneError):
     """A malformed --space file (unknown knob, value outside its domain)."""
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """One point of the space: the knobs' values (what-if knobs at their neutral values by default)."""
-
-    ep_size: int = 1
-    redundant_experts: int = 0
-    placement: str = "contiguous"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    quant_low_format: str = "none"
-    quant_hot_fraction: float = 0.0
-    offload_resident_fraction: float = 1.0
-    offload_prefetch_depth: int = 0
-    offload_eviction: str = "lru"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def label(self) -> str:
-        parts = [f"R={self.ep_size}", f"N={self.redundant_experts}", self.placement,
-                 f"seqs={self.max_num_seqs}", f"tok={self.max_num_batched_tokens}"]
-        if self.quant_low_format != "none":
-            parts.append(f"{self.quant_low_format}/hot={self.quant_hot_fraction:g}")
-        if self.offload_resident_fraction < 1:
-            parts.append(f"resident={self.offload_resident_fraction:g}/pf={self.offload_prefetch_depth}"
-                         f"/{self.offload_eviction}")
-        return " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -229,13 +199,6 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
 
 
 SEQS = (8, 16, 32, 64, 128, 256)
-
-
-def resident_slots(d: Deployment, num_experts: int) -> int:
-    """Expert slots kept resident per rank and MoE layer: the fraction of the rank's slots, rounded up
-    (as the engine rounds `offload.resident_fraction`)."""
-    slots = (num_experts + d.redundant_experts) // max(d.ep_size, 1)
-    return min(slots, math.ceil(slots * d.offload_resident_fraction - 1e-9))
 
 
 def _prune_what_if(d: Deployment, lim: Limits) -> str | None:
