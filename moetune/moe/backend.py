@@ -15,10 +15,9 @@ import torch
 
 from moetune.errors import MoetuneError
 from moetune.experts.store import ExpertWeights
-from moetune.moe.experts import ExpertsOutput, run_experts
-from moetune.moe.permute import PermuteOutput, permute
-from moetune.moe.router import router_logits, select_experts
-from moetune.moe.unpermute import unpermute
+from moetune.moe.experts import ExpertsOutput
+from moetune.moe.permute import PermuteOutput
+from moetune.moe.torch_backend import TorchBackend
 from moetune.spec import RouterSpec
 
 BACKENDS = ("torch", "cpu", "triton")
@@ -38,25 +37,6 @@ class MoEBackend(Protocol):
 
     def unpermute(self, y_sorted: torch.Tensor, sorted_copy_ids: torch.Tensor, topk_weights: torch.Tensor,
                   shared: torch.Tensor | None) -> torch.Tensor: ...
-
-
-class TorchBackend:
-    name = "torch"
-
-    def router_logits(self, x, gate_weight):
-        return router_logits(x, gate_weight)
-
-    def select_experts(self, logits, spec, bias):
-        return select_experts(logits, spec, bias)
-
-    def permute(self, x, slot_ids, num_slots):
-        return permute(x, slot_ids, num_slots)
-
-    def experts(self, x, offsets, weights):
-        return run_experts(x, offsets, weights)
-
-    def unpermute(self, y_sorted, sorted_copy_ids, topk_weights, shared):
-        return unpermute(y_sorted, sorted_copy_ids, topk_weights, shared)
 
 
 def _interpret_off_cuda(device: torch.device) -> None:

@@ -25,7 +25,7 @@ from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu, linear
 from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
 from moetune.kernels.cpu.runtime import fp32_cpu
 from moetune.kernels.quant_formats import WeightFormat
-from moetune.moe.backend import TorchBackend
+from moetune.moe.torch_backend import TorchBackend
 from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
 from moetune.moe.permute import PermuteOutput
 

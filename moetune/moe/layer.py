@@ -9,7 +9,8 @@ import torch
 from typing import Protocol
 
 from moetune.experts.store import ExpertStore, ExpertWeights
-from moetune.moe.backend import MoEBackend, TorchBackend
+from moetune.moe.backend import MoEBackend
+from moetune.moe.torch_backend import TorchBackend
 from moetune.moe.dispatch import Dispatcher, LocalDispatcher
 from moetune.moe.capacity import apply_capacity, capacity_of
 from moetune.moe.router import RouterOutput, route
