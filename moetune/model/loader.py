@@ -8,7 +8,6 @@ import torch
 
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.cpu import linear as cpu_linear
-from moetune.kernels.quant_formats import plain
 from moetune.model.attention import GQAAttention
 from moetune.model.fused_decode import FusedDecode
 from moetune.model.hugepages import to_huge_pages
@@ -22,7 +21,7 @@ from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
 from moetune.model.validate import read_spec, validate_checkpoint  # read_spec: re-exported, torch-free
 from moetune.model.quant_checkpoint import read_quantization
-from moetune.model.quantize import read_packed_layer
+from moetune.model.expert_tensors import read_experts, read_packed_layer
 from moetune.experts.mixed import quantized_layer
 from moetune.quant.names import QuantError, check_backend, parse_name
 from moetune.quant.table import PrecisionTable
@@ -167,34 +166,10 @@ def _layer_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i:
                    stored: PrecisionTable | None, table: PrecisionTable | None) -> ExpertWeights:
     if stored is not None:
         return read_packed_layer(source, names, spec, i, stored.layer(i))
-    dense = _experts(source, names, spec, i, placement, rank)
+    dense = read_experts(source, names, spec, i, placement, rank)
     if table is None:
         return dense
     return quantized_layer(dense.w13.data, dense.w2.data, table.layer(i))
-
-
-def _experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int,
-             placement: Placement | None = None, rank: int = 0) -> ExpertWeights:
-    """Layer i's routed experts stacked over this rank's slots: w13 [P_local, 2I, D] (gate rows, then
-    up rows), w2 [P_local, D, I]; all E in logical order without a placement."""
-    held = list(range(spec.moe.num_experts)) if placement is None else placement.rank_experts(i, rank)
-    fused_w13, fused_w2 = names.fused_experts(i)
-    if source.has(fused_w13):
-        w13, w2 = source.get(fused_w13), source.get(fused_w2)
-        if placement is not None:
-            index = torch.tensor(held, device=w13.device)
-            w13, w2 = w13.index_select(0, index), w2.index_select(0, index)  # [P_local, ...] copies
-    else:
-        I, D = spec.moe.intermediate_size, spec.hidden_size
-        w13 = torch.empty(len(held), 2 * I, D, device=source.device, dtype=source.dtype)
-        w2 = torch.empty(len(held), D, I, device=source.device, dtype=source.dtype)
-        for slot, e in enumerate(held):
-            w13[slot, :I] = source.get(names.expert(i, e, "gate"))  # [I, D]
-            w13[slot, I:] = source.get(names.expert(i, e, "up"))  # [I, D]
-            w2[slot] = source.get(names.expert(i, e, "down"))  # [D, I]
-    if placement is None:
-        return ExpertWeights.dense(w13, w2)
-    return ExpertWeights(plain(w13), plain(w2), placement.slot_map(i, source.device))
 
 
 def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend, dispatcher,

@@ -1,4 +1,4 @@
-"""Mixed-precision checkpoints: write one (`moetune quantize`) and read its packed experts back.
+"""Mixed-precision checkpoints: write one (`moetune quantize`); `expert_tensors.py` reads its packed experts back.
 
 The layout is `quant_checkpoint.py`. Writing reads the source checkpoint through the same loader
 functions a forward uses (so fused and per-expert sources both work), packs each routed expert in
@@ -16,9 +16,7 @@ from pathlib import Path
 
 import torch
 
-from moetune.experts.mixed import from_packed
-from moetune.experts.store import ExpertWeights
-from moetune.kernels.quant_formats import PackedWeight
+from moetune.model.expert_tensors import read_experts
 from moetune.model.naming import TensorNames
 from moetune.model.quant_checkpoint import QUANT_KEY, expert_names, quant_block
 from moetune.model.weights import WeightSource
@@ -27,34 +25,16 @@ from moetune.quant.table import PrecisionTable
 from moetune.spec import ModelSpec
 
 
-def read_packed_layer(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int,
-                      formats: tuple[str, ...]) -> ExpertWeights:
-    """Layer i's experts as stored by `moetune quantize` → ExpertWeights (format groups)."""
-    per_expert = []
-    for e, name in enumerate(formats):
-        fmt, n = parse_format(name), expert_names(names, i, e)
-        per_expert.append(tuple(_packed(source, n[w], n[w + "_scale"], fmt) for w in ("w13", "w2")))
-    return from_packed(per_expert, formats)
-
-
-def _packed(source: WeightSource, data_name: str, scale_name: str, fmt) -> PackedWeight:
-    data = source.raw(data_name).to(source.device)[None]  # [1, N, ·]
-    scale = source.raw(scale_name).to(source.device, torch.float32)[None] if fmt.group or fmt.dtype is None else None
-    return PackedWeight(data, scale, fmt.kind, fmt.group)
-
-
 def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable, out: Path) -> dict[str, int]:
     """Write the mixed checkpoint to `out`; returns {"expert_bytes_before", "expert_bytes_after"}."""
     from safetensors.torch import save_file
-
-    from moetune.model.loader import _experts
 
     model_dir, out = Path(model_dir), Path(out)
     source = WeightSource(model_dir, "cpu", torch.float32)
     names = TensorNames(spec.model_type)
     tensors, before, after = {}, 0, 0
     for i in spec.moe_layers:
-        dense = _experts(source, names, spec, i)
+        dense = read_experts(source, names, spec, i)
         w13, w2 = dense.w13.data, dense.w2.data  # [E, 2I, D], [E, D, I]
         before += _source_expert_bytes(source, names, spec, i)
         for e, name in enumerate(table.layer(i)):
