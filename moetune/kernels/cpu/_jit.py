@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from moetune.kernels.cpu._prefetch import prefetch_row
 
-_OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
+OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight rows stay in registers)
 AHEAD = 4  # weight rows requested into L2 this many rows ahead (`_prefetch`), where the core spends
 SHORT_ROW = 1024  # long on each weight line: 2+ x rows per weight row, or rows of ≤ SHORT_ROW bytes
@@ -45,7 +45,7 @@ F0, F1, F8, F16, F1_16 = (np.float32(v) for v in (0.0, 1.0, 8.0, 16.0, 0.0625))
 # --- two weight rows (n, n2) against x rows [m0, m1): a 4 × 2 register tile -----------------------
 # Odd tails pass n2 = n, col2 = col (the row is computed twice, written once).
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
     """y[ym0 + m - m0, col] = s · Σ_k x[m, k]·w[n, k] (and n2 → col2 with s2) for m in [m0, m1);
     w fp32 or int8 [N, K]."""
@@ -88,7 +88,7 @@ def _dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
         m += 1
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _dot(x, m, w, n):
     """Σ_k x[m, k]·w[n, k] in fp32 (w fp32 or int8)."""
     acc = F0
@@ -97,7 +97,7 @@ def _dot(x, m, w, n):
     return acc
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2):
     """y[ym0 + m - m0, col] = Σ_g s[n, g] · Σ_{k in g} x[m, k]·(q[n, k] - 8), and n2 → col2;
     w [N, G, group/2] u8, xq [M, 2, G, group/2] the even (0) / odd (1) columns of x, xs [M, G]
@@ -140,7 +140,7 @@ def _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2):
         y[ym0 + m - m0, col], y[ym0 + m - m0, col2] = t0, u0
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _int4_dequant(w, n, s, out, r):
     """out[r] = row n of w in fp32, scale applied, in the [2, G, group/2] even / odd order of xq."""
     G, H = w.shape[1], w.shape[2]
@@ -153,7 +153,7 @@ def _int4_dequant(w, n, s, out, r):
             out[r, 1, g, j] = (hi - F8) * sg
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _int4_tile(xq, xs, m0, m1, w, n, n2, s, deq, y, ym0, col, col2):
     """`_int4_rows`, or for 3+ x rows: widen rows n, n2 once into `deq` [2, 2, G, group/2] (L1)
     and run the dense 4 × 2 tile on them (the nibble split is then paid once per 8 x rows)."""
@@ -168,7 +168,7 @@ def _int4_tile(xq, xs, m0, m1, w, n, n2, s, deq, y, ym0, col, col2):
 
 # --- small-M linear ------------------------------------------------------------------------------
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _linear_block(x, w, scale, y, block, b):
     """Rows [b·block, (b+1)·block) of W against every row of x (one work item of `linear_dense`)."""
     M, N = x.shape[0], w.shape[0]
@@ -183,20 +183,20 @@ def _linear_block(x, w, scale, y, block, b):
             _dense_rows(x, mc, min(M, mc + M_CHUNK), w, n, n2, scale[n], scale[n2], y, mc, n, n2)
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **OPTS)
 def linear_dense(x, w, scale, y, block):
     """x [M, K] fp32, w [N, K] fp32|int8, scale [N] fp32 → y [M, N]; prange over blocks of N."""
     for b in prange((w.shape[0] + block - 1) // block):
         _linear_block(x, w, scale, y, block, b)
 
 
-@njit(**_OPTS)
-def _linear_dense_serial(x, w, scale, y, block):
+@njit(**OPTS)
+def linear_dense_serial(x, w, scale, y, block):
     for b in range((w.shape[0] + block - 1) // block):
         _linear_block(x, w, scale, y, block, b)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _linear_int4_block(xq, xs, w, scale, y, block, b):
     M, N = xq.shape[0], w.shape[0]
     deq = np.empty((2, 2, w.shape[1], w.shape[2]), np.float32)
@@ -207,14 +207,14 @@ def _linear_int4_block(xq, xs, w, scale, y, block, b):
             _int4_tile(xq, xs, mc, min(M, mc + M_CHUNK), w, n, n2, scale, deq, y, mc, n, n2)
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **OPTS)
 def linear_int4(xq, xs, w, scale, y, block):
     """xq [M, 2, G, group/2], xs [M, G] (see `_int4_rows`); w [N, G, group/2] u8, scale [N, G]."""
     for b in prange((w.shape[0] + block - 1) // block):
         _linear_int4_block(xq, xs, w, scale, y, block, b)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _linear_int4_serial(xq, xs, w, scale, y, block):
     for b in range((w.shape[0] + block - 1) // block):
         _linear_int4_block(xq, xs, w, scale, y, block, b)
@@ -222,7 +222,7 @@ def _linear_int4_serial(xq, xs, w, scale, y, block):
 
 # --- grouped experts: w13 → SiLU(gate)·up → w2 ---------------------------------------------------
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _dot3(x, m, w, e, n):
     """Σ_k x[m, k]·w[e, n, k] in fp32 (w fp32 or int8 [E, N, K]; indexed in place, no view)."""
     acc = F0
@@ -231,12 +231,12 @@ def _dot3(x, m, w, e, n):
     return acc
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _silu(g):
     return g / (np.float32(1.0) + np.exp(-g))
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu):
     """a[m, j] = silu(s13[e, j]·x[m]·w13[e, j]) · s13[e, I+j]·x[m]·w13[e, I+j] for the rows m of
     expert e and the columns j in [j0, j1); gu [M_CHUNK, 2] scratch (gate, up of one column)."""
@@ -265,7 +265,7 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu):
                 a[mc + i, j] = _silu(gu[i, 0]) * gu[i, 1]
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _down_cols(a, offsets, e, w2, s2, y, n0, n1):
     """y[m, n] = s2[e, n]·a[m]·w2[e, n] for the rows m of expert e and the columns n in [n0, n1)."""
     m0, m1 = offsets[e], offsets[e + 1]
@@ -289,7 +289,7 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1):
             _dense_rows(a, mc, me, we, n, n2, se[n], se[n2], y, mc, n, n2)
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **OPTS)
 def _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
     """Work items (active expert, block of columns): every thread reads part of every expert, with
     a barrier between the w13 and the w2 pass. Items are block-major, so the static split of the
@@ -307,7 +307,7 @@ def _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
         _down_cols(a, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2))
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **OPTS)
 def _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2):
     """Whole experts: lane l (one per thread) computes experts order[lanes[l]:lanes[l+1]] from w13
     to w2 alone, so no barrier stops the weight stream between the two passes. Column blocks as in
@@ -316,7 +316,7 @@ def _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, bl
         _lane(x, offsets, order[lanes[lane]:lanes[lane + 1]], w13, s13, w2, s2, a, y, block13, block2)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _lane(x, offsets, experts, w13, s13, w2, s2, a, y, block13, block2):
     """Experts `experts`, one after the other, each w13 then w2, on the calling thread."""
     I, D = w2.shape[2], w2.shape[1]
@@ -328,7 +328,7 @@ def _lane(x, offsets, experts, w13, s13, w2, s2, a, y, block13, block2):
             _down_cols(a, offsets, e, w2, s2, y, n, min(D, n + block2))
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def plan_lanes(offsets, active, lanes_n):
     """(order, lanes): the active experts dealt to `lanes_n` lanes whose expert counts differ by at
     most one (the weights to read decide most of the time), most rows first, each to the lane with
@@ -354,7 +354,7 @@ def plan_lanes(offsets, active, lanes_n):
     return order, lanes
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def offsets_fit(offsets, n_rows):
     """Whether offsets [E+1] are non-decreasing within [0, n_rows]."""
     if offsets[0] < 0 or offsets[-1] > n_rows:
@@ -365,7 +365,7 @@ def offsets_fit(offsets, n_rows):
     return True
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def active_experts(offsets, n_rows):
     """The experts with rows ([A] int64, in id order), or [-1] when the offsets do not fit."""
     if not offsets_fit(offsets, n_rows):
@@ -382,7 +382,7 @@ def active_experts(offsets, n_rows):
     return active
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T):
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
@@ -404,7 +404,7 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, s
 
 # The int4 work items are inlined into their drivers: called as functions they ran 10-19 % slower.
 
-@njit(inline="always", **_OPTS)
+@njit(inline="always", **OPTS)
 def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1):
     """Columns [j0, j1) of expert e's activation, written into aq's split layout."""
     Hi = aq.shape[3]
@@ -420,7 +420,7 @@ def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1):
                 aq[mc + i, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(gu[i, 0]) * gu[i, 1]
 
 
-@njit(inline="always", **_OPTS)
+@njit(inline="always", **OPTS)
 def _int4_group_sums(aq, asum, m):
     for g in range(aq.shape[2]):
         acc = F0
@@ -429,7 +429,7 @@ def _int4_group_sums(aq, asum, m):
         asum[m, g] = acc
 
 
-@njit(inline="always", **_OPTS)
+@njit(inline="always", **OPTS)
 def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1):
     we, se = w2[e], s2[e]
     deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
@@ -440,7 +440,7 @@ def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1):
             _int4_tile(aq, asum, mc, m1, we, n, n2, se, deq, y, mc, n, n2)
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **OPTS)
 def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
     """Int4 twin of `experts_dense`: w13 [E, 2I, Gd, Hd], w2 [E, D, Gi, Hi] u8; x split as for
     `linear_int4`; the activation is written straight into the same split layout
@@ -458,7 +458,7 @@ def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13
         _int4_down_item(aq, asum, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2))
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _experts_int4_serial(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
     D, I = w2.shape[1], w13.shape[1] // 2
     for e in active:
@@ -471,7 +471,7 @@ def _experts_int4_serial(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y,
 
 # --- paged decode attention: one query token per sequence, keys/values read through block tables ---
 
-@njit(inline="always", **_OPTS)
+@njit(inline="always", **OPTS)
 def _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, out, t):
     """Work item t = (sequence b, kv head kh) of `decode_attention`. Inlined into both drivers,
     and the values summed in a local [G, Dh] array, not in `out`: compiled on its own, or summing
@@ -513,7 +513,7 @@ def _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, ou
             out[b, kh * G + g, d] = acc[g, d]
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **OPTS)
 def decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, p, out):
     """q [B, H, Dh]; k_pool, v_pool [rows, Hkv, Dh]; tables [B, nb] block ids; lens [B] context
     lengths (this step's token included); p [B * Hkv, G, max window] scratch; out [B, H, Dh].
@@ -523,13 +523,13 @@ def decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, p, o
         _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, out, t)
 
 
-@njit(**_OPTS)
-def _decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, p, out):
+@njit(**OPTS)
+def decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, p, out):
     for t in range(q.shape[0] * k_pool.shape[1]):
         _attention_item(q, k_pool, v_pool, tables, lens, block, scale, window, p, out, t)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _cache_rows(tables, b, first, n, block):
     """Pool rows of positions [first, n) of sequence b, walking its blocks: one integer division
     per block, not two per position (a runtime divisor costs tens of cycles)."""
@@ -550,7 +550,7 @@ def _cache_rows(tables, b, first, n, block):
 
 # --- row-wise ops of a step: RMSNorm and rotary embedding (one thread; a few rows in decode) -------
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def rms_norm(x, w, eps, out):
     """x [T, D] fp32 (any strides), w [D] → out [T, D] = w · x / sqrt(mean(x²) + eps)."""
     T, D = x.shape
@@ -563,7 +563,7 @@ def rms_norm(x, w, eps, out):
             out[t, d] = w[d] * (x[t, d] * inv)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def rope_rotate_half(x, cos, sin):
     """In place on x [T, H, R] (any strides): x·cos + rotate_half(x)·sin with cos, sin [T, R];
     rotate_half(x) = (-x[R/2:], x[:R/2])."""
@@ -579,7 +579,7 @@ def rope_rotate_half(x, cos, sin):
 
 # --- routing bookkeeping of an MoE layer: top-k selection, permute, unpermute (one thread) ----------
 
-@njit(inline="always", **_OPTS)
+@njit(inline="always", **OPTS)
 def _insert_topk(scores, bias, use_bias, t, ids, best):
     """ids[t] ← the K experts of highest scores[t] (+ bias), best first, the lower id on ties: one
     pass over E keeping a sorted list of the best so far (a later id enters only when strictly
@@ -600,7 +600,7 @@ def _insert_topk(scores, bias, use_bias, t, ids, best):
         n = min(n + 1, K)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, weights, ids, scores):
     """logits [T, E] → scores [T, E] (softmax or sigmoid); ids [T, K] of the K highest
     scores (+ bias when use_bias), best first, the lower id on ties; weights [T, K] their unbiased
@@ -633,7 +633,7 @@ def select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, we
             weights[t, k] = w * scaling
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def permute_rows(x, slot_ids, counts, offsets, sorted_copy_ids, x_sorted):
     """slot_ids [T, K] → counts [P] copies per slot, offsets [P+1], sorted_copy_ids [T*K] (copies
     grouped by slot, in copy order within one: a stable counting sort) and x_sorted [T*K, D].
@@ -661,7 +661,7 @@ def permute_rows(x, slot_ids, counts, offsets, sorted_copy_ids, x_sorted):
     return True
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
     """out [T, D] += Σ_k topk_weights[t, k] · y_sorted[row of copy t*K + k]; out holds the shared
     expert's output (or zeros) on entry."""
@@ -687,6 +687,6 @@ def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
 # caches). experts_dense takes the thread count as an argument and needs no twin.
 
 SERIAL = False
-serial = SimpleNamespace(SERIAL=True, linear_dense=_linear_dense_serial, linear_int4=_linear_int4_serial,
+serial = SimpleNamespace(SERIAL=True, linear_dense=linear_dense_serial, linear_int4=_linear_int4_serial,
                          experts_dense=experts_dense, experts_int4=_experts_int4_serial,
-                         decode_attention=_decode_attention_serial)
+                         decode_attention=decode_attention_serial)

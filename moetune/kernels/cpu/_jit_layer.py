@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from moetune.kernels.cpu._jit import (_OPTS, _decode_attention_serial, _linear_dense_serial, active_experts,
+from moetune.kernels.cpu._jit import (OPTS, decode_attention_serial, linear_dense_serial, active_experts,
                                       decode_attention, experts_dense, linear_dense, permute_rows, rms_norm,
                                       rope_rotate_half, select_topk, unpermute_rows)
 
@@ -19,7 +19,7 @@ BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
 QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # GQASpec.qk_norm
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _project(x, w, ones, bias, threads, serial_bytes):
     """x [T, K] @ w [N, K].T (+ bias [N], or an empty bias) → a new [T, N]: on `threads` threads,
     or on this one under serial_bytes of weights (`runtime.launch`'s rule)."""
@@ -27,7 +27,7 @@ def _project(x, w, ones, bias, threads, serial_bytes):
     if threads > 1 and w.size * w.itemsize >= serial_bytes:
         linear_dense(x, w, ones, y, BLOCK_N)
     else:
-        _linear_dense_serial(x, w, ones, y, BLOCK_N)
+        linear_dense_serial(x, w, ones, y, BLOCK_N)
     if bias.shape[0]:
         for t in range(y.shape[0]):
             for n in range(y.shape[1]):
@@ -35,7 +35,7 @@ def _project(x, w, ones, bias, threads, serial_bytes):
     return y
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _norm_rows(x, w, eps):
     """RMSNorm of each row of x [T, C] in place (through a scratch: `rms_norm` writes another array)."""
     out = np.empty(x.shape, np.float32)
@@ -43,7 +43,7 @@ def _norm_rows(x, w, eps):
     x[:, :] = out
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _qk_norm(qkv, H, Hkv, Dh, kind, q_w, k_w, eps):
     """The q and k RMSNorms of qkv [T, (H + 2Hkv)·Dh], in place: over each head (per_head) or
     over the whole q and k projections (full)."""
@@ -58,7 +58,7 @@ def _qk_norm(qkv, H, Hkv, Dh, kind, q_w, k_w, eps):
             _norm_rows(heads[t, H : H + Hkv], k_w, eps)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, H, Hkv, Dh,
                     qk_kind, q_w, k_w, qk_eps, clip, cos, sin, rows, k_pool, v_pool, tables, lens, block, scale,
                     window, scores, kv_read, wg, ones_g, bias, use_bias, sigmoid, top_k, renormalize, scaling,
@@ -94,7 +94,7 @@ def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, 
     if threads > 1 and kv_read >= serial_bytes:
         decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
     else:
-        _decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
+        decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
     y = _project(out.reshape(T, H * Dh), wo, ones_o, bo, threads, serial_bytes)  # [T, D]
     for t in range(T):
         for d in range(h.shape[1]):
@@ -105,7 +105,7 @@ def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, 
                 np.empty(logits.shape, np.float32))
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, row_limit, shared, use_shared,
               threads, serial_bytes, block13, block2, schedule):
     """The experts half of a decode layer: permute x [T, D] by `slots` [T, K] (physical), every
@@ -137,7 +137,7 @@ def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, ro
     return 0
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def decode_layers(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, H, Hkv, Dh, qk_kind, q_w, k_w,
                   qk_eps, clip, cos, sin, rows, k_pools, v_pools, tables, lens, block, scale, window, scores,
                   kv_read, wg, ones_g, bias, use_bias, sigmoid, top_k, renormalize, scaling, num_slots, w13, s13,
