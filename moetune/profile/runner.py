@@ -9,8 +9,9 @@ from typing import Callable
 from moetune.config import ParallelConfig, RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.profile.ep import placement_layout
-from moetune.profile.session import (Hooks, ProfileResult, ProfileSettings, check_lengths, cuda_index, finish_run,
-                                     greedy_params, parallel_sizes, torch_trace)
+from moetune.profile.finish import finish_run, write_run
+from moetune.profile.session import (Hooks, ProfileResult, ProfileSettings, check_lengths, cuda_index, greedy_params,
+                                     parallel_sizes, torch_trace)
 from moetune.profile.workload import Workload, batches, load_prompt_texts, prompts_path, request_tokens
 
 
@@ -39,7 +40,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     if ep > 1 and not settings.what_if:
         from moetune.profile.ranks.run import run_rank_profile
 
-        return run_rank_profile(settings, cfg, texts, writer, on_start, on_step)
+        return run_rank_profile(settings, cfg, texts, writer, write_run, on_start, on_step)
     writer.check_free()
     generator = build_generator(cfg.model_copy(update={"parallel": ParallelConfig()}))  # one rank; EP is computed
     requests = request_tokens(texts, generator.encode, w)

@@ -1,19 +1,19 @@
 """What a profile run on one process (runner.py) and its twin on R ranks (ranks/run.py) share, in one
-place: the settings and result, the checks, the NVML device index, the torch.profiler trace, and
-writing the run dir from its parts (also used by serve's recording)."""
+place: the settings and result, the checks, the NVML device index, the torch.profiler trace and the
+parts a run dir is written from (finish.py writes them)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from moetune.config import RunConfig
 from moetune.errors import MoetuneError
-from moetune.profile.workload import Workload, prompts_path
+from moetune.profile.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -84,35 +84,6 @@ def torch_trace(root: Path | None, device):
             shutil.copyfile(written[-1], root / "trace.json")
 
 
-def offload_summary(store) -> dict:
-    """An offloading store's per-layer counters (hit rate, prefetch precision/recall, bytes per tier,
-    offload_wait, resident bytes) and their totals; {"enabled": false} for a resident store."""
-    if not hasattr(store, "stats"):
-        return {"enabled": False}
-    layers = {str(i): row for i, row in store.stats().items()}
-    total = {k: sum(r[k] for r in layers.values()) for k in ("hits", "misses", "prefetch_issued", "prefetch_used",
-                                                             "bytes_host", "bytes_disk", "offload_wait_s",
-                                                             "resident_bytes")}
-    looked = total["hits"] + total["misses"]
-    total["hit_rate"] = total["hits"] / looked if looked else 1.0
-    total["prefetch_precision"] = (total["prefetch_used"] / total["prefetch_issued"]
-                                   if total["prefetch_issued"] else None)
-    return {"enabled": True, "settings": store.settings.__dict__, "total": total, "layers": layers}
-
-
-def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
-               kv_bytes: int) -> dict:
-    """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
-    from moetune.profile.rates import model_dims
-    from moetune.profile.tables import build_tables
-
-    dims = model_dims(profiler.model).as_dict()
-    trace = profiler.trace()
-    tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
-    return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes),
-                     model_dir)
-
-
 @dataclass
 class RunParts:
     """What a run dir is written from: rank 0's model (dims, memory), the tables, the routing."""
@@ -124,51 +95,3 @@ class RunParts:
     nvml_summary: dict
     kv_bytes: int
     ranks: dict | None = None  # runs on R ranks: dispatcher counters, wire row bytes, dispatch dtype
-
-
-def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunParts, model_dir: Path) -> dict:
-    import yaml
-
-    from moetune.profile.analysis import summarize
-    from moetune.profile.env import environment
-    from moetune.profile.memory import memory_breakdown
-    from moetune.profile.rates import model_dims
-    from moetune.profile.rundir import write_contents
-
-    model, w, tables, layout = parts.model, settings.workload, parts.tables, parts.layout
-    dims = model_dims(model).as_dict()
-    summary = summarize(tables, dims, layout, settings.capacity_factor)
-    max_tokens = int(tables.steps.tokens.max()) if len(tables.steps) else 0
-    summary.update(
-        model={"name": model_dir.name, "model_type": model.spec.model_type, "dtype": str(model.dtype).split(".")[-1],
-               "device": str(model.device), **dims},
-        workload={**asdict(w), "prompts": str(prompts_path(w))},
-        parallel=parallel_summary(layout, parts.ranks),
-        memory=memory_breakdown(model, parts.kv_bytes, max_tokens).as_dict(),
-        nvml=parts.nvml_summary,
-        offload=offload_summary(model.experts),
-        trace_files=["tb/", "trace.json"] if settings.trace else [],
-    )
-    recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)
-    recipe += "# profile workload (not a RunConfig key):\n" + "".join(
-        f"#   {k}: {v}\n" for k, v in summary["workload"].items())
-    env = environment(model_dir, model.device, layout.ep_size, layout.ranks_per_node, ran=parts.ranks is not None,
-                      fused=model.fused is not None)
-    write_contents(tmp, recipe, env, summary, tables, parts.trace)
-    return summary
-
-
-def parallel_summary(layout, ranks: dict | None) -> dict:
-    """summary.json `parallel`: the layout; with R ranks run for real, what they measured too."""
-    out = {"ep_size": layout.ep_size, "ranks_per_node": layout.ranks_per_node, "placement": layout.policy,
-           "ran_ranks": ranks is not None, "token_origin": "token t of a step on rank t % R"}
-    if layout.slots is None:
-        out["placement_experts"] = layout.placement.tolist()
-    else:
-        out.update(redundant_experts=layout.slots.redundant, slots_per_rank=layout.slots.slots_per_rank,
-                   physical_to_logical=layout.slots.phy2log.tolist(),
-                   replica_split="copy of token t (its index on its rank) goes to replica t mod replicas")
-    if ranks is not None:
-        out.update(token_origin="request i of a batch on rank i % R (data-parallel attention); routing.npz token_rank",
-                   **ranks)
-    return out

@@ -88,7 +88,8 @@ class Recorder:
     def _write(self, path: Path, profiler, nvml, sequences: int, generated: int) -> dict:
         from moetune.profile.ep import contiguous_layout
         from moetune.profile.rundir import RunDirWriter
-        from moetune.profile.session import ProfileSettings, finish_run
+        from moetune.profile.finish import finish_run
+        from moetune.profile.session import ProfileSettings
         from moetune.profile.workload import Workload
 
         cfg = self.config

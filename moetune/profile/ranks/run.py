@@ -15,32 +15,38 @@ from typing import Callable
 
 from moetune.config import RunConfig
 from moetune.profile.session import (ProfileResult, ProfileSettings, RunParts, check_lengths, cuda_index,
-                                     greedy_params, torch_trace, write_run)
+                                     greedy_params, torch_trace)
+
+WriteRun = Callable[[Path, ProfileSettings, RunConfig, RunParts, Path], dict]  # profile/finish.py:write_run
 
 
-def run_rank_profile(settings: ProfileSettings, cfg: RunConfig, texts: list[str], writer,
+def run_rank_profile(settings: ProfileSettings, cfg: RunConfig, texts: list[str], writer, write: WriteRun,
                      on_start: Callable[[int], None] | None, on_step: Callable[[str], None] | None) -> ProfileResult | None:
+    """`write` writes the run dir on rank 0 (handed down by runner.py: ranks/ sits below the summary it
+    computes, which imports ranks/analysis.py)."""
     from moetune.engine.distributed import run_ranks
     from moetune.engine.ep_launch import launching_rank
 
     if launching_rank() != 0:  # under torchrun: run this rank's share, write nothing
-        run_ranks(cfg, RankJob(settings, cfg, texts, None))
+        run_ranks(cfg, RankJob(settings, cfg, texts, None, write))
         return None
     writer.check_free()
     w = settings.workload
     if on_start is not None:
         on_start(min(w.warmup_steps, w.output_len) + w.measured_steps())
     with writer as tmp:
-        summary = run_ranks(cfg, RankJob(settings, cfg, texts, tmp, on_step))
+        summary = run_ranks(cfg, RankJob(settings, cfg, texts, tmp, write, on_step))
     return ProfileResult(writer.final, summary)
 
 
 class RankJob:
-    """Run on every rank (picklable: spawned ranks receive it without rank 0's progress hook)."""
+    """Run on every rank (picklable: spawned ranks receive it without rank 0's progress hook; `write`, a
+    module-level function, travels by name)."""
 
     def __init__(self, settings: ProfileSettings, cfg: RunConfig, texts: list[str], out: Path | None,
-                 on_step: Callable[[str], None] | None = None):
+                 write: WriteRun, on_step: Callable[[str], None] | None = None):
         self.settings, self.cfg, self.texts, self.out, self.on_step = settings, cfg, texts, out, on_step
+        self.write = write
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "on_step": None}
@@ -57,7 +63,7 @@ class RankJob:
         dist.gather_object(record, gathered, dst=0, group=dp.ctx.group)
         if dp.rank != 0:
             return None
-        return finish_rank_run(self.out, self.settings, self.cfg, gathered, dp, nvml)
+        return finish_rank_run(self.out, self.settings, self.cfg, gathered, dp, nvml, self.write)
 
     def _run(self, dp):
         from moetune.profile.ranks.probe import RankProfiler
@@ -95,7 +101,8 @@ def wire_row_bytes(dispatcher, model) -> int:
     return model.spec.hidden_size * dtype.itemsize
 
 
-def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks: list, dp, nvml) -> dict:
+def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks: list, dp, nvml,
+                    write: WriteRun) -> dict:
     """Rank 0: merge every rank's record, compute the what-if for the run's placement, write the run dir."""
     from moetune.engine.build import resolve_placement
     from moetune.model.registry import resolve_model
@@ -116,4 +123,4 @@ def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks:
     measured = {"dispatch_dtype": par.dispatch_dtype, "wire_row_bytes": ranks[0].row_bytes,
                 "dispatcher_counters": [{"rank": r.rank, **r.counters} for r in ranks]}
     parts = RunParts(model, tables, trace, layout, nvml.summary(), dp.engine.runner.cache.nbytes(), measured)
-    return write_run(tmp, settings, cfg, parts, resolve_model(cfg.model.path))
+    return write(tmp, settings, cfg, parts, resolve_model(cfg.model.path))
