@@ -22,7 +22,8 @@ from moetune.cli.serve import serve
 from moetune.cli.simulate import simulate
 from moetune.cli.tune_kernels import tune_kernels
 
-COMMANDS = ["generate", "bench", "models", "profile", "report", "tune-kernels", "search", "simulate"]
+COMMANDS = ["generate", "bench", "models", "profile", "placement", "report", "tune-kernels", "serve", "bench-serve",
+            "quantize", "eval", "search", "simulate"]  # every command below, in order (tests/test_structure.py)
 
 app = typer.Typer(
     help="Profile, tune and serve Mixture-of-Experts models.",
