@@ -1,7 +1,7 @@
 """Per-phase call-overhead multipliers fitted on a run recorded on this machine.
 
 On a CPU, a small MoE's phases are dominated by per-call overhead, not by FLOPs or bytes, and how
-many torch calls a phase makes is a property of moetune's engine that `CALLS` (simulate.py) only
+many torch calls a phase makes is a property of moetune's engine that `CALLS` (phase_costs.py) only
 sketches. When the trace was recorded on this machine (device cpu) and the hardware is
 `this-machine`, each phase's measured seconds in the run (phases.parquet) minus its roofline
 time is divided by its sketched call overhead (CALLS × the microbenchmarked cost of one call):

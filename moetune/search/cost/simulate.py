@@ -22,8 +22,9 @@ cycling), so per-layer skew and co-selection are the recorded ones. Then, per ra
 A replicated expert's copies split evenly over its replicas (token-index splitting gives that on
 average); replica j of an expert is active when the expert has more than j copies.
 
-`CALLS` (torch calls per phase, fixed + per sequence) describes moetune's own engine; on GPUs a
-call is one kernel launch.
+Each piece is one function of phase_costs.py, keyed by the phase vocabulary; `_price` walks the
+steps and `_add_step` adds the pieces up. `CALLS` (phase_costs.py: torch calls per phase, fixed +
+per sequence) describes moetune's own engine; on GPUs a call is one kernel launch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moetune.search.cost import phase_costs as costs
+from moetune.search.cost.deployment import Deployment, resident_slots
 from moetune.search.cost.formats import expert_bytes
 from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
@@ -39,14 +42,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.offload import OffloadState
 from moetune.search.cost.schedule import Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.source import TraceSource
-from moetune.search.cost.deployment import Deployment, resident_slots
 
-# torch calls per phase and layer: (fixed, per sequence in the step); "step" is once per step.
-CALLS = {
-    "attention": (22, 6), "router": (8, 0), "permute": (10, 0), "dispatch": (4, 0), "combine": (3, 0),
-    "unpermute": (5, 0), "shared_expert": (4, 0), "dense_mlp": (4, 0), "experts_fixed": (3, 0),
-    "expert_slot": (5, 0), "step": (60, 12), "lm_head": (4, 1),
-}
 PHASES = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
           "shared_expert", "dense_mlp", "other", "straggler_wait")
 
@@ -138,7 +134,7 @@ class Simulator:
 
     # ---- pricing --------------------------------------------------------------------------------
 
-    def _roof(self, flops, nbytes, calls, ranks: int, phase: str):
+    def roof(self, flops, nbytes, calls, ranks: int, phase: str):
         """Roofline + call overhead, slowed by CPU sharing when more ranks than cores run here."""
         hw = self.hw
         share = max(1.0, ranks / hw.ranks_per_node) if hw.name == "this-machine" else 1.0
@@ -161,128 +157,30 @@ class Simulator:
         self._link_measured = True
 
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
+        """Every lock-step priced piece by piece (phase_costs.py), then added up (`_add_step`)."""
         if d.ep_size > 1:
             self._measure_link(d.ep_size)
-        m, hw, b, R = self.src.model, self.hw, self.b, d.ep_size
-        S = s.num_steps
-        step_s = np.zeros(S)
-        phases = {k: np.zeros(S) for k in PHASES}
-        pre_cursor = dec_cursor = 0
+        m, R = self.src.model, d.ep_size
+        totals = Totals.empty(s.num_steps, m.Lm, R)
+        trace = TraceRows(self.src)
         offload = (OffloadState(max(1, resident_slots(d, m.E)),
                    d.offload_eviction, d.offload_prefetch_depth) if d.offload_resident_fraction < 1 else None)
-        a2a_bytes = inter_bytes = 0.0
-        rank_rows_total = np.zeros((m.Lm, R))
-        low_copies = all_copies = 0.0
-        rpn = min(R, hw.ranks_per_node)
-        node = np.arange(R) // rpn
-        same_node = (node[:, None] == node[None, :]) & ~np.eye(R, dtype=bool)  # [R, R]
-        other_node = node[:, None] != node[None, :]
-        lat = hw.inter_latency_s if other_node.any() else hw.intra_latency_s  # per collective
-        for t in range(S):
+        links = costs.Links.of(self.hw, R)
+        for t in range(s.num_steps):
             self._kind = "prefill" if s.prefill[t].any() else "decode"
-            counts = np.zeros((R, m.Lm, m.E))
-            for r in range(R):
-                rows = []
-                p, dd = int(s.prefill[t, r]), int(s.decode[t, r])
-                if p:
-                    rows.append(_take(self.src.prefill_ids, pre_cursor, p))
-                    pre_cursor += p
-                if dd:
-                    rows.append(_take(self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids,
-                                      dec_cursor, dd))
-                    dec_cursor += dd
-                if rows:
-                    ids = np.concatenate(rows).astype(np.int64)  # [T, Lm, K]
-                    flat = (np.arange(m.Lm)[None, :, None] * m.E + ids).reshape(-1)
-                    counts[r] = np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
-            T = (s.prefill[t] + s.decode[t]).astype(np.float64)  # [R]
-            B = s.seqs[t].astype(np.float64) * (0.0 if hw.grouped_experts else 1.0)  # fused kernels: no per-seq calls
-            # per-rank, per-layer costs before the dispatch
-            att = self._roof(2 * T * m.attn_weights + m.pair_flops * s.pairs[t],
-                             np.where(T > 0, m.attn_weights * b + s.context[t] * m.kv_elems * b + 2 * T * m.D * b, 0),
-                             np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), R, "attention")  # [R]
-            router = self._roof(2 * T * m.D * m.E, m.E * m.D * b + T * m.D * b, CALLS["router"][0], R, "router")
-            permute = self._roof(0 * T, 2 * T * m.K * m.D * b, CALLS["permute"][0], R, "permute")
-            unperm = self._roof(2 * T * m.K * m.D, (T * m.K + T) * m.D * b, CALLS["unpermute"][0], R, "unpermute")
-            shared = (self._roof(6 * T * m.D * m.I_shared, 3 * m.D * m.I_shared * b + 2 * T * m.D * b,
-                                 CALLS["shared_expert"][0], R, "shared_expert") if m.I_shared else np.zeros(R))
-            # experts on the rank holding each slot
-            total = counts.sum(0)  # [Lm, E]
-            slot_counts = np.take_along_axis(total, prep.phy2log, axis=1)  # [Lm, P]
-            active = slot_counts > prep.replica_idx  # [Lm, P]
-            slot_rows = slot_counts / prep.reps_slot
-            rows_q = _per_rank(slot_rows, R)  # [Lm, R]
-            act_bytes_q = _per_rank(active * prep.slot_bytes, R)
-            act_n_q = _per_rank(active.astype(np.float64), R)
-            calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * act_n_q
-            experts = self._roof(6 * rows_q * m.D * m.I, act_bytes_q + 2 * rows_q * m.D * b, calls, R, "experts")
-            rank_rows_total += rows_q
-            low_copies += float((slot_rows * prep.low_share_slot).sum())
-            all_copies += float(slot_rows.sum())
-            stall = np.zeros((m.Lm, R))
-            if offload is not None:
-                layer_compute = float(att.max() + router.max() + experts.max(1).mean())
-                for q in range(R):
-                    lo = q * (prep.phy2log.shape[1] // R)
-                    for j in range(m.Lm):
-                        needed = list(np.nonzero(active[j, lo: lo + prep.phy2log.shape[1] // R])[0] + lo)
-                        stall[j, q] = offload.step(q, j, needed, prep.slot_bytes[j], hw.host_bw,
-                                                   layer_compute * d.offload_prefetch_depth, hw.mem_bw / 2)
-            # all-to-all: copies from rank r to rank q per layer
-            if R > 1:
-                copies = np.einsum("rle,leq->rlq", counts, prep.to_rank)  # [R, Lm, R]
-                row_bytes = m.D * b
-                intra = (copies * same_node[:, None, :]).sum(2) * row_bytes  # [R, Lm] sent in node
-                inter = (copies * other_node[:, None, :]).sum(2) * row_bytes
-                intra_in = (copies * same_node[:, None, :]).sum(0).T * row_bytes  # [R, Lm] received
-                inter_in = (copies * other_node[:, None, :]).sum(0).T * row_bytes
-                link = (np.maximum(intra, intra_in) / (hw.intra_bw * hw.link_eff)
-                        + np.maximum(inter, inter_in) / (hw.inter_bw * hw.link_eff))  # [R, Lm]
-                a2a = link.max(0) + CALLS["dispatch"][0] * hw.op_overhead_s  # [Lm] the rows, either way
-                a2a_disp, a2a_comb = a2a + 2 * lat, a2a + lat  # dispatch also exchanges split sizes
-                a2a_bytes += 2 * float((intra + inter).sum())
-                inter_bytes += 2 * float(inter.sum())
-            else:
-                a2a_disp = a2a_comb = np.zeros(m.Lm)
-            pre = att + router + permute  # [R]
-            post = unperm + shared
-            exp_stall = experts + stall  # [Lm, R]
-            layer = pre.max() + a2a_disp + exp_stall.max(1) + a2a_comb + post.max()  # [Lm]
-            busy = (pre + post).mean() + exp_stall.mean(1)  # [Lm]
-            dense_layers = len(m.dense_I)
-            dense = sum(self._roof(6 * T * m.D * i, 3 * m.D * i * b + 2 * T * m.D * b, CALLS["dense_mlp"][0], R, "dense_mlp")
-                        for i in m.dense_I) if dense_layers else np.zeros(R)
-            dense_t = (att * dense_layers + dense).max() if dense_layers else 0.0
-            sampled = s.sampled[t].astype(np.float64)
-            other = self._roof(2 * sampled * m.D * m.V, np.where(sampled > 0, m.D * m.V * b, 0),
-                               CALLS["lm_head"][0] + CALLS["lm_head"][1] * np.minimum(sampled, B) + CALLS["step"][0]
-                               + CALLS["step"][1] * B, R, "other")
-            other = other + (lat if R > 1 else 0.0)  # the lock-step all-reduce ("anything left?")
-            step_s[t] = float(layer.sum() + dense_t + other.max())
-            Lm = m.Lm
-            phases["attention"][t] = float(att.mean() * (Lm + dense_layers))
-            phases["router"][t] = float(router.mean() * Lm)
-            phases["permute"][t] = float(permute.mean() * Lm)
-            phases["dispatch"][t], phases["combine"][t] = float(a2a_disp.sum()), float(a2a_comb.sum())
-            phases["experts"][t] = float(experts.mean(1).sum())
-            phases["offload_wait"][t] = float(stall.mean(1).sum())
-            phases["unpermute"][t] = float(unperm.mean() * Lm)
-            phases["shared_expert"][t] = float(shared.mean() * Lm)
-            phases["dense_mlp"][t] = float(dense.mean())
-            phases["other"][t] = float(other.max())
-            phases["straggler_wait"][t] = float((layer - busy - a2a_disp - a2a_comb).clip(min=0).sum()
-                                                + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0))
-        rl = rank_rows_total
-        detail = {
-            "rank_imbalance": float(np.mean(rl.max(1) / np.maximum(rl.mean(1), 1e-12))) if R > 1 else 1.0,
-            "a2a_bytes": a2a_bytes, "inter_node_bytes": inter_bytes,
-            "low_precision_share": low_copies / all_copies if all_copies else 0.0,
-            "offload_stall_s": float(phases["offload_wait"].sum()),
-        }
-        if offload is not None:
-            detail.update(cache_hit_rate=1 - offload.misses / max(offload.needs, 1),
-                          fetched_bytes=offload.fetched_bytes, wasted_prefetch_bytes=offload.wasted_bytes)
-        return step_s, phases, detail
+            counts = trace.counts(s, t, m)  # [R, Lm, E]
+            st = costs.StepRows.of(s, t, self.hw.grouped_experts)
+            per_rank = {phase: cost(self, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
+            slots = costs.SlotRows.of(counts, prep, R)
+            expert_s = costs.experts(self, st, slots)  # [Lm, R]
+            totals.add_slots(slots, prep)
+            stall = costs.offload_stall(self, offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
+            a2a = costs.all_to_all(self, counts, prep, links)
+            totals.a2a_bytes += a2a.bytes
+            totals.inter_bytes += a2a.inter_node_bytes
+            _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(self, st),
+                      costs.other(self, st, links.latency_s), len(m.dense_I))
+        return totals.step_s, totals.phases, totals.detail(R, offload)
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict) -> Metrics:
@@ -322,6 +220,92 @@ def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode
         peak_mem_gb=peak_bytes / 1e9, ranks=ranks, phases_ms=per_kind, detail=detail)
 
 
+class TraceRows:
+    """The trace's rows handed out in recorded order, cycling: prompt tokens from the prefill rows,
+    decode tokens from the decode rows (the prefill rows when the trace has none)."""
+
+    def __init__(self, src: TraceSource):
+        self.src, self.pre_cursor, self.dec_cursor = src, 0, 0
+
+    def counts(self, s: Schedule, t: int, m) -> np.ndarray:
+        """[R, Lm, E] copies per expert that each rank's tokens of step t send."""
+        R = s.prefill.shape[1]
+        counts = np.zeros((R, m.Lm, m.E))
+        for r in range(R):
+            rows = []
+            p, dd = int(s.prefill[t, r]), int(s.decode[t, r])
+            if p:
+                rows.append(_take(self.src.prefill_ids, self.pre_cursor, p))
+                self.pre_cursor += p
+            if dd:
+                decode = self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids
+                rows.append(_take(decode, self.dec_cursor, dd))
+                self.dec_cursor += dd
+            if rows:
+                ids = np.concatenate(rows).astype(np.int64)  # [T, Lm, K]
+                flat = (np.arange(m.Lm)[None, :, None] * m.E + ids).reshape(-1)
+                counts[r] = np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
+        return counts
+
+
+@dataclass
+class Totals:
+    """What the steps add up to: seconds per step and per phase line, and the run's detail counters."""
+
+    step_s: np.ndarray  # [S]
+    phases: dict  # PHASES → [S]
+    rank_rows: np.ndarray  # [Lm, R] expert rows computed per rank, over the run
+    a2a_bytes: float = 0.0
+    inter_bytes: float = 0.0
+    low_copies: float = 0.0
+    all_copies: float = 0.0
+
+    @classmethod
+    def empty(cls, S: int, Lm: int, R: int) -> "Totals":
+        return cls(np.zeros(S), {k: np.zeros(S) for k in PHASES}, np.zeros((Lm, R)))
+
+    def add_slots(self, slots: costs.SlotRows, prep: Prepared) -> None:
+        self.rank_rows += slots.rows_q
+        self.low_copies += float((slots.slot_rows * prep.low_share_slot).sum())
+        self.all_copies += float(slots.slot_rows.sum())
+
+    def detail(self, R: int, offload: OffloadState | None) -> dict:
+        rl = self.rank_rows
+        out = {
+            "rank_imbalance": float(np.mean(rl.max(1) / np.maximum(rl.mean(1), 1e-12))) if R > 1 else 1.0,
+            "a2a_bytes": self.a2a_bytes, "inter_node_bytes": self.inter_bytes,
+            "low_precision_share": self.low_copies / self.all_copies if self.all_copies else 0.0,
+            "offload_stall_s": float(self.phases["offload_wait"].sum()),
+        }
+        if offload is not None:
+            out.update(cache_hit_rate=1 - offload.misses / max(offload.needs, 1),
+                       fetched_bytes=offload.fetched_bytes, wasted_prefetch_bytes=offload.wasted_bytes)
+        return out
+
+
+def _add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,
+              dense: np.ndarray, other: np.ndarray, dense_layers: int) -> None:
+    """Step t's time and phase lines from its pieces ([R] per rank, [Lm, R] per layer and rank):
+    layer = max_r(attention + router + permute) + dispatch + max_q(experts + stall) + combine
+    + max_r(unpermute + shared); the straggler wait is what the slowest rank adds to the mean one."""
+    att, Lm = per_rank["attention"], expert_s.shape[0]
+    pre = att + per_rank["router"] + per_rank["permute"]  # [R]
+    post = per_rank["unpermute"] + per_rank["shared_expert"]
+    exp_stall = expert_s + stall  # [Lm, R]
+    layer = pre.max() + a2a.dispatch + exp_stall.max(1) + a2a.combine + post.max()  # [Lm]
+    busy = (pre + post).mean() + exp_stall.mean(1)  # [Lm]
+    dense_t = (att * dense_layers + dense).max() if dense_layers else 0.0
+    totals.step_s[t] = float(layer.sum() + dense_t + other.max())
+    lines = {phase: float(c.mean() * (Lm + dense_layers if phase == "attention" else Lm)) for phase, c in per_rank.items()}
+    lines.update(dispatch=float(a2a.dispatch.sum()), combine=float(a2a.combine.sum()),
+                 experts=float(expert_s.mean(1).sum()), offload_wait=float(stall.mean(1).sum()),
+                 dense_mlp=float(dense.mean()), other=float(other.max()),
+                 straggler_wait=float((layer - busy - a2a.dispatch - a2a.combine).clip(min=0).sum()
+                                      + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0)))
+    for phase, value in lines.items():
+        totals.phases[phase][t] = value
+
+
 def _take(pool: np.ndarray, cursor: int, n: int) -> np.ndarray:
     """n rows of `pool` from `cursor`, cycling."""
     N = len(pool)
@@ -330,9 +314,3 @@ def _take(pool: np.ndarray, cursor: int, n: int) -> np.ndarray:
         return pool[start: start + n]
     idx = (start + np.arange(n)) % N
     return pool[idx]
-
-
-def _per_rank(x: np.ndarray, R: int) -> np.ndarray:
-    """[Lm, P] → [Lm, R] summed over each rank's contiguous slots."""
-    Lm, P = x.shape
-    return x.reshape(Lm, R, P // R).sum(2)

@@ -58,6 +58,6 @@ def multipliers(source: TraceSource, hw: Hardware) -> dict[str, float]:
     if hw.name != "this-machine" or source.scaled_from is not None or source.recorded_on != "cpu":
         return {}
     from moetune.search.cost.calibrate import fit_multipliers
-    from moetune.search.cost.simulate import CALLS
+    from moetune.search.cost.phase_costs import CALLS
 
     return fit_multipliers(source.tables, source.model, hw, CALLS)

@@ -1,0 +1,192 @@
+"""The cost of each piece of one lock-step, keyed by the phase vocabulary (docs/architecture.md §2):
+the per-rank phases that run once per MoE layer (`RANK_PHASES`), the experts on the ranks holding
+their slots, the dense layers' MLPs, `other` (the LM head and the engine's per-step calls), the
+all-to-all of dispatch and combine, and the offload stalls. Formulas: simulate.py's docstring.
+
+Each function takes the `Simulator` (its model, hardware, activation bytes and `roof`) and returns
+seconds per rank ([R]) or per MoE layer and rank ([Lm, R]); simulate.py adds them up into a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# torch calls per phase and layer: (fixed, per sequence in the step); "step" is once per step.
+CALLS = {
+    "attention": (22, 6), "router": (8, 0), "permute": (10, 0), "dispatch": (4, 0), "combine": (3, 0),
+    "unpermute": (5, 0), "shared_expert": (4, 0), "dense_mlp": (4, 0), "experts_fixed": (3, 0),
+    "expert_slot": (5, 0), "step": (60, 12), "lm_head": (4, 1),
+}
+
+
+@dataclass
+class StepRows:
+    """One lock-step as the cost functions see it, per rank."""
+
+    T: np.ndarray  # [R] tokens computed (prompt + decode)
+    B: np.ndarray  # [R] sequences, for per-sequence calls (0 with fused kernels: no per-sequence calls)
+    pairs: np.ndarray  # [R] attention (query, key) pairs
+    context: np.ndarray  # [R] KV tokens read
+    sampled: np.ndarray  # [R] tokens sampled
+    R: int
+
+    @classmethod
+    def of(cls, s, t: int, grouped_experts: bool) -> "StepRows":
+        T = (s.prefill[t] + s.decode[t]).astype(np.float64)
+        B = s.seqs[t].astype(np.float64) * (0.0 if grouped_experts else 1.0)
+        return cls(T, B, s.pairs[t], s.context[t], s.sampled[t].astype(np.float64), len(T))
+
+
+@dataclass
+class SlotRows:
+    """Where the step's copies land: per MoE layer and physical slot, then per rank holding the slots."""
+
+    active: np.ndarray  # [Lm, P] the slot computes rows this step
+    slot_rows: np.ndarray  # [Lm, P] rows per slot (a replicated expert's copies split evenly)
+    rows_q: np.ndarray  # [Lm, R] rows each rank computes
+    act_bytes_q: np.ndarray  # [Lm, R] weight bytes of each rank's active slots
+    act_n_q: np.ndarray  # [Lm, R] active slots per rank
+
+    @classmethod
+    def of(cls, counts: np.ndarray, prep, R: int) -> "SlotRows":
+        """counts: [R, Lm, E] copies per expert from each source rank."""
+        total = counts.sum(0)  # [Lm, E]
+        slot_counts = np.take_along_axis(total, prep.phy2log, axis=1)  # [Lm, P]
+        active = slot_counts > prep.replica_idx  # [Lm, P]
+        slot_rows = slot_counts / prep.reps_slot
+        return cls(active, slot_rows, per_rank(slot_rows, R), per_rank(active * prep.slot_bytes, R),
+                   per_rank(active.astype(np.float64), R))
+
+
+def attention(sim, st: StepRows) -> np.ndarray:
+    m, b = sim.src.model, sim.b
+    T, B = st.T, st.B
+    return sim.roof(2 * T * m.attn_weights + m.pair_flops * st.pairs,
+                    np.where(T > 0, m.attn_weights * b + st.context * m.kv_elems * b + 2 * T * m.D * b, 0),
+                    np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), st.R, "attention")
+
+
+def router(sim, st: StepRows) -> np.ndarray:
+    m, b, T = sim.src.model, sim.b, st.T
+    return sim.roof(2 * T * m.D * m.E, m.E * m.D * b + T * m.D * b, CALLS["router"][0], st.R, "router")
+
+
+def permute(sim, st: StepRows) -> np.ndarray:
+    m, b, T = sim.src.model, sim.b, st.T
+    return sim.roof(0 * T, 2 * T * m.K * m.D * b, CALLS["permute"][0], st.R, "permute")
+
+
+def unpermute(sim, st: StepRows) -> np.ndarray:
+    m, b, T = sim.src.model, sim.b, st.T
+    return sim.roof(2 * T * m.K * m.D, (T * m.K + T) * m.D * b, CALLS["unpermute"][0], st.R, "unpermute")
+
+
+def shared_expert(sim, st: StepRows) -> np.ndarray:
+    m, b, T = sim.src.model, sim.b, st.T
+    if not m.I_shared:
+        return np.zeros(st.R)
+    return sim.roof(6 * T * m.D * m.I_shared, 3 * m.D * m.I_shared * b + 2 * T * m.D * b,
+                    CALLS["shared_expert"][0], st.R, "shared_expert")
+
+
+# per-rank phases that run once in every MoE layer, each [R] seconds
+RANK_PHASES = {"attention": attention, "router": router, "permute": permute, "unpermute": unpermute,
+               "shared_expert": shared_expert}
+
+
+def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
+    """[Lm, R]: the grouped GEMMs of each rank's active slots."""
+    m, b, hw = sim.src.model, sim.b, sim.hw
+    calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * slots.act_n_q
+    return sim.roof(6 * slots.rows_q * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
+                    "experts")
+
+
+def dense_mlp(sim, st: StepRows) -> np.ndarray:
+    """[R]: the MLPs of every dense layer (0 without dense layers)."""
+    m, b, T = sim.src.model, sim.b, st.T
+    if not m.dense_I:
+        return np.zeros(st.R)
+    return sum(sim.roof(6 * T * m.D * i, 3 * m.D * i * b + 2 * T * m.D * b, CALLS["dense_mlp"][0], st.R, "dense_mlp")
+               for i in m.dense_I)
+
+
+def other(sim, st: StepRows, collective_s: float) -> np.ndarray:
+    """[R]: the LM head on the sampled rows and the engine's per-step calls, plus the lock-step
+    all-reduce ("anything left?") with several ranks."""
+    m, b, sampled, B = sim.src.model, sim.b, st.sampled, st.B
+    out = sim.roof(2 * sampled * m.D * m.V, np.where(sampled > 0, m.D * m.V * b, 0),
+                   CALLS["lm_head"][0] + CALLS["lm_head"][1] * np.minimum(sampled, B) + CALLS["step"][0]
+                   + CALLS["step"][1] * B, st.R, "other")
+    return out + (collective_s if st.R > 1 else 0.0)
+
+
+@dataclass
+class Links:
+    """Which pairs of ranks share a node, and the latency of one collective among them."""
+
+    same_node: np.ndarray  # [R, R] bool, the diagonal excluded
+    other_node: np.ndarray  # [R, R] bool
+    latency_s: float
+
+    @classmethod
+    def of(cls, hw, R: int) -> "Links":
+        node = np.arange(R) // min(R, hw.ranks_per_node)
+        same = (node[:, None] == node[None, :]) & ~np.eye(R, dtype=bool)
+        other_node = node[:, None] != node[None, :]
+        return cls(same, other_node, hw.inter_latency_s if other_node.any() else hw.intra_latency_s)
+
+
+@dataclass
+class AllToAll:
+    dispatch: np.ndarray  # [Lm] seconds (the split sizes are exchanged first: one more collective)
+    combine: np.ndarray  # [Lm] seconds
+    bytes: float  # both ways, every rank
+    inter_node_bytes: float
+
+
+def all_to_all(sim, counts: np.ndarray, prep, links: Links) -> AllToAll:
+    """Dispatch and combine of every MoE layer: each lasts as long as its slowest rank's link."""
+    m, b, hw = sim.src.model, sim.b, sim.hw
+    R = counts.shape[0]
+    if R == 1:
+        none = np.zeros(m.Lm)
+        return AllToAll(none, none, 0.0, 0.0)
+    copies = np.einsum("rle,leq->rlq", counts, prep.to_rank)  # [R, Lm, R] copies from rank r to rank q
+    row_bytes = m.D * b
+    intra = (copies * links.same_node[:, None, :]).sum(2) * row_bytes  # [R, Lm] sent in node
+    inter = (copies * links.other_node[:, None, :]).sum(2) * row_bytes
+    intra_in = (copies * links.same_node[:, None, :]).sum(0).T * row_bytes  # [R, Lm] received
+    inter_in = (copies * links.other_node[:, None, :]).sum(0).T * row_bytes
+    link = (np.maximum(intra, intra_in) / (hw.intra_bw * hw.link_eff)
+            + np.maximum(inter, inter_in) / (hw.inter_bw * hw.link_eff))  # [R, Lm]
+    a2a = link.max(0) + CALLS["dispatch"][0] * hw.op_overhead_s  # [Lm] the rows, either way
+    lat = links.latency_s
+    return AllToAll(a2a + 2 * lat, a2a + lat, 2 * float((intra + inter).sum()), 2 * float(inter.sum()))
+
+
+def offload_stall(sim, offload, d, per_rank: dict, expert_s: np.ndarray, slots: SlotRows, prep) -> np.ndarray:
+    """[Lm, R]: seconds each rank waits at each MoE layer for experts not resident (`offload.py`);
+    prefetch hides up to `prefetch_depth` layers of compute. Zero when everything is resident."""
+    m, hw = sim.src.model, sim.hw
+    R = expert_s.shape[1]
+    stall = np.zeros((m.Lm, R))
+    if offload is None:
+        return stall
+    layer_compute = float(per_rank["attention"].max() + per_rank["router"].max() + expert_s.max(1).mean())
+    local = prep.phy2log.shape[1] // R
+    for q in range(R):
+        lo = q * local
+        for j in range(m.Lm):
+            needed = list(np.nonzero(slots.active[j, lo: lo + local])[0] + lo)
+            stall[j, q] = offload.step(q, j, needed, prep.slot_bytes[j], hw.host_bw,
+                                       layer_compute * d.offload_prefetch_depth, hw.mem_bw / 2)
+    return stall
+
+
+def per_rank(x: np.ndarray, R: int) -> np.ndarray:
+    """[Lm, P] → [Lm, R] summed over each rank's contiguous slots."""
+    Lm, P = x.shape
+    return x.reshape(Lm, R, P // R).sum(2)
