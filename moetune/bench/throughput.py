@@ -182,6 +182,29 @@ class RoutedExperts:
     def prefetch(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         self.store.prefetch(layer, topk_ids, hidden)
 
+    # the rest of the ExpertStore protocol, passed through
+    @property
+    def settings(self):
+        return self.store.settings
+
+    def layers(self) -> list[int]:
+        return self.store.layers()
+
+    def nbytes(self) -> int:
+        return self.store.nbytes()
+
+    def bind_routers(self, routers) -> None:
+        self.store.bind_routers(routers)
+
+    def stats(self) -> dict[int, dict]:
+        return self.store.stats()
+
+    def reset_stats(self) -> None:
+        self.store.reset_stats()
+
+    def drain(self) -> None:
+        self.store.drain()
+
     @contextlib.contextmanager
     def counting(self):
         self.on = True

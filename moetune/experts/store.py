@@ -14,7 +14,7 @@ router's logical ids into physical slots; without replicas it is the identity (a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -133,8 +133,12 @@ class ExpertWeights:
 
 
 class ExpertStore(Protocol):
+    """Every call the engine, the loader, the fused decode step and the profiler make on a store; each
+    store implements all of them (a store with nothing to do makes them no-ops)."""
+
     resident: bool  # acquire hands out the same weights whatever the ids, and prefetch does nothing:
     # a caller may tell the store after computing (the one-call fused decode step does)
+    settings: Any  # the store's settings record for the run dir (OffloadSettings), None without any
 
     def acquire(self, layer: int, topk_ids: torch.Tensor) -> ExpertWeights:
         """The layer's experts, with every expert in `topk_ids` [T, K] ready to compute."""
@@ -149,11 +153,29 @@ class ExpertStore(Protocol):
 
     def nbytes(self) -> int: ...
 
+    def bind_routers(self, routers: dict[int, Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        """Each MoE layer's router (hidden [T, D] → topk_ids [T, K]), given once by the loader: a store
+        that prefetches predicts later layers' experts with them."""
+        ...
+
+    def stats(self) -> dict[int, dict]:
+        """Per MoE layer, the store's counters (hits, misses, bytes fetched, ...); {} when it keeps none."""
+        ...
+
+    def reset_stats(self) -> None:
+        """Zero the counters (the profiler counts measured steps only)."""
+        ...
+
+    def drain(self) -> None:
+        """Return once nothing is loading in the background."""
+        ...
+
 
 class ResidentExpertStore:
-    """Every expert of every MoE layer resident on the compute device."""
+    """Every expert of every MoE layer resident on the compute device: nothing to load, predict or count."""
 
     resident = True
+    settings = None
 
     def __init__(self, layers: dict[int, ExpertWeights]):
         self._layers = layers
@@ -166,6 +188,18 @@ class ResidentExpertStore:
 
     def layers(self) -> list[int]:
         return sorted(self._layers)
+
+    def bind_routers(self, routers: dict[int, Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        return None
+
+    def stats(self) -> dict[int, dict]:
+        return {}
+
+    def reset_stats(self) -> None:
+        return None
+
+    def drain(self) -> None:
+        return None
 
     def weights(self, layer: int) -> ExpertWeights:
         """Direct access for tools that read weights outside a forward pass (kernel tuning, tests)."""

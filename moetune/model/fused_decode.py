@@ -228,7 +228,7 @@ class FusedDecode:
             self._seen = key  # (a store swapped since, e.g. for quantized experts, is read afresh)
             return None
         experts = [self._experts.get(layer.index) for layer in layers]
-        if any(e is None or not e.identity for e in experts) or not all(getattr(st, "resident", False) for st in key[1]) \
+        if any(e is None or not e.identity for e in experts) or not all(st.resident for st in key[1]) \
                 or any(layer.mlp.shared is not None for layer in layers) or len({_settings(layer) for layer in layers}) != 1 \
                 or len({(e.w13.dtype, e.slots, e.nbytes) for e in experts}) != 1:
             return None

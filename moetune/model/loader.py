@@ -67,8 +67,8 @@ def load_model(
     rotary = Rotary(spec.rope, torch.device(device), kernel=small_m > 0)
     layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m)
               for i in range(spec.num_layers)]
-    if hasattr(experts, "bind_routers"):  # offloading stores predict later layers' experts with their routers
-        experts.bind_routers({layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
+    experts.bind_routers(  # an offloading store predicts later layers' experts with their routers
+        {layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)

@@ -15,9 +15,9 @@ from moetune.profile.workload import prompts_path
 def offload_summary(store) -> dict:
     """An offloading store's per-layer counters (hit rate, prefetch precision/recall, bytes per tier,
     offload_wait, resident bytes) and their totals; {"enabled": false} for a resident store."""
-    if not hasattr(store, "stats"):
-        return {"enabled": False}
     layers = {str(i): row for i, row in store.stats().items()}
+    if not layers:
+        return {"enabled": False}
     total = {k: sum(r[k] for r in layers.values()) for k in ("hits", "misses", "prefetch_issued", "prefetch_used",
                                                              "bytes_host", "bytes_disk", "offload_wait_s",
                                                              "resident_bytes")}

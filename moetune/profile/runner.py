@@ -79,9 +79,8 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                 profiler.recording = False
                 generator.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
                 profiler.recording = True
-            if hasattr(model.experts, "reset_stats"):  # offload counters cover measured steps only
-                model.experts.drain()
-                model.experts.reset_stats()
+            model.experts.drain()  # the store's counters (offloading) cover measured steps only
+            model.experts.reset_stats()
             with torch_trace(tmp if settings.trace else None, model.device):
                 for group in groups:
                     generator.generate(group, greedy_params(w.output_len))
