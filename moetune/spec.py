@@ -58,7 +58,7 @@ class MLASpec:
 
 @dataclass(frozen=True)
 class RouterSpec:
-    """How a token picks its K experts (DESIGN.md §2, phase `router`)."""
+    """How a token picks its K experts (docs/architecture.md §2, phase `router`)."""
 
     score: Literal["softmax", "sigmoid"] = "softmax"
     top_k: int = 2

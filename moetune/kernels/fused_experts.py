@@ -22,7 +22,7 @@ _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat1
 
 def dot_dtype(x: torch.Tensor):
     """Tensor-core dtype on CUDA; fp32 elsewhere (the CPU interpreter's bf16 dot is wrong, and the
-    CPU path computes in fp32 anyway, DESIGN.md §7)."""
+    CPU path computes in fp32 anyway, docs/architecture.md §6)."""
     return _TL_DTYPE[x.dtype] if x.is_cuda else tl.float32
 
 

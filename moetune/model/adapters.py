@@ -1,4 +1,4 @@
-"""HF `config.json` → ModelSpec, one small adapter per `model_type` (DESIGN.md §6)."""
+"""HF `config.json` → ModelSpec, one small adapter per `model_type` (docs/architecture.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MoELayer: reads as the phase list of DESIGN.md §2, each phase wrapped by the probe hook."""
+"""MoELayer: reads as the phase list of docs/architecture.md §2, each phase wrapped by the probe hook."""
 
 from __future__ import annotations
 

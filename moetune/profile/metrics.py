@@ -1,4 +1,4 @@
-"""Load metrics as pure functions over token counts (DESIGN.md §2).
+"""Load metrics as pure functions over token counts (docs/architecture.md §2).
 
 Per layer: `imbalance = max / mean` and `balancedness = mean / max`, over experts and over
 ranks. An average over layers is always taken over the per-layer values, never over counts
