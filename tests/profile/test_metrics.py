@@ -1,4 +1,4 @@
-"""Load metrics on hand-computed cases (DESIGN.md §2: per layer first, then average)."""
+"""Load metrics on hand-computed cases (docs/architecture.md §2: per layer first, then average)."""
 
 import numpy as np
 import pandas as pd
