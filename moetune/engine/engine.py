@@ -4,11 +4,17 @@ Requests may be added or aborted between any two steps (continuous batching); ea
 decodes of running sequences with (chunks of) new prompts under the scheduler's token budget. The
 KV cache is paged and shared through prefix caching. `Generator` wraps this for batch generation
 and streaming; a server drives `step()` from its own loop.
+
+A sequence whose sampling or stop check fails is finished alone, with finish_reason "error" and
+the reason in `RequestOutput.error`; the step's other sequences carry on. Anything else that
+escapes `step()` leaves the engine in an unknown state: `reset()` drops every request and starts
+from empty queues and a fresh block pool, `self_check()` proves a forward still runs.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 
 from moetune.config import EngineConfig
@@ -21,14 +27,17 @@ from moetune.errors import RequestError
 from moetune.model.kv_cache import bytes_per_token
 from moetune.model.transformer import MoETransformer
 
+log = logging.getLogger("moetune.engine")
+
 
 @dataclass
 class RequestOutput:
     request_id: int
     new_token: int
     text_delta: str
-    finish_reason: str | None  # None while running
+    finish_reason: str | None  # None while running; "error": this sequence failed (see `error`)
     logprobs: TokenLogprobs | None = None  # when the request's params ask for them
+    error: str | None = None  # why the sequence failed (finish_reason "error"); new_token is then -1
 
 
 @dataclass
@@ -99,21 +108,53 @@ class Engine:
         return self._postprocess(sched, tokens)
 
     def _postprocess(self, sched: SchedulerOutput, tokens: list[int | None]) -> list[RequestOutput]:
-        out = []
+        out, failures = [], self.runner.failures
         for e, token in zip(sched.entries, tokens):
             seq = e.seq
             seq.num_computed_tokens += e.num_tokens
             self.blocks.commit(seq)
-            if token is None:
+            if token is None and seq.seq_id not in failures:
                 continue
             seq.in_prefill = False
-            delta = seq.append(token, self._detokenize)
-            out.append(RequestOutput(seq.seq_id, token, delta, seq.finish_reason,
-                                     self.runner.logprobs.get(seq.seq_id)))
+            out.append(self._output(seq, token, failures.get(seq.seq_id)))
             if seq.finished:
                 self.scheduler.finish(seq)
                 del self._seqs[seq.seq_id]
         return out
+
+    def _output(self, seq: Sequence, token: int | None, error: str | None) -> RequestOutput:
+        """The sampled token appended (stop strings, detokenization), or the sequence failed alone."""
+        if error is None:
+            try:
+                delta = seq.append(token, self._detokenize)
+                return RequestOutput(seq.seq_id, token, delta, seq.finish_reason, self.runner.logprobs.get(seq.seq_id))
+            except Exception as exc:
+                error = f"stop check failed: {type(exc).__name__}: {exc}"
+        log.error("request %d failed alone, the step's other sequences carry on: %s", seq.seq_id, error)
+        seq.finish_reason = "error"
+        return RequestOutput(seq.seq_id, -1, "", "error", error=error)
+
+    def reset(self) -> None:
+        """After a step failed half-way: drop every request (their callers are told by whoever drives
+        the engine) and start again from empty queues, a fresh block pool and an empty prefix cache.
+        The KV pool's contents need no clearing: a block is zeroed when it is handed out."""
+        old = self.scheduler
+        self._seqs.clear()
+        self.blocks = BlockManager(self.blocks.num_blocks, self.config.block_size, self.config.prefix_caching)
+        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler.policy = old.policy
+        self.scheduler.num_preemptions, self.scheduler.cached_tokens = old.num_preemptions, old.cached_tokens
+        self.runner.logprobs, self.runner.failures = {}, {}
+
+    def self_check(self) -> None:
+        """One token through the model outside the scheduler (the observer is not told); raises if
+        the engine cannot compute a step any more. Run on an empty engine only (it writes block 1)."""
+        observer, self.runner.observer = self.runner.observer, None
+        try:
+            hidden = self.runner.forward_prompts([[0]])  # [1, D]
+            self.model.logits(hidden)
+        finally:
+            self.runner.observer = observer
 
     def _detokenize(self, ids: list[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)

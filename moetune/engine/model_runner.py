@@ -3,7 +3,8 @@ model's forward → logits of the rows that sample → sampled tokens.
 
 Only sequences whose known tokens are all computed after this step sample (decodes, and prompts
 whose last chunk this is); the LM head runs on their rows alone. Greedy rows are sampled with one
-argmax over the batch.
+argmax over the batch. A row whose sampling raises (a NaN in its logits, a bad generator) is
+reported in `failures` and gets no token; the other rows of the step are unaffected.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class ModelRunner:
         self.cache: PagedKVCache = model.new_cache(num_blocks, block_size)
         self.observer: StepObserver | None = None
         self.logprobs: dict[int, TokenLogprobs] = {}  # seq_id → of the last execute(), for seqs that asked
+        self.failures: dict[int, str] = {}  # seq_id → why its sampling failed in the last execute()
 
     def execute(self, sched: SchedulerOutput) -> list[int | None]:
         """Run one scheduled step; the sampled token of each entry (None: prompt not finished yet)."""
@@ -58,6 +60,9 @@ class ModelRunner:
         sampled = self._sample(logits, seqs)
         for i, token in zip(samplers, sampled):
             tokens[i] = token
+        if self.failures:  # logprobs of the rows that sampled
+            ok = [j for j, t in enumerate(sampled) if t is not None]
+            logits, seqs, sampled = logits[ok], [seqs[j] for j in ok], [sampled[j] for j in ok]
         self.logprobs = self._logprobs(logits, seqs, sampled)
         return tokens
 
@@ -110,11 +115,19 @@ class ModelRunner:
         rows = token_logprobs(logits[want], [sampled[j] for j in want], [seqs[j].params.logprobs for j in want])
         return {seqs[j].seq_id: r for j, r in zip(want, rows)}
 
-    def _sample(self, logits: torch.Tensor, seqs) -> list[int]:
-        """logits [S, V] → one token per sequence."""
+    def _sample(self, logits: torch.Tensor, seqs) -> list[int | None]:
+        """logits [S, V] → one token per sequence (None where its sampling failed: see `failures`)."""
+        self.failures = {}
         if all(s.params.greedy for s in seqs):
             return greedy_tokens(logits)
-        return [sample(row, s.params, s.generator) for row, s in zip(logits, seqs)]
+        return [self._sample_one(row, s) for row, s in zip(logits, seqs)]
+
+    def _sample_one(self, row: torch.Tensor, seq) -> int | None:
+        try:
+            return sample(row, seq.params, seq.generator)
+        except Exception as exc:  # this sequence alone fails (the engine finishes it with an error)
+            self.failures[seq.seq_id] = f"sampling failed: {type(exc).__name__}: {exc}"
+            return None
 
 
 def _long(values: list, device: torch.device) -> torch.Tensor:

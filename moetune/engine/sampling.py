@@ -1,7 +1,14 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-sequence seeds."""
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-sequence seeds.
+
+The sampler is numerically safe for any finite temperature > 0 and any top_p in (0, 1]: the
+logits are shifted by their maximum and divided in float64 (a temperature of 1e-300 makes every
+token but the most likely ones -inf, never inf/inf = NaN), and top-p always keeps the most likely
+token (a top_p below float32's resolution used to mask every token and divide 0 by 0).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -10,6 +17,7 @@ from moetune.errors import RequestError
 
 
 MAX_LOGPROBS = 20
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit integer
 
 
 @dataclass(frozen=True)
@@ -34,12 +42,14 @@ class SamplingParams:
     def __post_init__(self):
         if self.max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise RequestError(f"seed must be in [0, 2^63 - 1 = {MAX_SEED}], got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
@@ -61,11 +71,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits: [V] fp32 → one token id."""
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = logits / params.temperature
+    logits = logits.double()  # [V]
+    logits = (logits - logits.max()) / params.temperature  # ≤ 0: the most likely token at 0, never NaN
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # [V]
+    probs = torch.softmax(logits, dim=-1)  # [V] float64
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))
@@ -75,7 +86,9 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (always the top one)."""
     sorted_probs, order = torch.sort(probs, descending=True)  # [V]
     mass_before = torch.cumsum(sorted_probs, 0) - sorted_probs  # [V]
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    drop = mass_before >= top_p  # [V]
+    drop[0] = False  # the most likely token stays, however small top_p is
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return kept / kept.sum()
 

@@ -2,6 +2,12 @@
 then answer as one JSON body or as an SSE stream; whatever happens, abort what still runs and give
 the queue slots back.
 
+The client is watched while the answer is computed, not only when idle: a task waits for the
+connection's `http.disconnect` and puts ("gone",) on the stream's queue, so a non-streaming request
+whose client left is aborted as soon as its handler takes the next event (within an engine step).
+An engine failure is a 500 (a JSON error, or an SSE error event), the server stopping a 503; a
+stream always ends with `data: [DONE]`.
+
 `Job` holds the per-request bookkeeping (choices' text, token counts, logprobs, timing); the two
 OpenAI endpoints differ only in how a choice and a chunk are shaped (`shapes.py`).
 """
@@ -23,14 +29,12 @@ from moetune.serve.shapes import Shape
 from moetune.serve.state import ServerState
 from moetune.serve.worker import Stream
 
-_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
-
-
 @dataclass
 class Choice:
     text: str = ""
     tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "error": the engine failed this sequence alone (see `error`)
+    error: str | None = None
     logprobs: list[tuple[int, object]] = field(default_factory=list)  # (token id, TokenLogprobs)
     last_t: float | None = None
 
@@ -53,6 +57,9 @@ class Job:
         s, n = self.state, len(self.choices)
         if s.draining:
             raise APIError(503, "the server is shutting down", "server_error")
+        if s.worker.failure is not None:
+            raise APIError(503, f"the engine has failed ({s.worker.failure}); the server is restarting",
+                           "server_error")
         if n > s.capacity:
             raise APIError(400, f"the request asks for {n} sequences but the server holds at most {s.capacity} "
                            "(max_num_seqs + max_queue); lower n or send fewer prompts", param="n")
@@ -69,6 +76,8 @@ class Job:
             raise APIError(400, str(payload), param="prompt")
         if kind == "aborted":
             raise APIError(503, str(payload), "server_error")
+        if kind == "failed":
+            raise APIError(500, str(payload), "server_error")
         self._admitted = True
         s.metrics.prompt_tokens.inc(self.prompt_tokens)
         s.recorder.note(sequences=n)
@@ -91,6 +100,9 @@ class Job:
         if unfinished:
             s.worker.abort(self.stream)
             s.metrics.aborted.labels("client_gone").inc(unfinished)
+        failed = sum(c.finish_reason == "error" for c in self.choices)
+        if failed:
+            s.metrics.aborted.labels("error").inc(failed)
         s.metrics.expert_flops.labels(self.tenant).inc(self.expert_flops())
         s.recorder.note(generated=sum(c.tokens for c in self.choices))
 
@@ -100,6 +112,9 @@ class Job:
         s, sent = self.state, []
         for index, out in items:
             c = self.choices[index]
+            if out.finish_reason == "error":
+                c.finish_reason, c.error = "error", out.error
+                continue
             eos = out.new_token in s.eos_ids and not self.stream.params[index].ignore_eos
             if not eos:
                 c.tokens += 1
@@ -118,13 +133,21 @@ class Job:
             s.metrics.e2e.observe(t - self.stream.arrival)
         return sent
 
-    def server_aborted(self, reason: str) -> APIError:
-        """The engine dropped our sequences (shutdown, engine failure): the error to answer with."""
+    def server_aborted(self, kind: str, reason: str) -> APIError:
+        """The engine dropped our sequences: "aborted" (shutdown: 503) or "failed" (engine failure:
+        500); the error to answer with."""
         unfinished = [c for c in self.choices if c.finish_reason is None]
         for c in unfinished:
             c.finish_reason = "abort"
-        self.state.metrics.aborted.labels("server").inc(len(unfinished))
-        return APIError(503, reason, "server_error")
+        self.state.metrics.aborted.labels("server" if kind == "aborted" else "error").inc(len(unfinished))
+        return APIError(503 if kind == "aborted" else 500, reason, "server_error")
+
+    def failed_choice(self) -> APIError | None:
+        """The error to answer with when the engine failed one of our sequences (the rest is aborted)."""
+        for i, c in enumerate(self.choices):
+            if c.finish_reason == "error":
+                return APIError(500, f"internal error generating choice {i}: {c.error}", "server_error")
+        return None
 
     @property
     def done(self) -> bool:
@@ -168,16 +191,27 @@ async def respond(job: Job, request: Request, stream: bool) -> Response:
 
 
 async def _collect(job: Job, request: Request) -> None:
-    while not job.done:
-        try:
-            event = await asyncio.wait_for(job.stream.queue.get(), _POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
+    watcher = asyncio.create_task(_watch_disconnect(request, job.stream.queue))
+    try:
+        while not job.done:
+            event = await job.stream.queue.get()
+            if event[0] == "gone":
                 return  # close() aborts the sequences
-            continue
-        if event[0] == "aborted":
-            raise job.server_aborted(str(event[1]))
-        job.apply(event[1], event[2])
+            if event[0] in ("aborted", "failed"):
+                raise job.server_aborted(event[0], str(event[1]))
+            job.apply(event[1], event[2])
+            error = job.failed_choice()
+            if error is not None:
+                raise error
+    finally:
+        watcher.cancel()
+
+
+async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
+    """Wait for the client to go away (the body is read: the next message is `http.disconnect`)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    queue.put_nowait(("gone",))
 
 
 async def _events(job: Job):
@@ -186,15 +220,20 @@ async def _events(job: Job):
         yield _sse(first)
     while not job.done:
         event = await job.stream.queue.get()
-        if event[0] == "aborted":
-            yield _sse(job.server_aborted(str(event[1])).body())
-            return
+        if event[0] in ("aborted", "failed"):
+            yield _sse(job.server_aborted(event[0], str(event[1])).body())
+            break
         for index, delta, logprobs, token in job.apply(event[1], event[2]):
             chunk = shape.chunk(job, index, delta, logprobs, token)
             if chunk is not None:
                 yield _sse(chunk)
-    if job.stream_usage:
-        yield _sse(shape.usage_chunk(job))
+        error = job.failed_choice()
+        if error is not None:
+            yield _sse(error.body())
+            break
+    else:
+        if job.stream_usage:
+            yield _sse(shape.usage_chunk(job))
     yield "data: [DONE]\n\n"
 
 

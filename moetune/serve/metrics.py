@@ -60,6 +60,9 @@ class _EngineCollector:
             ("moetune_preemptions", "Sequences preempted (recomputed later) since start", s.preemptions),
             ("moetune_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache since start",
              s.prefix_cache_hit_tokens),
+            ("moetune_engine_healthy", "1 while the engine takes requests, 0 once it failed and could not be "
+             "reset (the server then exits non-zero)", s.healthy),
+            ("moetune_engine_resets", "Times the engine was reset after a step failed", s.resets),
         ]:
             yield GaugeMetricFamily(name, doc, value=value)
         load = GaugeMetricFamily("moetune_expert_load", "Token copies routed to each expert over the last "

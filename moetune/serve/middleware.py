@@ -12,8 +12,8 @@ import json
 from moetune.serve.protocol import APIError
 
 COUNTED = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-           "/v1/expert_distribution/start", "/v1/expert_distribution/stop", "/v1/expert_distribution/dump"}
-OPEN_PATHS = {"/health", "/metrics"}  # like vLLM: probes and scrapers need no key
+           "/v1/expert_distribution/start", "/v1/expert_distribution/stop", "/v1/expert_distribution/dump",
+           "/openapi.json", "/docs"}
 
 
 async def send_error(send, error: APIError) -> None:
@@ -72,12 +72,14 @@ class BodyLimitMiddleware:
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app, api_key: str | None):
-        self.app = app
+    """`open_paths` need no key (like vLLM: probes, scrapers and the API description)."""
+
+    def __init__(self, app, api_key: str | None, open_paths: frozenset[str]):
+        self.app, self.open_paths = app, open_paths
         self.key = api_key.encode() if api_key else None
 
     async def __call__(self, scope, receive, send):
-        if self.key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if self.key is None or scope["type"] != "http" or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
         auth = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = auth.partition(b" ")

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_N = 64
 MAX_STOPS = 16
+MAX_SEED = 2**63 - 1  # choice i samples with seed + i, which must fit torch's signed 64-bit seed
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; chat uses the same (documented)
 
 
 class APIError(Exception):
@@ -46,7 +48,7 @@ class _Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -82,7 +84,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=20)
 
     @field_validator("prompt")
@@ -112,14 +114,14 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # None: up to the context
+    max_tokens: int | None = Field(None, ge=1)  # neither set: DEFAULT_MAX_TOKENS, as for completions
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @property
-    def max_new_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+    def max_new_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
 
     @property
     def num_logprobs(self) -> int | None:
@@ -131,6 +133,13 @@ class RecordRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_seed(seed: int | None, choices: int) -> None:
+    """Choice i samples with seed + i: the last one must still fit a signed 64-bit seed."""
+    if seed is not None and seed + choices - 1 > MAX_SEED:
+        raise APIError(400, f"'seed': with {choices} choices (choice i uses seed + i) the seed must be in "
+                       f"[0, 2^63 - 1 - {choices - 1} = {MAX_SEED - choices + 1}]", param="seed")
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:

@@ -1,7 +1,9 @@
 """`moetune serve`: load the model, wire engine worker + metrics + recorder into the app, run uvicorn.
 
-SIGTERM (or Ctrl-C): uvicorn stops accepting, gives in-flight requests serve.drain_timeout_s to
-finish, cancels the rest; the app's shutdown aborts what the engine still holds; exit status 0.
+SIGTERM (or Ctrl-C): the server stops accepting, gives in-flight requests serve.drain_timeout_s to
+finish, aborts the rest with 503 / a final SSE error event (shutdown.py), then uvicorn shuts down
+with nothing left to cancel; exit status 0. An engine that failed and could not be reset stops the
+server the same way and exits 1 with one line, for a supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import uvicorn
 
 from moetune.config import RunConfig
 from moetune.errors import MoetuneError
+from moetune.serve.shutdown import DrainingServer
 
 
 @dataclass
@@ -98,12 +101,28 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
     host, port = sock.getsockname()[:2]
     print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(server.app, log_level="info", access_log=False,
-                            timeout_graceful_shutdown=max(int(cfg.serve.drain_timeout_s), 1))
-    CleanExitServer(config).run(sockets=[sock])
+    uv = CleanExitServer(uvicorn_config(server.app, log_level="info"), server.state, cfg.serve.drain_timeout_s)
+
+    def fatal(reason: str) -> None:  # on the engine thread: uvicorn's loop reads the flag every 0.1 s
+        uv.should_exit = True
+
+    server.state.worker.on_fatal = fatal
+    uv.run(sockets=[sock])
+    if server.state.worker.failure is not None:
+        raise MoetuneError(f"the engine failed ({server.state.worker.failure}); exiting non-zero so that a "
+                           "supervisor restarts the server")
 
 
-class CleanExitServer(uvicorn.Server):
+def uvicorn_config(app, log_level: str) -> uvicorn.Config:
+    """uvicorn's settings: h11 with the 431 answer for oversized heads; its own graceful timeout is a
+    backstop only (the drain of shutdown.py comes first)."""
+    from moetune.serve.http11 import MAX_HEADER_BYTES, HeaderLimitProtocol
+
+    return uvicorn.Config(app, log_level=log_level, access_log=False, http=HeaderLimitProtocol,
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=5)
+
+
+class CleanExitServer(DrainingServer):
     """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process would die of the
     signal; a server asked to stop that stopped cleanly exits 0 instead."""
 

@@ -5,9 +5,16 @@ on this thread, between two steps. Handlers submit a `Stream` (one HTTP request,
 read events from its asyncio queue; outputs are handed over once per step per stream with
 `loop.call_soon_threadsafe`. With nothing to run, the thread sleeps on an event.
 
-Events a stream receives, in order: ("admitted", None) or ("error", RequestError) first, then
-("out", [(choice, RequestOutput), ...], t) per step, and ("aborted", reason) if the server stops
-or the engine fails under it.
+Events a stream receives, in order: ("admitted", None), ("error", RequestError) (a request the
+engine can never run: 400) or ("failed", reason) first, then ("out", [(choice, RequestOutput), ...],
+t) per step, and ("aborted", reason) if the server stops, or ("failed", reason) if the engine
+fails under it.
+
+The thread never dies from a request. Whatever escapes a step (or an add) is logged once with the
+request ids, the affected streams get ("failed", ...), and the engine is reset and checked
+(`Engine.reset`, `Engine.self_check`). If that fails too, the worker is dead: `failure` says why,
+every stream (queued, running, submitted later) gets ("failed", ...), `/health` answers 503, and
+`on_fatal(reason)` (set by `moetune serve`) makes the process exit non-zero for a supervisor.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ class WorkerSnapshot:
     preemptions: int = 0
     prefix_cache_hit_tokens: int = 0
     computed_tokens: int = 0
+    healthy: int = 1  # 0 once the engine failed and could not be reset
+    resets: int = 0  # times the engine was reset after a failed step
 
 
 class EngineWorker:
@@ -73,7 +82,10 @@ class EngineWorker:
         if qos is not None:
             engine.scheduler.policy = qos
         self.snapshot = WorkerSnapshot(kv_blocks_total=engine.blocks.num_blocks)
+        self.failure: str | None = None  # set once, when the engine is dead
+        self.on_fatal: Callable[[str], None] | None = None  # called on the engine thread with `failure`
         self._cmds: deque = deque()
+        self._lock = threading.Lock()  # orders _send against the thread's death
         self._wake = threading.Event()
         self._routes: dict[int, tuple[Stream, int]] = {}  # rid → (stream, choice index); engine thread only
         self._stopping = False
@@ -83,11 +95,20 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def healthy(self) -> bool:
+        """The engine can take requests: not failed, and its thread alive once started."""
+        return self.failure is None and (self._thread.is_alive() or self._thread.ident is None)
+
     def submit(self, stream: Stream) -> None:
         self._send(("add", stream))
 
     def abort(self, stream: Stream) -> None:
         self._send(("abort", stream))
+
+    def abort_all(self, reason: str) -> None:
+        """Abort every request the engine holds; their streams get ("aborted", reason) (the drain's deadline)."""
+        self._send(("abort_all", reason))
 
     def call(self, fn: Callable[[Engine], object]) -> Future:
         """Run fn(engine) on the engine thread between two steps; its result as a Future."""
@@ -101,21 +122,64 @@ class EngineWorker:
         self._thread.join(timeout)
 
     def _send(self, cmd: tuple) -> None:
-        self._cmds.append(cmd)
-        self._wake.set()
+        with self._lock:
+            if self.failure is None:
+                self._cmds.append(cmd)
+                self._wake.set()
+                return
+        _refuse(cmd, self.failure)  # the thread is gone: answer here
 
     # the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stopping:
-            self._wake.clear()
-            self._drain()
-            if self._stopping:
-                break
-            if not self.engine.has_unfinished():
-                self._wake.wait(1.0)
-                continue
-            self._step()
-        self._abort_all("server shutting down")
+        try:
+            while not self._stopping and self.failure is None:
+                try:
+                    self._turn()
+                except Exception as exc:
+                    self._recover(exc)
+            if self.failure is None:
+                self._abort_all("server shutting down")
+        except BaseException as exc:  # not even recovery worked
+            self._die(f"the engine thread failed: {type(exc).__name__}: {exc}")
+
+    def _turn(self) -> None:
+        self._wake.clear()
+        self._drain()
+        if self._stopping:
+            return
+        if not self.engine.has_unfinished():
+            self._wake.wait(1.0)
+            return
+        self._step()
+
+    def _recover(self, exc: Exception) -> None:
+        """Something escaped a step or a command: fail what the engine holds, reset it, check it."""
+        rids = sorted(self._routes)
+        log.error("engine step failed (requests %s): %s: %s; failing them and resetting the engine", rids,
+                  type(exc).__name__, exc, exc_info=exc)
+        self._fail_all(f"internal error in the engine step ({type(exc).__name__}); the engine was reset")
+        try:
+            self.engine.reset()
+            self.engine.self_check()
+        except Exception as again:
+            self._die(f"the engine could not be reset after a failed step: {type(again).__name__}: {again}")
+            return
+        self.snapshot.resets += 1
+        self._refresh()
+
+    def _die(self, reason: str) -> None:
+        log.error("%s; the server is unhealthy and stops", reason)
+        with self._lock:
+            self.failure = reason
+        self.snapshot.healthy = 0
+        streams = {id(s): s for s, _ in self._routes.values()}
+        self._routes.clear()
+        for stream in streams.values():
+            stream.post("failed", reason)
+        while self._cmds:
+            _refuse(self._cmds.popleft(), reason)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _drain(self) -> None:
         while self._cmds:
@@ -133,6 +197,8 @@ class EngineWorker:
                     fut.set_result(fn(self.engine))
                 except Exception as exc:  # handed to the caller, who decides
                     fut.set_exception(exc)
+            elif cmd[0] == "abort_all":
+                self._abort_all(cmd[1])
             elif cmd[0] == "stop":
                 self._stopping = True
         self._refresh()
@@ -141,10 +207,14 @@ class EngineWorker:
         try:
             for prompt, params in zip(stream.prompts, stream.params):
                 stream.rids.append(self.engine.add_request(prompt, params, priority=stream.priority))
-        except RequestError as exc:
+        except Exception as exc:  # RequestError: the caller's mistake (400); anything else: ours
             for rid in stream.rids:
                 self.engine.abort(rid)
-            stream.post("error", exc)
+            if isinstance(exc, RequestError):
+                stream.post("error", exc)
+            else:
+                log.error("adding request %s failed: %s: %s", stream.rids, type(exc).__name__, exc, exc_info=exc)
+                stream.post("failed", f"internal error admitting the request ({type(exc).__name__})")
             return
         for i, rid in enumerate(stream.rids):
             self._routes[rid] = (stream, i)
@@ -155,12 +225,7 @@ class EngineWorker:
     def _step(self) -> None:
         if self.before_step is not None:
             self.before_step()
-        try:
-            outs = self.engine.step()
-        except Exception:  # a bug in the engine: fail what runs, keep serving
-            log.exception("engine step failed; aborting the running requests")
-            self._abort_all("internal error in the engine step")
-            return
+        outs = self.engine.step()  # what escapes: _recover
         if self.after_step is not None:
             self.after_step()
         now = time.monotonic()
@@ -188,6 +253,15 @@ class EngineWorker:
             stream.post("aborted", reason)
         self._refresh()
 
+    def _fail_all(self, reason: str) -> None:
+        """After a failed step: tell every stream, whatever state the engine is in (reset follows)."""
+        streams = {id(s): s for s, _ in self._routes.values()}
+        for rid in self._routes:
+            self._forget(rid)
+        self._routes.clear()
+        for stream in streams.values():
+            stream.post("failed", reason)
+
     def _forget(self, rid: int) -> None:
         if self.qos is not None:
             self.qos.forget(rid)
@@ -201,3 +275,11 @@ class EngineWorker:
         snap.preemptions = e.stats.preemptions
         snap.prefix_cache_hit_tokens = e.stats.prefix_cache_hit_tokens
         snap.computed_tokens = e.stats.computed_tokens
+
+
+def _refuse(cmd: tuple, reason: str) -> None:
+    """A command that reaches a dead worker: answered at once, so that nobody waits for it."""
+    if cmd[0] == "add":
+        cmd[1].post("failed", reason)
+    elif cmd[0] == "call":
+        cmd[2].set_exception(RuntimeError(reason))

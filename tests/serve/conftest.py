@@ -29,14 +29,13 @@ class Running:
 
 def start_server(config: dict, api_key: str | None = API_KEY):
     """→ (Running, stop): the bundled model behind uvicorn on 127.0.0.1:<free port>."""
-    import uvicorn
-
-    from moetune.serve.server import bind, build_server
+    from moetune.serve.server import bind, build_server, uvicorn_config
+    from moetune.serve.shutdown import DrainingServer
 
     cfg = parse_config({"model": {"path": "stdlib-moe", "device": "cpu"}, **config})
     sock = bind("127.0.0.1", 0)
     built = build_server(cfg, api_key)
-    server = uvicorn.Server(uvicorn.Config(built.app, log_level="warning", timeout_graceful_shutdown=5))
+    server = DrainingServer(uvicorn_config(built.app, "warning"), built.state, cfg.serve.drain_timeout_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

@@ -1,0 +1,153 @@
+"""Response models and the OpenAPI description of every route (`/openapi.json`, `/docs`).
+
+The handlers build their JSON themselves (shapes.py) and return Responses, so these models do not
+run per request; they are what `/openapi.json` promises, and the schemathesis suite
+(tests/serve/test_openapi.py) checks every answer against them. Request bodies are parsed by
+bodies.py (not by FastAPI), so their schemas are added to the document here (`request_body`,
+`openapi_document`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from moetune.serve.protocol import ChatRequest, CompletionRequest, RecordRequest
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (CompletionRequest, ChatRequest, RecordRequest)
+FinishReason = Literal["stop", "length", "abort", "error"] | None
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    expert_flops: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason
+    logprobs: CompletionLogprobs | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: ChatLogprobs | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "draining", "unhealthy"]
+    reason: str | None = None
+
+
+class RecordingState(BaseModel):
+    recording: bool
+    steps: int | None = None
+
+
+class RecordingDump(BaseModel):
+    path: str
+    steps: int
+    kinds: list[str]
+
+
+def errors(*statuses: int) -> dict:
+    """`responses=` entries: these statuses answer an OpenAI error object."""
+    return {s: {"model": ErrorResponse} for s in statuses}
+
+
+def request_body(model: type[BaseModel]) -> dict:
+    """`openapi_extra=` for a route that parses `model` itself."""
+    return {"requestBody": {"required": model is not RecordRequest, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+SSE = {"text/event-stream": {"schema": {"type": "string"},
+                             "description": "with `stream: true`: `data: {chunk}` lines, then `data: [DONE]`"}}
+
+
+def openapi_document(app) -> dict:
+    """FastAPI's document plus the request models' schemas (cached on the app)."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in REQUEST_MODELS:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = doc
+    return app.openapi_schema

@@ -1,0 +1,54 @@
+"""Shutdown in the right order: the app's drain first, then uvicorn's own.
+
+uvicorn's graceful shutdown waits `timeout_graceful_shutdown` and then cancels the handlers, so a
+non-streaming request got a plain-text 500 and a stream was cut without an error event, with
+CancelledError tracebacks in the log. `DrainingServer` runs the drain before it: stop accepting,
+mark the server draining (new requests and /health get 503), give in-flight requests
+`drain_timeout_s`, then abort what still runs through the engine worker, so that every remaining
+request answers the documented 503 error object (a stream: an error event and `data: [DONE]`);
+only then does uvicorn's shutdown run, with nothing left to cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+log = logging.getLogger("moetune.serve")
+ANSWER_S = 5.0  # after the abort: time for the 503s and final events to be written
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state, drain_timeout_s: float):
+        super().__init__(config)
+        self.state, self.drain_timeout_s = state, drain_timeout_s
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:  # stop accepting (uvicorn's shutdown does it again, harmlessly)
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle keep-alive connections close; busy ones close after their answer
+        await drain(self.state, self.drain_timeout_s)
+        await super().shutdown(sockets)
+
+
+async def drain(state, timeout_s: float) -> None:
+    """Wait for in-flight requests up to timeout_s; abort the rest and wait for their answers."""
+    state.draining = True
+    if not await _until_idle(state, timeout_s):
+        log.warning("drain: %d sequences still running after serve.drain_timeout_s=%gs; aborting them (503)",
+                    state.inflight, timeout_s)
+        state.worker.abort_all(f"the server is shutting down (serve.drain_timeout_s={timeout_s:g}s ran out)")
+        await _until_idle(state, ANSWER_S)
+
+
+async def _until_idle(state, timeout_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while state.inflight and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    return not state.inflight
