@@ -48,7 +48,7 @@ class _Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    seed: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_SEED})
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -64,6 +64,13 @@ class _Sampling(BaseModel):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
         return stops
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, value):
+        if value is not None and not 0 <= value <= MAX_SEED:
+            raise ValueError(f"must be in [0, 2^63 - 1 = {MAX_SEED}], got {value}")
+        return value
 
     @model_validator(mode="after")
     def _refuse_unsupported(self):
