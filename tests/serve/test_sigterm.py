@@ -1,5 +1,7 @@
-"""`moetune serve` as a process: SIGTERM with requests in flight exits 0 and nothing hangs."""
+"""`moetune serve` as a process: SIGTERM with requests in flight exits 0 and nothing hangs; past the
+drain every request still running gets the documented 503 (a stream: an error event and [DONE])."""
 
+import json
 import os
 import signal
 import socket
@@ -17,21 +19,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_with_requests_in_flight_exits_cleanly():
+def _serve(*args: str) -> tuple[subprocess.Popen, str]:
+    """`moetune serve` on a free port, once /health answers."""
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve", "--port", str(port), "--max-num-seqs", "4",
-                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve", "--port", str(port), "--device", "cpu", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
+def test_sigterm_with_requests_in_flight_exits_cleanly():
+    proc, url = _serve("--max-num-seqs", "4")
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         outcomes = []
 
         def ask(max_tokens):
@@ -53,6 +60,43 @@ def test_sigterm_with_requests_in_flight_exits_cleanly():
             assert not t.is_alive()
         assert len(outcomes) == 4 and outcomes.count(200) >= 2, outcomes  # the short ones finish in the drain
         assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_past_the_drain_gives_every_request_a_clean_503_or_final_error_event(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("serve:\n  drain_timeout_s: 1\n")
+    proc, url = _serve("--recipe", str(recipe), "--max-num-seqs", "4")
+    body = {"prompt": "class Parser:\n", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    plain, streams = [], []
+
+    def ask():
+        plain.append(httpx.post(f"{url}/v1/completions", json=body, timeout=120))
+
+    def stream():
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+            streams.append([line[6:] for line in r.iter_lines() if line.startswith("data: ")])
+
+    try:
+        threads = [threading.Thread(target=f) for f in (ask, ask, stream, stream)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)  # all four running
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        for t in threads:
+            t.join(timeout=30)
+        assert len(plain) == 2 and len(streams) == 2
+        for r in plain:
+            assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+            assert "drain_timeout_s" in r.json()["error"]["message"]
+        for lines in streams:
+            assert lines[-1] == "[DONE]" and "error" in json.loads(lines[-2]), lines[-3:]
+            assert len(lines) > 3  # it had been streaming
+        stderr = proc.stderr.read()
+        assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
     finally:
         if proc.poll() is None:
             proc.kill()
