@@ -7,9 +7,9 @@ OpenAI-compatible servers do. `top_k` and `ignore_eos` are accepted as extension
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 MAX_N = 64
 MAX_STOPS = 16
@@ -48,7 +48,7 @@ class _Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    seed: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_SEED})
+    seed: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_SEED})] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -68,7 +68,8 @@ async def models(request: Request):
                                         "owned_by": "moetune", "max_model_len": state.max_len}]}
 
 
-@router.post("/v1/completions", responses={200: {"model": schemas.CompletionResponse, "content": schemas.SSE},
+@router.post("/v1/completions", responses={200: {"model": schemas.CompletionResponse,
+                                                "content": schemas.sse(schemas.CompletionChunk)},
                                            **_GENERATE_ERRORS},
              openapi_extra=schemas.request_body(CompletionRequest))
 async def completions(request: Request):
@@ -81,7 +82,8 @@ async def completions(request: Request):
 
 
 @router.post("/v1/chat/completions", responses={200: {"model": schemas.ChatCompletionResponse,
-                                                     "content": schemas.SSE}, **_GENERATE_ERRORS},
+                                                     "content": schemas.sse(schemas.ChatCompletionChunk)},
+                                                **_GENERATE_ERRORS},
              openapi_extra=schemas.request_body(ChatRequest))
 async def chat(request: Request):
     from moetune.engine.tokenizer import apply_chat_template

@@ -4,7 +4,7 @@ The handlers build their JSON themselves (shapes.py) and return Responses, so th
 run per request; they are what `/openapi.json` promises, and the schemathesis suite
 (tests/serve/test_openapi.py) checks every answer against them. Request bodies are parsed by
 bodies.py (not by FastAPI), so their schemas are added to the document here (`request_body`,
-`openapi_document`).
+`openapi_document`), and so are the stream chunks' (`sse`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pydantic import BaseModel
 
 from moetune.serve.protocol import ChatRequest, CompletionRequest, RecordRequest
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (CompletionRequest, ChatRequest, RecordRequest)
 FinishReason = Literal["stop", "length", "abort", "error"] | None
 
 
@@ -96,6 +95,46 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason
+    logprobs: CompletionLogprobs | None
+
+
+class CompletionChunk(BaseModel):
+    """One `data:` event of a streamed completion; the last (with stream_options.include_usage) has no
+    choices and the usage."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: FinishReason
+    logprobs: ChatLogprobs | None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -136,8 +175,18 @@ def request_body(model: type[BaseModel]) -> dict:
         "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
-SSE = {"text/event-stream": {"schema": {"type": "string"},
-                             "description": "with `stream: true`: `data: {chunk}` lines, then `data: [DONE]`"}}
+def sse(chunk: type[BaseModel]) -> dict:
+    """The `text/event-stream` answer of `stream: true`: each event's data is a chunk or an error
+    object (the engine failed, the server stopped), and the last is `[DONE]`."""
+    ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}  # noqa: E731
+    data = {"anyOf": [{"const": "[DONE]"}, {"type": "string", "contentMediaType": "application/json",
+                                             "contentSchema": {"anyOf": [ref(chunk), ref(ErrorResponse)]}}]}
+    return {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {"data": data}}}}
+
+
+# parsed by bodies.py or referenced by hand (sse): added to the document's components
+DOCUMENTED_MODELS: tuple[type[BaseModel], ...] = (CompletionRequest, ChatRequest, RecordRequest, CompletionChunk,
+                                                  ChatCompletionChunk, ErrorResponse)
 
 
 def openapi_document(app) -> dict:
@@ -145,7 +194,7 @@ def openapi_document(app) -> dict:
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in REQUEST_MODELS:
+        for model in DOCUMENTED_MODELS:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
