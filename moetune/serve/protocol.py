@@ -45,8 +45,8 @@ class _Sampling(BaseModel):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)  # any value > 0 samples safely
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0)
     seed: Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_SEED})] | None = None
     stop: str | list[str] | None = None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.cli.bad_input import CASES, markdown
 from tests.cli.test_bad_input import WORKERS, _run
+from tests.serve.bad_http_doc import SECTION as HTTP_SECTION
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
 HEADER = """# Bad input: what the `moetune` CLI says
@@ -47,7 +48,7 @@ def main() -> None:
         line = got.stderr.strip().splitlines()[0] if got.stderr.strip() else ""
         results[cid] = (got.code, re.sub(re.escape(str(root)) + r"/(cases/[^/ ']+/)?", "…/", line))
     DOC.parent.mkdir(exist_ok=True)
-    DOC.write_text(HEADER + markdown(results))
+    DOC.write_text(HEADER + markdown(results) + HTTP_SECTION)
     print(f"wrote {DOC} ({len(CASES)} cases)")
 
 

@@ -42,6 +42,8 @@ def logged():
     (b'{"prompt": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", "nests deeper than 32"),  # fits the 64 KiB limit
     (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "limited to 40 digits"),
     (b'{"prompt": "x", "seed": 18446744073709551616, "temperature": 1}', "2^63 - 1"),
+    (b'{"prompt": "x", "temperature": NaN}', "finite number"),
+    (b'{"prompt": "x", "top_p": Infinity}', "finite number"),
 ])
 def test_bodies_that_were_500s_are_400_stating_the_limit(server, raw, words, logged):
     path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
