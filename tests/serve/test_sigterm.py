@@ -1,5 +1,6 @@
 """`moetune serve` as a process: SIGTERM with requests in flight exits 0 and nothing hangs; past the
-drain every request still running gets the documented 503 (a stream: an error event and [DONE])."""
+drain every request still running gets the documented 503 (a stream: an error event and [DONE]);
+an engine that cannot step makes the process exit 1 for a supervisor."""
 
 import json
 import os
@@ -19,11 +20,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(*args: str) -> tuple[subprocess.Popen, str]:
+# `moetune serve` through the real CLI entry point, its engine's KV pool removed once built: no step can run
+BROKEN = """
+import sys
+import moetune.serve.server as server
+build = server.build_server
+def broken(cfg, api_key=None):
+    built = build(cfg, api_key)
+    built.state.generator.engine.runner.cache = None
+    return built
+server.build_server = broken
+from moetune.cli.main import main
+sys.argv = ["moetune", *sys.argv[1:]]
+main()
+"""
+
+
+def _serve(*args: str, launcher: tuple[str, ...] = ("-m", "moetune")) -> tuple[subprocess.Popen, str]:
     """`moetune serve` on a free port, once /health answers."""
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve", "--port", str(port), "--device", "cpu", *args],
+    proc = subprocess.Popen([sys.executable, *launcher, "serve", "--port", str(port), "--device", "cpu", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -97,6 +114,19 @@ def test_sigterm_past_the_drain_gives_every_request_a_clean_503_or_final_error_e
             assert len(lines) > 3  # it had been streaming
         stderr = proc.stderr.read()
         assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_an_engine_that_cannot_step_makes_the_server_exit_1_for_a_supervisor():
+    proc, url = _serve(launcher=("-c", BROKEN))
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert proc.wait(timeout=60) == 1
+        last = proc.stderr.read().strip().splitlines()[-1]
+        assert last.startswith("error: the engine failed (the engine could not be reset"), last
     finally:
         if proc.poll() is None:
             proc.kill()
