@@ -38,6 +38,8 @@ def search(
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
                                                     "failed and re-queued (after a crash)."),
     remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
+    allow_changed_inputs: bool = typer.Option(False, "--allow-changed-inputs", help="Continue a study under another "
+                                              "--trace or --space (refused by default: its trials would mix)."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
 ) -> None:
     """Search EP size, replicas, placement and batching knobs for the best deployment; emit the winner."""
@@ -58,7 +60,8 @@ def search(
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
                                    n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share),
-                                   heartbeat_s=max(1, grace_s // 3), grace_s=grace_s)
+                                   heartbeat_s=max(1, grace_s // 3), grace_s=grace_s,
+                                   allow_changed_inputs=allow_changed_inputs)
     from moetune.search.study.run import SearchSettings
 
     settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len),

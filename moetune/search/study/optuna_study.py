@@ -67,6 +67,8 @@ class StudySettings:
     constraints: Constraints = Constraints()
     heartbeat_s: int = 2
     grace_s: int = 6
+    inputs: dict | None = None  # trace + space the trials depend on (resume.study_inputs); None: not checked
+    allow_changed_inputs: bool = False
 
 
 @dataclass
@@ -101,6 +103,9 @@ def open_study(s: StudySettings, space: Space):
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our tables say what failed and why
     from optuna.storages import RDBStorage
 
+    from moetune.search.study.resume import check_same_inputs, check_storage_file
+
+    check_storage_file(s.storage)
     storage = _storage(s, RDBStorage)
     directions = [OBJECTIVES[o][1] for o in s.objectives]
     try:
@@ -111,6 +116,8 @@ def open_study(s: StudySettings, space: Space):
     if [d.name.lower() for d in study.directions] != directions:
         raise SearchError(f"study '{s.study}' exists with other objectives; use another --study name")
     study.set_metric_names(list(s.objectives))
+    if s.inputs is not None:
+        check_same_inputs(study, s.inputs, s.allow_changed_inputs)
     return study
 
 

@@ -3,13 +3,14 @@ emit the winner (recipe, flags, SGLang JSON), the CSVs and the report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
+from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
 from moetune.search.study.space import Limits, build_space, canonical, from_config, read_space_file
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
@@ -71,7 +72,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     created = not settings.out.exists()
     settings.out.mkdir(parents=True, exist_ok=True)
     try:
-        study = run_study(settings.study, space, limits, evaluator, on_trial)
+        inputs = study_inputs(settings.inputs.trace, space.grid())
+        study = run_study(replace(settings.study, inputs=inputs), space, limits, evaluator, on_trial)
     except MoetuneError:
         if created:  # a storage or study mistake: leave nothing behind
             import shutil
