@@ -242,12 +242,15 @@ def _stop(procs, grace_s: float) -> None:
 
 @contextlib.contextmanager
 def _child_env(device: str):
-    """Spawned CPU ranks start with one OpenMP thread and one CPU-kernel thread each (the parent's
-    environment is restored)."""
-    names = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+    """Spawned CPU ranks start with one OpenMP thread and one CPU-kernel thread each, and every
+    spawned rank with torch's C++ log at ERROR: when rank 0 dies, each surviving rank's store
+    client logged a warning with a 20-frame C++ stack (~100 lines) before the one line that says
+    what happened (the parent's environment is restored)."""
+    names = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "TORCH_CPP_LOG_LEVEL")
     saved = {name: os.environ.get(name) for name in names}
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a user's own setting wins
     if device == "cpu":
-        os.environ.update({name: "1" for name in names})
+        os.environ.update({name: "1" for name in names[:2]})
     try:
         yield
     finally:
