@@ -110,16 +110,27 @@ def _profile(settings, report: bool) -> None:
                              on_step=lambda kind: progress.update(task, advance=1, description=kind))
     if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
         return
+    if report:
+        _report(result.path)
     console = Console()
     summary = result.summary
     for table in (phase_table(summary), imbalance_table(summary), *rank_tables(summary), rates_table(summary),
                   formulas_table(summary)):
         console.print(rich_table(table))
-    if report:
-        from moetune.report.build import write_reports
-
-        write_reports(result.path, ["html", "md"])
     console.print(f"run directory: {result.path}")
+
+
+def _report(run_dir) -> None:
+    """The reports, or (a full disk, an interrupt) no run directory at all: it is this command's."""
+    import shutil
+
+    from moetune.report.build import write_reports
+
+    try:
+        write_reports(run_dir, ["html", "md"])
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def _overhead(settings) -> None:
