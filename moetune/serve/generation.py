@@ -97,10 +97,10 @@ class Job:
             s.worker.abort(self.stream)  # in case the engine took it after we stopped waiting
             return
         unfinished = sum(c.finish_reason is None for c in self.choices)
-        if unfinished:
-            s.worker.abort(self.stream)
-            s.metrics.aborted.labels("client_gone").inc(unfinished)
         failed = sum(c.finish_reason == "error" for c in self.choices)
+        if unfinished:  # the client left, or a sibling choice failed
+            s.worker.abort(self.stream)
+            s.metrics.aborted.labels("error" if failed else "client_gone").inc(unfinished)
         if failed:
             s.metrics.aborted.labels("error").inc(failed)
         s.metrics.expert_flops.labels(self.tenant).inc(self.expert_flops())
