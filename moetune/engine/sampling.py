@@ -1,9 +1,10 @@
 """Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-sequence seeds.
 
 The sampler is numerically safe for any finite temperature > 0 and any top_p in (0, 1]: the
-logits are shifted by their maximum and divided in float64 (a temperature of 1e-300 makes every
-token but the most likely ones -inf, never inf/inf = NaN), and top-p always keeps the most likely
-token (a top_p below float32's resolution used to mask every token and divide 0 by 0).
+logits are shifted by their maximum before the division, and the temperature is held at 1e-30 at
+least (a temperature of 1e-300 was 0 in float32: inf/inf = NaN; now every token but the most
+likely ones gets -inf), and top-p always keeps the most likely token (a top_p below float32's
+resolution used to mask every token and divide 0 by 0).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from moetune.errors import RequestError
 
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit integer
+MIN_TEMPERATURE = 1e-30  # smaller ones sample like it (see `sample`); float32 holds it, 1e-300 is 0 there
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits: [V] fp32 → one token id."""
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = logits.double()  # [V]
-    logits = (logits - logits.max()) / params.temperature  # ≤ 0: the most likely token at 0, never NaN
+    # ≤ 0 with the most likely token at 0, so never inf/inf. A temperature below MIN_TEMPERATURE is
+    # sampled as 1e-30: logits more than 1e-28 apart then differ by over 100 (a factor e^-100) either
+    # way, so only logits closer than that (in practice: equal ones) could be treated differently
+    logits = (logits - logits.max()) / max(params.temperature, MIN_TEMPERATURE)  # [V]
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # [V] float64
+    probs = torch.softmax(logits, dim=-1)  # [V]
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))

@@ -19,7 +19,7 @@ request, and none leaves a traceback in the log.
 | H5 | seed outside [0, 2^63 − 1] | `"seed": 18446744073709551616` or `-1` | 400 | 'seed': must be in [0, 2^63 - 1 = 9223372036854775807], got 18446744073709551616 | test_fault_isolation, test_bad_http |
 | H6 | seed + choice index over 2^63 − 1 | `"seed": 9223372036854775807, "n": 2` | 400 | 'seed': with 2 choices (choice i uses seed + i) the seed must be in [0, 2^63 - 1 - 1 = 9223372036854775806] | test_fault_isolation |
 | H7 | temperature or top_p NaN / inf | `"temperature": NaN` | 400 | 'temperature': Input should be a finite number | test_bad_http |
-| H8 | tiny but valid temperature / top_p | `"temperature": 1e-300`, `"top_p": 1e-300` | 200 | sampled safely (float64, max-shifted logits; top-p keeps the top token): the greedy tokens | test_fault_isolation |
+| H8 | tiny but valid temperature / top_p | `"temperature": 1e-300`, `"top_p": 1e-300` | 200 | sampled safely (max-shifted logits, temperature held at ≥ 1e-30; top-p keeps the top token): the greedy tokens | test_fault_isolation |
 | H9 | parameters out of range | `"temperature": 5`, `"max_tokens": 0`, `"n": 0`, `"top_p": 0`, `"logprobs": 99`, `"stop": [""]` | 400 | '<param>': Input should be … (param named) | test_errors |
 | H10 | unsupported parameters | `"logit_bias": {"5": 10}` | 400 | 'logit_bias' is not supported by moetune serve | test_errors |
 | H11 | body not JSON / not an object / missing prompt | `{not json`, `[1, 2]` | 400 | the request body is not valid JSON / must be a JSON object / 'prompt' is required | test_errors |
