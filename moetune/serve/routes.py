@@ -24,7 +24,6 @@ from moetune.serve.state import ServerState
 from moetune.serve.tenants import TENANT_HEADER
 
 router = APIRouter()
-_GENERATE_ERRORS = schemas.errors(400, 401, 404, 413, 429, 500, 503)
 
 
 @dataclass
@@ -68,29 +67,21 @@ async def models(request: Request):
                                         "owned_by": "moetune", "max_model_len": state.max_len}]}
 
 
-@router.post("/v1/completions", responses={200: {"model": schemas.CompletionResponse,
-                                                "content": schemas.sse(schemas.CompletionChunk)},
-                                           **_GENERATE_ERRORS},
-             openapi_extra=schemas.request_body(CompletionRequest))
+@router.post("/v1/completions", **schemas.generation(CompletionRequest, schemas.CompletionResponse,
+                                                     schemas.CompletionChunk))
 async def completions(request: Request):
-    state, text = _serve(request), request.app.state.text
-    body = await parse(request, CompletionRequest)
-    _check_model(state, body.model)
+    state, text, body = await _read(request, CompletionRequest)
     prompts = _completion_prompts(body.prompt, lambda s: _encode(state, text.tokenizer, s),
                                   state.generator.model.spec.vocab_size)
     return await _generate(state, request, body, text.completion, prompts, body.max_tokens, body.logprobs)
 
 
-@router.post("/v1/chat/completions", responses={200: {"model": schemas.ChatCompletionResponse,
-                                                     "content": schemas.sse(schemas.ChatCompletionChunk)},
-                                                **_GENERATE_ERRORS},
-             openapi_extra=schemas.request_body(ChatRequest))
+@router.post("/v1/chat/completions", **schemas.generation(ChatRequest, schemas.ChatCompletionResponse,
+                                                          schemas.ChatCompletionChunk))
 async def chat(request: Request):
     from moetune.engine.tokenizer import apply_chat_template
 
-    state, text = _serve(request), request.app.state.text
-    body = await parse(request, ChatRequest)
-    _check_model(state, body.model)
+    state, text, body = await _read(request, ChatRequest)
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     prompt = _encode(state, text.tokenizer, apply_chat_template(text.tokenizer, messages))
     return await _generate(state, request, body, text.chat, [prompt], body.max_new_tokens, body.num_logprobs)
@@ -114,6 +105,14 @@ async def record_stop(request: Request):
 async def record_dump(request: Request):
     body = await parse(request, RecordRequest, optional=True)
     return await _serve(request).recorder.dump(body.name)
+
+
+async def _read(request: Request, model) -> tuple[ServerState, Text, object]:
+    """A generation request's server, text helpers and parsed body (its model checked)."""
+    state = _serve(request)
+    body = await parse(request, model)
+    _check_model(state, body.model)
+    return state, request.app.state.text, body
 
 
 def _encode(state: ServerState, tokenizer, text: str) -> list[int]:
