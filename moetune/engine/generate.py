@@ -52,6 +52,9 @@ class Generator:
         seqs = [self.engine.sequence(r) for r in rids]
         while self.engine.has_unfinished():
             self.engine.step()
+        failed = [i for i, s in enumerate(seqs) if s.finish_reason == "error"]
+        if failed:  # a bug, not the caller's mistake: the engine logged why
+            raise RuntimeError(f"prompt {failed[0]} failed in the engine (sampling or stop check); see the log above")
         return [Completion(s.prompt_ids, s.output_ids, s.text, s.finish_reason or "length") for s in seqs]
 
     def stream(self, prompt: str | list[int], params: SamplingParams) -> Iterator[str]:
