@@ -117,3 +117,15 @@ def test_a_non_streaming_client_reset_frees_its_slot_within_a_step(two_slots):
     assert r.status_code == 200 and time.monotonic() - t < 10
     metrics = httpx.get(f"{two_slots.url}/metrics").text
     assert 'moetune_aborted_sequences_total{reason="client_gone"} 2.0' in metrics
+
+
+def test_docs_list_the_http_cases_and_name_real_tests():
+    from pathlib import Path
+
+    from tests.serve.bad_http_doc import SECTION
+
+    root = Path(__file__).resolve().parents[2]
+    assert SECTION in (root / "docs" / "bad-input.md").read_text(), "run python -m tests.cli.write_bad_input_doc"
+    named = {name.strip() for row in SECTION.splitlines() if row.startswith("| H")
+             for name in row.rstrip(" |").rsplit("|", 1)[1].split(",")}
+    assert named and all((root / "tests" / "serve" / f"{n}.py").is_file() for n in named), named
