@@ -30,58 +30,29 @@ def bench(
     achieved GB/s (decode) and GFLOP/s (prefill) against the machine's limits measured in the same run."""
     from rich.console import Console
 
-    from moetune.cli.options import Target, apply_threads, checked_config
+    from moetune.cli.options import apply_threads, checked_config
+    from moetune.engine.target import resolve_target
     from moetune.errors import MoetuneError
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
-    target = Target(cfg)
+    target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     settings = _settings(prefill_len, decode_steps, runs)
     _check_fits(target, settings, reference=against is not None)
     if cfg.parallel.ep_size > 1:
         if against:
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1")
-        return _bench_ep(cfg, settings)
+        return _print_ranks(cfg, settings)
     from moetune.bench.report import bench_table, limits_lines
-    from moetune.bench.roofline import LimitSampler
-    from moetune.bench.throughput import bench_moetune
-    from moetune.engine.build import build_model
+    from moetune.bench.run import run_bench
 
     apply_threads(cfg)
-    model_dir, dev, torch_dtype = target.model_dir, target.device, target.dtype
     console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
-    ours = build_model(cfg, device=dev)  # the recipe's deployment: quant, offload, capacity
-    with console.status("machine limits ..."):
-        sampler = LimitSampler(dev)
-        limits = sampler.limits()
-    if against:  # both loaded, each workload's runs taking turns with the reference's
-        from moetune.bench.hf_reference import load_transformers, plan_transformers
-        from moetune.bench.throughput import bench_against, plan_moetune
-
-        reference = load_transformers(model_dir, torch_dtype, dev)
-        plans, done = plan_moetune(ours, settings)
-        with console.status("moetune and transformers, taking turns ..."):
-            rows = bench_against(plans, plan_transformers(reference, ours.spec.vocab_size, settings, dev), dev,
-                                 settings.runs, sampler)
-        done()
-    else:
-        with console.status("moetune ..."):
-            rows = bench_moetune(ours, settings, sampler)
-    console.print(bench_table(rows, f"{model_dir.name} · {torch_dtype} · {dev} · {_threads(dev)}", limits))
-    for line in limits_lines(limits):
+    result = run_bench(target, settings, against, status=console.status)
+    console.print(bench_table(result.rows, result.title, result.limits))
+    for line in limits_lines(result.limits):
         console.print(line, soft_wrap=True, highlight=False)
-
-
-def _threads(dev) -> str:
-    import torch
-
-    if dev.type == "cuda":
-        return "GPU"
-    from moetune.engine.heap import heap_policy
-    from moetune.engine.threads import wait_policy
-
-    return f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()} · freed memory: {heap_policy()}"
 
 
 def _settings(prefill_len: int, decode_steps: int, runs: int):
@@ -94,15 +65,16 @@ def _check_fits(target, s, reference: bool = False) -> None:
     """Every bench workload within the context and, by estimate, the device's memory (with a second
     copy of the weights when the reference runs beside ours: their runs take turns)."""
     from moetune.cli import checks
+    from moetune.cli.footprint import target_parts
 
     limit = target.spec.max_position
     checks.context(f"--prefill-len {s.prefill_len}", s.prefill_len, limit, f"choose --prefill-len <= {limit}")
     decode_len = s.decode_context + s.decode_steps
     checks.context(f"--decode-steps {s.decode_steps} (after a {s.decode_context}-token context)", decode_len, limit,
                    f"choose --decode-steps <= {limit - s.decode_context}")
-    prefill = target.step_parts(1, s.prefill_len, s.prefill_len, s.prefill_len)
+    prefill = target_parts(target, 1, s.prefill_len, s.prefill_len, s.prefill_len)
     b = max(s.decode_batches)
-    decode = target.step_parts(b, decode_len, b * s.decode_context, s.decode_context)
+    decode = target_parts(target, b, decode_len, b * s.decode_context, s.decode_context)
     worst, what = max((prefill, f"--prefill-len {s.prefill_len}"), (decode, f"decode at batch {b}"),
                       key=lambda p: sum(p[0].values()))
     if reference:
@@ -110,20 +82,16 @@ def _check_fits(target, s, reference: bool = False) -> None:
     checks.fits(f"bench {what}", worst, target.device, "lower --prefill-len / --decode-steps")
 
 
-def _bench_ep(cfg, settings) -> None:
-    import functools
-
+def _print_ranks(cfg, settings) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from moetune.bench.ep_throughput import bench_engine_config
-    from moetune.config import parse_config
-    from moetune.engine.distributed import run_ranks
+    from moetune.bench.run import run_bench_ranks
 
-    R = cfg.parallel.ep_size
-    cfg = parse_config({**cfg.model_dump(), "engine": bench_engine_config(settings, R).model_dump()}, "command line")
-    rows = run_ranks(cfg, functools.partial(_bench_rank, settings))
-    table = Table(title=f"{R} expert-parallel ranks (data-parallel attention) · rank 0's view")
+    rows = run_bench_ranks(cfg, settings)
+    if rows is None:  # a rank other than 0 under torchrun: rank 0 prints
+        return
+    table = Table(title=f"{cfg.parallel.ep_size} expert-parallel ranks (data-parallel attention) · rank 0's view")
     for col in ("workload", "tok/s (min–max)", "all-to-all share", "of which waiting", "bytes/step"):
         table.add_column(col, justify="left" if col == "workload" else "right")
     for r in rows:
@@ -131,9 +99,3 @@ def _bench_ep(cfg, settings) -> None:
         table.add_row(r.workload, f"{r.tokens_per_s:,.1f} ({lo:,.0f}–{hi:,.0f})", f"{r.a2a_share:.1%}",
                       f"{r.wait_share:.1%}", f"{r.bytes_per_step:,.0f}")
     Console().print(table)
-
-
-def _bench_rank(settings, dp):
-    from moetune.bench.ep_throughput import bench_ep
-
-    return bench_ep(dp, settings)

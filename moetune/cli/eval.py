@@ -34,32 +34,23 @@ def eval_command(
     from pathlib import Path
 
     from moetune.cli import checks
-    from moetune.cli.options import Target, checked_config
+    from moetune.cli.options import checked_config
+    from moetune.engine.target import resolve_target
 
     if json_out not in (None, "-"):
         checks.output_file("--json", Path(json_out))
     cfg = checked_config(model, recipe, dtype, device, kernel_backend)
-    target = Target(cfg)
+    target = resolve_target(cfg)  # once: the checkpoint checked, device and dtype
     window = window if window is not None else min(512, target.spec.max_position)
     checks.context("--window", window, target.spec.max_position, "use a smaller --window")
-    ref_cfg = _reference_config(cfg, reference, target)
-    Target(ref_cfg)
+    from moetune.bench.evaluate import evaluate, reference_target
+    from moetune.bench.quality import EvalSettings
+
+    ref_target = reference_target(target, reference)
     texts = _prompt_texts(prompts)
     body = _read_text(text)
-
-    from moetune.bench.quality import EvalSettings, agreement, encode_prompts, perplexity
-    from moetune.engine.build import build_generator
-
     s = EvalSettings(window=window, max_windows=max_windows, num_prompts=num_prompts, greedy_tokens=greedy_tokens)
-    ours = build_generator(_no_prefix_cache(cfg))
-    result = {"model": str(target.model_dir), "reference": str(Target(ref_cfg).model_dir),
-              "quant": cfg.quant.model_dump() if cfg.quant else None,
-              "offload": cfg.offload.model_dump() if cfg.offload else None,
-              "expert_bytes": ours.model.experts.nbytes()}
-    result["perplexity"] = perplexity(ours, ours.encode(body), s)
-    ref = build_generator(_no_prefix_cache(ref_cfg))
-    result["reference_perplexity"] = perplexity(ref, ref.encode(body), s)
-    result["agreement"] = agreement(ours, ref, encode_prompts(ours, texts, s), s)
+    result = evaluate(target, ref_target, body, texts, s)
     if json_out == "-":
         print(json.dumps(result, indent=2))
         return
@@ -70,29 +61,6 @@ def eval_command(
           f"KL {a['kl']:.5f} nats, top-1 agreement {a['top1_agreement']:.4f} over {a['positions']} positions; "
           f"greedy match {a['greedy_match']:.3f}, greedy prefix {a['greedy_prefix']:.3f} over {a['prompts']} prompts; "
           f"expert bytes {result['expert_bytes'] / 1e6:.2f} MB")
-
-
-def _reference_config(cfg, reference: Optional[str], target):
-    from moetune.config import parse_config
-    from moetune.errors import UsageError
-    from moetune.model.quant_checkpoint import read_quantization
-
-    if reference is None and read_quantization(target.model_dir, target.spec) is not None:
-        raise UsageError(f"'{target.model_dir}' is a quantized checkpoint: give --reference DIR (its "
-                         "full-precision source)")
-    data = {**cfg.model_dump(), "quant": None, "offload": None}
-    if reference is not None:
-        data["model"] = {**data["model"], "path": reference}
-    return parse_config(data, source="--reference")
-
-
-def _no_prefix_cache(cfg):
-    """forward_prompts writes the cache's first blocks directly: no prefix cache may point at them."""
-    from moetune.config import parse_config
-
-    data = cfg.model_dump()
-    data["engine"] = {**data["engine"], "prefix_caching": False}
-    return parse_config(data)
 
 
 def _read_text(path: Optional[str]) -> str:

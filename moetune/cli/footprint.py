@@ -38,6 +38,12 @@ def step_parts(spec: ModelSpec, weights: int, slots: int, max_len: int, tokens: 
             "activations": activation_bytes(spec, tokens, context, dtype_bytes)}
 
 
+def target_parts(target, slots: int, max_len: int, tokens: int, context: int) -> dict[str, int]:
+    """`step_parts` of a resolved Target (engine/target.py): its checkpoint's headers and load dtype."""
+    b = target.dtype.itemsize
+    return step_parts(target.spec, weight_bytes(target.checkpoint.tensors, b), slots, max_len, tokens, context, b)
+
+
 def profile_host_bytes(spec: ModelSpec, num_requests: int, tokens_per_request: int, measured_steps: int) -> int:
     """Routing trace (one id per token, MoE layer and k) plus the per-step Parquet rows (~48 B each)."""
     Lm, K, E = len(spec.moe_layers), spec.moe.router.top_k, spec.moe.num_experts

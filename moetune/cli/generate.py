@@ -35,18 +35,20 @@ def generate(
     import functools
 
     from moetune.cli import checks
-    from moetune.cli.options import Target, apply_threads, checked_config
+    from moetune.cli.footprint import target_parts
+    from moetune.cli.options import apply_threads, checked_config
+    from moetune.engine.target import resolve_target
 
     checks.sampling(max_tokens, temperature, top_p, top_k, seed)
     checks.text("--prompt", prompt)
     for s in stop:
         checks.text("--stop", s)
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
-    target = Target(cfg)
+    target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     limit = target.spec.max_position
     prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
-    checks.fits("generate", target.step_parts(1, min(prompt_tokens + max_tokens, limit), prompt_tokens,
-                                              prompt_tokens), target.device, "use a smaller model or --dtype bf16")
+    checks.fits("generate", target_parts(target, 1, min(prompt_tokens + max_tokens, limit), prompt_tokens,
+                                         prompt_tokens), target.device, "use a smaller model or --dtype bf16")
     from moetune.engine.build import build_generator
     from moetune.engine.sampling import SamplingParams
 
@@ -58,7 +60,7 @@ def generate(
         run_ranks(cfg, functools.partial(_stream_rank, prompt, params, chat))
         return
     apply_threads(cfg)
-    generator = build_generator(cfg)
+    generator = build_generator(target)
     _print(generator.stream(_prompt(generator, prompt, chat), params))
 
 

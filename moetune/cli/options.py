@@ -57,38 +57,3 @@ def apply_threads(cfg) -> None:
     from moetune.engine.threads import use_threads
 
     use_threads(cfg.model.threads)
-
-
-class Target:
-    """What a command is about to load, judged from config.json and the safetensors headers alone.
-
-    Checkpoint mistakes surface here without importing torch; the device and dtype (which need
-    torch) are resolved only when memory is estimated.
-    """
-
-    def __init__(self, cfg):
-        from moetune.model.registry import resolve_model
-        from moetune.model.validate import read_spec, validate_checkpoint
-
-        self.cfg = cfg
-        self.model_dir = resolve_model(cfg.model.path)
-        self.spec = read_spec(self.model_dir)
-        self.tensors = validate_checkpoint(self.model_dir, self.spec)  # every checkpoint mistake, before loading
-
-    @property
-    def device(self):
-        from moetune.engine.build import resolve_device
-
-        return resolve_device(self.cfg.model.device)
-
-    @property
-    def dtype(self):
-        from moetune.engine.build import resolve_dtype
-
-        return resolve_dtype(self.cfg.model.dtype, self.device)
-
-    def step_parts(self, slots: int, max_len: int, tokens: int, context: int) -> dict[str, int]:
-        from moetune.cli.footprint import step_parts, weight_bytes
-
-        b = self.dtype.itemsize
-        return step_parts(self.spec, weight_bytes(self.tensors, b), slots, max_len, tokens, context, b)

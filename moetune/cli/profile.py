@@ -37,6 +37,7 @@ def profile(
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
+    from dataclasses import replace
     from pathlib import Path
 
     from moetune.cli import checks
@@ -53,29 +54,27 @@ def profile(
                                Path(out) if out else None, what_if=what_if)
     if not overhead:
         checks.output_dir("--out", settings.out or settings.runs_root)
-    _preflight(settings)
+    settings = replace(settings, target=_preflight(settings))  # resolved once, here
     apply_threads(cfg)
     if overhead:
         return _overhead(settings)
     _profile(settings, report)
 
 
-def _preflight(settings) -> None:
-    """Prompts readable, workload within the context and (by estimate) memory: before any loading."""
+def _preflight(settings):
+    """Prompts readable, the target resolved (checkpoint, a bad --ep-size, --placement or
+    --redundant-experts), workload within the context and (by estimate) memory: before any loading."""
     from moetune.cli import checks
-    from moetune.cli.footprint import profile_host_bytes
-    from moetune.cli.options import Target
-    from moetune.profile.workload import load_prompt_texts, prompts_path
-
-    from moetune.engine.build import resolve_placement
+    from moetune.cli.footprint import profile_host_bytes, target_parts
+    from moetune.engine.target import resolve_target
     from moetune.profile.session import parallel_sizes
+    from moetune.profile.workload import load_prompt_texts, prompts_path
 
     w = settings.workload
     texts = load_prompt_texts(prompts_path(w))
-    target = Target(settings.config)
     ep, rpn = parallel_sizes(settings)
     parallel = settings.config.parallel.model_copy(update={"ep_size": ep, "ranks_per_node": rpn})
-    resolve_placement(parallel, target.spec)  # a bad --ep-size, --placement or --redundant-experts, before loading
+    target = resolve_target(settings.config.model_copy(update={"parallel": parallel}))
     limit = target.spec.max_position
     if w.input_len is not None:
         checks.context(f"--input-len {w.input_len} + --output-len {w.output_len}", w.input_len + w.output_len,
@@ -86,11 +85,12 @@ def _preflight(settings) -> None:
     batch = w.real_batch_size
     max_len = min(prompt_len + w.output_len, limit)
     checks.fits(f"profile at batch {batch} (of --batch-size {w.batch_size}, --num-requests {w.num_requests})",
-                target.step_parts(batch, max_len, batch * prompt_len, prompt_len), target.device,
+                target_parts(target, batch, max_len, batch * prompt_len, prompt_len), target.device,
                 "lower --batch-size, --input-len or --output-len")
     host = profile_host_bytes(target.spec, w.num_requests, prompt_len + w.output_len, w.measured_steps())
     checks.fits(f"profile --num-requests {w.num_requests}", {"routing trace and tables": host}, None,
                 "lower --num-requests or --output-len")
+    return target
 
 
 def _profile(settings, report: bool) -> None:

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from moetune.config import RunConfig
-from moetune.engine.build import DTYPES, build_generator, resolve_device, resolve_placement
+from moetune.engine.build import build_generator
+from moetune.engine.target import DTYPES, resolve_device, resolve_placement, resolve_target
 from moetune.engine.engine import Engine, RequestOutput
 from moetune.engine.ep_launch import RankContext, launch
 from moetune.engine.generate import Completion, Generator
@@ -162,9 +163,9 @@ def _rank_main(cfg: RunConfig, job: Callable[[DPGenerator], T], ctx: RankContext
 
 
 def build_rank(cfg: RunConfig, ctx: RankContext) -> DPGenerator:
-    placement = resolve_placement(cfg.parallel, read_spec(resolve_model(cfg.model.path)))
-    if placement is None:
+    target = resolve_target(cfg)  # once in this rank's process
+    if target.placement is None:
         raise MoetuneError("expert parallelism needs parallel.ep_size > 1")
     wire = None if cfg.parallel.dispatch_dtype == "auto" else DTYPES[cfg.parallel.dispatch_dtype]
-    dispatcher = AllToAllDispatcher(ctx.world, ctx.rank, placement.slots_per_rank, ctx.group, wire)
-    return DPGenerator(build_generator(cfg, ctx.rank, dispatcher, ctx.device), ctx)
+    dispatcher = AllToAllDispatcher(ctx.world, ctx.rank, target.placement.slots_per_rank, ctx.group, wire)
+    return DPGenerator(build_generator(target, ctx.rank, dispatcher, ctx.device), ctx)

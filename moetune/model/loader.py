@@ -9,6 +9,7 @@ import torch
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.cpu import linear as cpu_linear
 from moetune.model.attention import GQAAttention
+from moetune.model.checkpoint import Checkpoint, checkpoint_at
 from moetune.model.fused_decode import FusedDecode
 from moetune.model.hugepages import to_huge_pages
 from moetune.model.linear import SMALL_M, Linear
@@ -19,7 +20,7 @@ from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
 from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
-from moetune.model.validate import read_spec, validate_checkpoint  # read_spec: re-exported, torch-free
+from moetune.model.validate import read_spec  # noqa: F401 (re-exported, torch-free)
 from moetune.model.quant_checkpoint import read_quantization
 from moetune.model.expert_tensors import read_experts, read_packed_layer
 from moetune.experts.mixed import quantized_layer
@@ -33,7 +34,7 @@ from moetune.moe.placement import Placement
 
 
 def load_model(
-    model_dir: Path | str,
+    model_dir: Path | str | Checkpoint,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     kernel_backend: str = "auto",
@@ -50,12 +51,12 @@ def load_model(
     Expert precision: a checkpoint written by `moetune quantize` loads its packed experts as stored;
     `precision` (a recipe's quant section) packs a full-precision checkpoint's experts on load.
     `store_factory(layers: dict[int, ExpertWeights], spec) -> ExpertStore` replaces the resident
-    store (offloading)."""
-    model_dir = Path(model_dir)
+    store (offloading). `model_dir`: a Checkpoint already checked (engine/target.py), or a directory,
+    checked here (config.json and every safetensors header, before any tensor)."""
+    checkpoint = model_dir if isinstance(model_dir, Checkpoint) else checkpoint_at(model_dir)
+    model_dir, spec = checkpoint.model_dir, checkpoint.spec
     backend = resolve_backend(kernel_backend, torch.device(device))
     small_m = SMALL_M if backend.name == "cpu" and dtype == torch.float32 else 0  # CPU decode kernels
-    spec = read_spec(model_dir)
-    validate_checkpoint(model_dir, spec)  # headers only: shapes, dtypes, truncation, tokenizer files
     if placement is not None:
         placement.check_for(spec.moe.num_experts, spec.moe_layers, placement.ep_size, spec.model_type)
     source = WeightSource(model_dir, device, dtype)

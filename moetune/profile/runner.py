@@ -24,25 +24,26 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     if settings.capacity_factor is not None and settings.capacity_factor <= 0:
         raise MoetuneError("--capacity-factor must be positive")
     texts = load_prompt_texts(prompts_path(w))  # user mistakes first, before heavy imports
-    from moetune.engine.build import build_generator, resolve_placement
-    from moetune.model.loader import read_spec
-    from moetune.model.registry import resolve_model
+    from moetune.engine.build import build_generator
+    from moetune.engine.target import resolve_target
     from moetune.profile.rundir import RunDirWriter
 
-    model_dir = resolve_model(settings.config.model.path)
-    spec = read_spec(model_dir)
+    target = settings.target or resolve_target(settings.config)  # the command resolved it once (cli/profile.py)
+    model_dir, spec = target.model_dir, target.spec
     ep, rpn = parallel_sizes(settings)
     parallel = {**settings.config.parallel.model_dump(), "ep_size": ep, "ranks_per_node": rpn}
     cfg = parse_config({**settings.config.model_dump(), "parallel": parallel,
                         "engine": engine_for(settings.config, w, texts, spec.max_position)}, source="command line")
-    layout = placement_layout(resolve_placement(cfg.parallel, spec), spec.moe.num_experts, ep, rpn)
+    target = target.with_config(cfg)  # the same checkpoint; the placement of the run's parallel
+    layout = placement_layout(target.placement, spec.moe.num_experts, ep, rpn)
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if ep > 1 and not settings.what_if:
         from moetune.profile.ranks.run import run_rank_profile
 
         return run_rank_profile(settings, cfg, texts, writer, write_run, on_start, on_step)
     writer.check_free()
-    generator = build_generator(cfg.model_copy(update={"parallel": ParallelConfig()}))  # one rank; EP is computed
+    one_rank = target.with_config(cfg.model_copy(update={"parallel": ParallelConfig()}))  # EP is computed
+    generator = build_generator(one_rank)
     requests = request_tokens(texts, generator.encode, w)
     check_lengths(requests, w, spec.max_position)
     if on_start is not None:

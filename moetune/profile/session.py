@@ -27,6 +27,7 @@ class ProfileSettings:
     out: Path | None = None  # None: runs/<model>-<timestamp>
     runs_root: Path = Path("runs")
     what_if: bool = False  # EP-R traffic computed on one process instead of running R ranks
+    target: object = None  # engine.target.Target resolved once by the caller (None: resolved from `config`)
 
 
 @dataclass

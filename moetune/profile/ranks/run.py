@@ -104,7 +104,7 @@ def wire_row_bytes(dispatcher, model) -> int:
 def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks: list, dp, nvml,
                     write: WriteRun) -> dict:
     """Rank 0: merge every rank's record, compute the what-if for the run's placement, write the run dir."""
-    from moetune.engine.build import resolve_placement
+    from moetune.engine.target import resolve_placement
     from moetune.model.registry import resolve_model
     from moetune.profile.ep import placement_layout
     from moetune.profile.ranks.merge import merge_records, merged_trace

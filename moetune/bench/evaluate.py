@@ -1,0 +1,50 @@
+"""`moetune eval` assembled from resolved Targets: the deployment (the recipe's quant / offload) and
+its reference built without prefix caching, perplexity of both on one text, and their agreement
+(KL, top-1, greedy) on the held-out prompts. The command only parses, calls `evaluate` and prints."""
+
+from __future__ import annotations
+
+from moetune.bench.quality import EvalSettings
+
+
+def reference_target(target, reference: str | None):
+    """The reference of a deployment: `reference` (a checkpoint), else the same checkpoint without
+    the recipe's quant and offload sections (refused for a checkpoint `moetune quantize` wrote)."""
+    from moetune.config import parse_config
+    from moetune.errors import UsageError
+    from moetune.model.quant_checkpoint import read_quantization
+
+    if reference is None and read_quantization(target.model_dir, target.spec) is not None:
+        raise UsageError(f"'{target.model_dir}' is a quantized checkpoint: give --reference DIR (its "
+                         "full-precision source)")
+    data = {**target.config.model_dump(), "quant": None, "offload": None}
+    if reference is not None:
+        data["model"] = {**data["model"], "path": reference}
+    return target.with_config(parse_config(data, source="--reference"))
+
+
+def evaluate(target, ref_target, body: str, texts: list[str], s: EvalSettings) -> dict:
+    """Perplexity of ours and the reference on `body`; agreement on the first `s.num_prompts` of `texts`."""
+    from moetune.bench.quality import agreement, encode_prompts, perplexity
+    from moetune.engine.build import build_generator
+
+    cfg = target.config
+    ours = build_generator(_no_prefix_cache(target))
+    result = {"model": str(target.model_dir), "reference": str(ref_target.model_dir),
+              "quant": cfg.quant.model_dump() if cfg.quant else None,
+              "offload": cfg.offload.model_dump() if cfg.offload else None,
+              "expert_bytes": ours.model.experts.nbytes()}
+    result["perplexity"] = perplexity(ours, ours.encode(body), s)
+    ref = build_generator(_no_prefix_cache(ref_target))
+    result["reference_perplexity"] = perplexity(ref, ref.encode(body), s)
+    result["agreement"] = agreement(ours, ref, encode_prompts(ours, texts, s), s)
+    return result
+
+
+def _no_prefix_cache(target):
+    """forward_prompts writes the cache's first blocks directly: no prefix cache may point at them."""
+    from moetune.config import parse_config
+
+    data = target.config.model_dump()
+    data["engine"] = {**data["engine"], "prefix_caching": False}
+    return target.with_config(parse_config(data))
