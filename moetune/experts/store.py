@@ -136,8 +136,7 @@ class ExpertStore(Protocol):
     """Every call the engine, the loader, the fused decode step and the profiler make on a store; each
     store implements all of them (a store with nothing to do makes them no-ops)."""
 
-    resident: bool  # acquire hands out the same weights whatever the ids, and prefetch does nothing:
-    # a caller may tell the store after computing (the one-call fused decode step does)
+    resident: bool  # acquire hands out the same weights whatever the ids, and prefetch does nothing
     settings: Any  # the store's settings record for the run dir (OffloadSettings), None without any
 
     def acquire(self, layer: int, topk_ids: torch.Tensor) -> ExpertWeights:

@@ -25,14 +25,10 @@ models; 1.20-1.74x on the bundled model, whose layers are mostly overhead; the p
 rows run the decode kernel here even where torch's GEMM computes faster (small weights), and the
 step still gains.
 
-When every layer is fused and alike (the same attention and routing settings and window, one
-expert format) and the experts sit in a resident store (`ExpertStore.resident`: acquire hands out
-the same weights whatever the ids, prefetch does nothing) with identity slots and no shared
-expert, the whole step is one call, `decode_layers` (the two halves layer after layer): the store
-(when it is not the plain `ResidentExpertStore`, e.g. the bench's counting wrapper) and a routing
-probe hear each layer's routing after it, in layer order, and a layer whose experts the kernel
-hands back (the row limit) runs the unfused phases, the layers after it fused one by one. In-process
-A/B, layer by layer ÷ one call: 1.03-1.04 (340M b=1, bundled b=8), 1.00-1.02 at larger batches.
+A step used to run every layer in one call when the layers were alike and the store resident; an
+in-process A/B measured it at 1.00-1.04x over layer by layer (0.999-1.049 median on 2026-12-01, load
+12-14: benchmarks/ab_fused_whole_step.py at 8e60362), under the 5 % that would pay for a third path,
+so every fused step runs layer by layer.
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ from moetune.kernels.cpu.experts import BLOCK_13, BLOCK_2, SCHEDULE, SCHEDULES
 from moetune.kernels.cpu.formats import weight_bytes
 from moetune.kernels.cpu.routing import takes_routing
 from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit_layer, ones
-from moetune.experts.store import ResidentExpertStore
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.model.attention import GQAAttention
 from moetune.model.batch import StepBatch, StepKind
@@ -106,8 +101,6 @@ class FusedDecode:
         self._experts: dict[int, _Experts] = {}
         self._pools: dict[int, tuple[torch.Tensor, np.ndarray, np.ndarray]] = {}
         self._covers: dict[int, bool] = {}
-        self._whole: _Whole | None = None
-        self._seen: tuple | None = None  # the key of the last step not run in one call
 
     def takes(self, batch: StepBatch) -> bool:
         """Whether this step is fused: every sequence decodes one token, and at most max_rows of them."""
@@ -130,9 +123,7 @@ class FusedDecode:
         probe: None, or one that does not time phases (`moetune.probe.times_phases`): it hears each
         fused layer's routing through `routed(layer, RouterOutput, None, 1)`."""
         step = _Step(batch, cos, sin, current_threads())
-        whole = self._whole_of(layers, cache)
-        done = self._run_whole(whole, layers, h, step, cache, probe) if whole is not None else 0
-        for layer in layers[done:]:
+        for layer in layers:
             if self.covers(layer):
                 self._layer(layer, h, step, cache, probe)
             else:
@@ -143,7 +134,7 @@ class FusedDecode:
     def warm(self, model) -> None:
         """Compile the kernels for this model's formats (or load them from numba's disk cache:
         compiling takes ~15 s here) at load time: one token through the fused layers alone, on a
-        throwaway one-block cache, layer by layer and then, where the layers allow, in one call."""
+        throwaway one-block cache."""
         layers = [layer for layer in model.layers if self.covers(layer)]
         if not layers:
             return
@@ -156,8 +147,7 @@ class FusedDecode:
         batch = StepBatch(one(0), one(0), [1], [1], one(bs), one(1)[None], StepKind.DECODE, num_single=1)
         h = model.embed[batch.input_ids]  # [1, D]
         cos, sin = model.rotary.cos_sin(batch.positions, h.dtype, 1)
-        for _ in range(2):  # layer by layer, then (the same cache, stores and weights: `_whole_of`) in one call
-            self.run(layers, h.clone(), batch, cache, cos, sin)
+        self.run(layers, h, batch, cache, cos, sin)
 
     def _layer(self, layer, h: torch.Tensor, step: "_Step", cache: PagedKVCache, probe) -> None:
         x, topk_w, topk_ids = self._attention_half(layer, h.numpy(), step, cache)
@@ -211,69 +201,6 @@ class FusedDecode:
         elif probe is not None:  # one that counts routing only (`run`)
             probe.routed(mlp.layer, routed, None, 1)
 
-    def _whole_of(self, layers: list, cache: PagedKVCache) -> "_Whole | None":
-        """The arrays of a step in which every layer runs in one `decode_layers` call, or None: that
-        needs every layer fused, alike (attention and routing settings, window, expert format), and
-        its experts in a resident store (`ExpertStore.resident`: acquire hands out the same weights
-        whatever the ids, so it can be told after the step) with identity slots and no shared
-        expert. Made on the second step with the same cache, stores and weights: the first runs
-        layer by layer, so each layer acquires its experts from the store as it is now."""
-        if not layers or not all(self.covers(layer) for layer in layers):
-            return None
-        key = (cache, tuple(layer.mlp.store for layer in layers),
-               tuple(layer.attention.qkv.weight.data_ptr() for layer in layers))
-        if self._whole is not None and _same(self._whole.key, key):
-            return self._whole
-        if self._seen is None or not _same(self._seen, key):
-            self._seen = key  # (a store swapped since, e.g. for quantized experts, is read afresh)
-            return None
-        experts = [self._experts.get(layer.index) for layer in layers]
-        if any(e is None or not e.identity for e in experts) or not all(st.resident for st in key[1]) \
-                or any(layer.mlp.shared is not None for layer in layers) or len({_settings(layer) for layer in layers}) != 1 \
-                or len({(e.w13.dtype, e.slots, e.nbytes) for e in experts}) != 1:
-            return None
-        self._whole = _Whole.of(key, [self._dense_of(layer) for layer in layers], experts,
-                                [self._pool_of(cache, layer.index) for layer in layers])
-        return self._whole
-
-    def _run_whole(self, whole: "_Whole", layers: list, h: torch.Tensor, step: "_Step", cache: PagedKVCache,
-                   probe) -> int:
-        """`decode_layers` over every layer, then each layer's store and probe told in layer order
-        (the one whose experts the kernel handed back runs the unfused phases). Returns the layers done."""
-        T, D, L = h.shape[0], h.shape[1], len(layers)
-        attn, router = layers[0].attention, layers[0].mlp.spec.router
-        s, K, d = attn.spec, router.top_k, whole.dense[0]
-        plan = attn.decode_plan(step.batch, step.batch.num_seqs, cache.block_size)
-        xs = np.empty((L, T, D), np.float32)
-        topk_w, topk_ids = np.empty((L, T, K), np.float32), np.empty((L, T, K), np.int64)
-        e = whole.experts[0]
-        done, stop = jit_layer().decode_layers(
-            h.numpy(), *whole.norm1_to_bo, s.num_heads, s.num_kv_heads, s.head_dim, QK_KINDS[s.qk_norm],
-            whole.q_norm, whole.k_norm, d.qk_eps, float(s.clip_qkv or 0.0), step.cos, step.sin, step.rows,
-            whole.k_pools, whole.v_pools, plan.tables, plan.lens, cache.block_size, float(attn.scale), plan.window,
-            plan.scores, plan.read, whole.wg, whole.ones_g, whole.bias, layers[0].mlp.selection_bias is not None,
-            router.score == "sigmoid", K, router.renormalize, float(router.scaling_factor), e.slots, whole.w13,
-            whole.s13, whole.w2, whole.s2, e.nbytes, whole.row_limits, step.threads, SERIAL_BYTES, BLOCK_13, BLOCK_2,
-            SCHEDULES[SCHEDULE], xs, topk_w, topk_ids)
-        if whole.tell or probe is not None or done:
-            for j in range(min(stop + 1, L)):  # every layer that was routed, in order
-                self._told(layers[j].mlp, whole, j, h, xs, topk_w, topk_ids, done if j == stop else 0, probe)
-        return stop + 1 if done else L
-
-    def _told(self, mlp: MoELayer, whole: "_Whole", j: int, h: torch.Tensor, xs: np.ndarray, topk_w: np.ndarray,
-              topk_ids: np.ndarray, done: int, probe) -> None:
-        """After a one-call step: layer j's store hears its routing (a store other than the plain
-        resident one; `prefetch` of a resident store does nothing), the probe too, or the layer's
-        experts run unfused (done: what moe_block returned)."""
-        ids, weights = torch.from_numpy(topk_ids[j]), whole.experts[j].weights
-        if whole.tell:
-            weights = mlp.store.acquire(mlp.layer, ids)  # resident: what the kernel computed with
-            if weights is not whole.experts[j].weights:
-                raise RuntimeError(f"layer {mlp.layer}: the expert store handed out other weights during the step")
-        if done or probe is not None:
-            self._finish(mlp, h, torch.from_numpy(xs[j]), RouterOutput(torch.from_numpy(topk_w[j]), ids, None),
-                         weights, done, probe)
-
     def _dense_of(self, layer) -> _Dense:
         d = self._dense.get(layer.index)
         ptr = layer.attention.qkv.weight.data_ptr()
@@ -303,56 +230,6 @@ class FusedDecode:
                                           w2.data.contiguous().numpy(), s2.numpy(), weight_bytes(w13, w2),
                                           weights.num_slots, mlp.backend.row_limit(weights), weights.slots.identity)
         return got
-
-
-@dataclass(frozen=True)
-class _Whole:
-    """The per-layer arrays of `decode_layers`, one tuple entry per layer, and what they were made
-    for (the cache, stores and weight pointers `_whole_of` compares each step)."""
-    key: tuple  # (cache, stores, qkv weight pointers) it was made for (`_whole_of`)
-    tell: bool  # some store is not a plain ResidentExpertStore (e.g. the bench's counting wrapper): tell it after the step
-    dense: list
-    experts: list
-    norm1_to_bo: tuple  # (norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo): tuples but eps
-    q_norm: tuple
-    k_norm: tuple
-    k_pools: tuple
-    v_pools: tuple
-    wg: tuple
-    ones_g: tuple
-    bias: tuple
-    w13: tuple
-    s13: tuple
-    w2: tuple
-    s2: tuple
-    row_limits: tuple
-
-    @staticmethod
-    def of(key: tuple, dense: list, experts: list, pools: list) -> "_Whole":
-        def each(name: str, of=dense) -> tuple:
-            return tuple(getattr(x, name) for x in of)
-
-        head = (each("norm1"), each("norm2"), dense[0].eps, each("wqkv"), each("ones_qkv"), each("bqkv"),
-                each("wo"), each("ones_o"), each("bo"))
-        tell = not all(type(store) is ResidentExpertStore for store in key[1])
-        return _Whole(key, tell, dense, experts, head, each("q_norm"), each("k_norm"),
-                      tuple(k for k, _ in pools), tuple(v for _, v in pools), each("wg"), each("ones_g"),
-                      each("bias"), each("w13", experts), each("s13", experts), each("w2", experts),
-                      each("s2", experts), each("row_limit", experts))
-
-
-def _same(a: tuple, b: tuple) -> bool:
-    """Two `_whole_of` keys: the same cache and stores (objects) and weight pointers."""
-    return a[0] is b[0] and a[2] == b[2] and len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1]))
-
-
-def _settings(layer) -> tuple:
-    """What `decode_layers` takes once for every layer: the layers of a one-call step must agree."""
-    attn, mlp = layer.attention, layer.mlp
-    s, r = attn.spec, mlp.spec.router
-    return (s.num_heads, s.num_kv_heads, s.head_dim, s.qk_norm, s.clip_qkv, s.sliding_window, float(attn.scale),
-            float(layer.attn_norm.eps), float(attn.q_norm.eps if attn.q_norm else 0.0),
-            mlp.selection_bias is not None, r.score, r.top_k, r.renormalize, float(r.scaling_factor))
 
 
 class _Step:

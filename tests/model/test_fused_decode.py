@@ -18,9 +18,8 @@ PROMPTS = {"one": [[5, 9, 11, 4]], "three": [[5, 9, 11], [7, 3, 3, 8, 21, 6, 2],
 
 
 def _decode(model, prompts, fused: bool, steps: int = 10):
-    """(greedy tokens per prompt, [T, D] hidden states of each decode step, layers run fused, steps
-    whose layers ran in one call)."""
-    keep, hidden, calls, wholes = model.fused, [], [], []
+    """(greedy tokens per prompt, [T, D] hidden states of each decode step, layers run fused)."""
+    keep, hidden, calls = model.fused, [], []
     model.fused = keep if fused else None
     forward = model.forward
 
@@ -30,36 +29,28 @@ def _decode(model, prompts, fused: bool, steps: int = 10):
             hidden.append(out.clone())
         return out
 
-    layer, whole = FusedDecode._layer, FusedDecode._run_whole
+    layer = FusedDecode._layer
 
     def counting(self, *args):
         calls.append(1)
         return layer(self, *args)
 
-    def counting_whole(self, *args):
-        n = whole(self, *args)
-        calls.extend([1] * n)
-        wholes.append(n)
-        return n
-
     model.forward = recording
-    FusedDecode._layer, FusedDecode._run_whole = counting, counting_whole
+    FusedDecode._layer = counting
     try:
         gen = Generator(model, tokenizer=None, eos_ids=frozenset())
         tokens = [c.token_ids for c in gen.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))]
     finally:
-        FusedDecode._layer, FusedDecode._run_whole = layer, whole
+        FusedDecode._layer = layer
         del model.forward
         model.fused = keep
-    return tokens, hidden, len(calls), len(wholes)
+    return tokens, hidden, len(calls)
 
 
-def _assert_same(model, prompts, fused_calls: bool = True, unfused_experts: bool | None = None,
-                 one_call: bool | None = None):
+def _assert_same(model, prompts, fused_calls: bool = True, unfused_experts: bool | None = None):
     """Fused steps equal unfused ones; fused_calls: whether layers ran fused; unfused_experts: whether
-    the fused steps handed experts to the unfused phases; one_call: whether steps ran every layer
-    in one call (None: not checked)."""
-    want, want_h, none, _ = _decode(model, prompts, fused=False)
+    the fused steps handed experts to the unfused phases."""
+    want, want_h, none = _decode(model, prompts, fused=False)
     finish, run_experts, inside, handed = FusedDecode._finish, MoELayer.run_experts, [], []
 
     def finishing(*args):
@@ -75,12 +66,10 @@ def _assert_same(model, prompts, fused_calls: bool = True, unfused_experts: bool
 
     FusedDecode._finish, MoELayer.run_experts = staticmethod(finishing), spy
     try:
-        got, got_h, calls, wholes = _decode(model, prompts, fused=True)
+        got, got_h, calls = _decode(model, prompts, fused=True)
     finally:
         FusedDecode._finish, MoELayer.run_experts = staticmethod(finish), run_experts
     assert none == 0 and (calls > 0) == fused_calls
-    if one_call is not None:
-        assert (wholes > 0) == one_call
     if unfused_experts is not None:
         assert bool(handed) == unfused_experts
     assert got == want
@@ -94,10 +83,10 @@ def _assert_same(model, prompts, fused_calls: bool = True, unfused_experts: bool
 def test_fused_decode_steps_match_the_unfused_layers(model_type, prompts, checkpoint):
     """mixtral: sliding window (8, shorter than the context); olmoe: q/k norm over the projection and
     clip; qwen3_moe: per-head q/k norm, top-3 of 7; qwen2_moe: q/k/v bias, a gated shared expert,
-    dense layers (unfused) between fused ones. All but qwen2_moe run every layer in one call."""
+    dense layers (unfused) between fused ones."""
     model = load_model(checkpoint(model_type))
     assert model.fused is not None
-    _assert_same(model, PROMPTS[prompts], unfused_experts=False, one_call=model_type != "qwen2_moe")
+    _assert_same(model, PROMPTS[prompts], unfused_experts=False)
 
 
 def test_deepseek_layers_stay_unfused(checkpoint):
@@ -114,11 +103,11 @@ def test_every_token_to_the_same_experts_and_the_row_limit(checkpoint):
     model = load_model(checkpoint("mixtral"))
     for layer in model.layers:
         layer.mlp.gate_weight.zero_()
-    _assert_same(model, PROMPTS["three"], unfused_experts=False, one_call=True)
+    _assert_same(model, PROMPTS["three"], unfused_experts=False)
     for layer in model.layers:
         layer.mlp.backend = CPUBackend(max_rows=2)
     model.fused = FusedDecode()  # the row limit is read when a layer's experts are first seen
-    _assert_same(model, PROMPTS["three"], unfused_experts=True, one_call=True)  # layer 0 handed back
+    _assert_same(model, PROMPTS["three"], unfused_experts=True)
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +123,7 @@ def test_quantized_experts(fmt, ck64):
     path = ck64
     spec = load_model(path).spec
     table = PrecisionTable({i: (fmt,) * spec.moe.num_experts for i in spec.moe_layers})
-    _assert_same(load_model(path, precision=table), PROMPTS["three"], unfused_experts=fmt != "int8",
-                 one_call=fmt == "int8")
+    _assert_same(load_model(path, precision=table), PROMPTS["three"], unfused_experts=fmt != "int8")
 
 
 def test_more_sequences_than_max_rows_run_unfused(checkpoint):
@@ -168,7 +156,7 @@ def test_a_routing_only_probe_hears_the_fused_layers_and_a_timing_probe_stops_fu
     for fused in (False, True):
         probe = _RoutingOnly()
         model.attach_probe(probe)
-        _, _, calls, _ = _decode(model, PROMPTS["three"], fused=fused, steps=4)
+        _, _, calls = _decode(model, PROMPTS["three"], fused=fused, steps=4)
         assert (calls > 0) == fused
         heard[fused] = probe.ids
     assert [layer for layer, _ in heard[True]] == [layer for layer, _ in heard[False]]
@@ -196,7 +184,7 @@ def test_an_offloading_store_sees_every_fused_layer(checkpoint):
     settings = OffloadSettings(3, "lru", "host", None, 1)
     model = load_model(path, store_factory=lambda layers, spec: OffloadingExpertStore(
         layers, spec.moe.router.top_k, settings, "cpu"))
-    _assert_same(model, PROMPTS["three"], unfused_experts=False, one_call=False)
+    _assert_same(model, PROMPTS["three"], unfused_experts=False)
     assert sum(s["misses"] for s in model.experts.stats().values()) > 0
     model.experts.close()
 
@@ -240,20 +228,20 @@ def test_serves_expert_load_window_counts_the_same_routing_fused_and_unfused(che
     assert counts[True].sum() > 0 and (counts[True] == counts[False]).all()
 
 
-def test_layers_that_differ_run_fused_one_by_one(checkpoint):
-    """One layer with another sliding window: no one-call step, each layer fused on its own."""
+def test_layers_that_differ_run_fused_each_with_its_own_settings(checkpoint):
+    """One layer with another sliding window: each layer fused with its own."""
     import dataclasses
 
     model = load_model(checkpoint("mixtral"))
     attn = model.layers[1].attention
     attn.spec = dataclasses.replace(attn.spec, sliding_window=5)
     model.fused = FusedDecode()
-    _assert_same(model, PROMPTS["three"], unfused_experts=False, one_call=False)
+    _assert_same(model, PROMPTS["three"], unfused_experts=False)
 
 
-def test_the_benchs_expert_counting_hears_every_layer_of_a_one_call_step(checkpoint):
-    """The bench counts experts by wrapping the store (`RoutedExperts`, resident like the store it
-    wraps): a one-call step tells it each layer's routing after the kernel, as the unfused layers do."""
+def test_the_benchs_expert_counting_hears_every_fused_layer(checkpoint):
+    """The bench counts experts by wrapping the store (`RoutedExperts`): the fused layers acquire
+    from it between their two calls, as the unfused layers do."""
     from moetune.bench.throughput import RoutedExperts
 
     model = load_model(checkpoint("qwen3_moe"))
@@ -261,22 +249,21 @@ def test_the_benchs_expert_counting_hears_every_layer_of_a_one_call_step(checkpo
     for fused in (False, True):
         routed = RoutedExperts(model)
         with routed.counting():
-            wholes = _decode(model, PROMPTS["three"], fused=fused, steps=4)[3]
+            calls = _decode(model, PROMPTS["three"], fused=fused, steps=4)[2]
         counted[fused] = routed.take()
         routed.detach()
-        assert (wholes > 0) == fused
+        assert (calls > 0) == fused
     assert counted[True] == counted[False] > 0
 
 
 def test_a_store_swapped_between_steps_is_read_afresh(ck64):
-    """As the int8 benchmark does: after one-call steps on fp32 experts, the model's store is
-    replaced by one of int8 experts; the next steps compute with those (equal to the unfused layers
-    on them), again in one call once a step has acquired them."""
+    """As the int8 benchmark does: after fused steps on fp32 experts, the model's store is replaced by
+    one of int8 experts; the next steps compute with those (equal to the unfused layers on them)."""
     from moetune.experts.store import ExpertWeights, ResidentExpertStore
     from moetune.kernels.cpu import quantize_int8
 
     model = load_model(ck64)
-    assert _decode(model, PROMPTS["three"], fused=True, steps=4)[3] > 0
+    assert _decode(model, PROMPTS["three"], fused=True, steps=4)[2] > 0
     old = model.experts
     store = ResidentExpertStore({i: ExpertWeights(quantize_int8(old.weights(i).w13.data),
                                                   quantize_int8(old.weights(i).w2.data), old.weights(i).slots)
@@ -285,4 +272,4 @@ def test_a_store_swapped_between_steps_is_read_afresh(ck64):
     for layer in model.layers:
         if isinstance(layer.mlp, MoELayer):
             layer.mlp.store = store
-    _assert_same(model, PROMPTS["three"], unfused_experts=False, one_call=True)
+    _assert_same(model, PROMPTS["three"], unfused_experts=False)

@@ -135,27 +135,3 @@ def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, ro
         for d in range(D):
             h[t, d] += out[t, d]
     return 0
-
-
-@njit(**OPTS)
-def decode_layers(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, H, Hkv, Dh, qk_kind, q_w, k_w,
-                  qk_eps, clip, cos, sin, rows, k_pools, v_pools, tables, lens, block, scale, window, scores,
-                  kv_read, wg, ones_g, bias, use_bias, sigmoid, top_k, renormalize, scaling, num_slots, w13, s13,
-                  w2, s2, weight_bytes, row_limits, threads, serial_bytes, block13, block2, schedule, xs, topk_w,
-                  topk_ids):
-    """Every decoder layer of a decode step: `attention_block` then `moe_block` per layer, layer by
-    layer. The per-layer arguments are tuples with one entry per layer (weights, pools, and
-    row_limits); the settings are the same for every layer. Each layer's MoE input and routing are
-    left in xs [L, T, D], topk_w, topk_ids [L, T, K] for the caller. Returns (0, L) when every layer
-    ran, else (moe_block's status, the layer whose experts did not run: its attention half did)."""
-    empty_shared = np.empty((0, h.shape[1]), np.float32)
-    for i in range(len(wqkv)):
-        attention_block(h, norm1[i], norm2[i], eps, wqkv[i], ones_qkv[i], bqkv[i], wo[i], ones_o[i], bo[i], H, Hkv,
-                        Dh, qk_kind, q_w[i], k_w[i], qk_eps, clip, cos, sin, rows, k_pools[i], v_pools[i], tables,
-                        lens, block, scale, window, scores, kv_read, wg[i], ones_g[i], bias[i], use_bias, sigmoid,
-                        top_k, renormalize, scaling, threads, serial_bytes, xs[i], topk_w[i], topk_ids[i])
-        done = moe_block(h, xs[i], topk_ids[i], topk_w[i], num_slots, w13[i], s13[i], w2[i], s2[i], weight_bytes,
-                         row_limits[i], empty_shared, False, threads, serial_bytes, block13, block2, schedule)
-        if done != 0:
-            return done, i
-    return 0, len(wqkv)

@@ -1,15 +1,15 @@
-"""In-process A/B of the fused CPU decode step: every layer in one `decode_layers` call vs layer by
-layer (two kernel calls per layer, `FusedDecode._layer`), and the unfused layer beside them.
+"""In-process A/B of the fused CPU decode step (two kernel calls per layer, `FusedDecode._layer`)
+against the unfused layer. At commit 8e60362 this script also ran every layer in one `decode_layers`
+call (the "one-call" side): per-layer ÷ one-call 0.999-1.049 (docs/cpu.md), so that mode was dropped.
 
-  python benchmarks/ab_fused_whole_step.py --model stdlib-moe --batch 8 [--blocks 12] [--threads 2]
-  python benchmarks/ab_fused_whole_step.py --model /tmp/m340 --batch 1     # make_cpu_bench_models.py mixtral
+  python benchmarks/ab_fused_decode.py --model stdlib-moe --batch 8 [--blocks 12] [--threads 2]
+  python benchmarks/ab_fused_decode.py --model /tmp/m340 --batch 1     # make_cpu_bench_models.py mixtral
 
-One engine decodes; the path alternates in blocks of 6 decode steps (the order rotating every block:
-one-call, per-layer, unfused, per-layer, unfused, one-call, ...), one untimed step after each switch.
-Each block's median step time is paired with the neighbouring blocks of the other sides, so the
-machine's drift (tens of percent over minutes on a shared VM) cancels. Prints each side's median
-step time and, per block pair, the per-layer ÷ one-call and unfused ÷ per-layer ratios (median,
-interquartile, min, max), with the load average before and after.
+One engine decodes; the path alternates in blocks of 6 decode steps (fused, unfused, unfused,
+fused, ...), one untimed step after each switch. Each block's median step time is paired with the
+neighbouring block of the other side, so the machine's drift (tens of percent over minutes on a
+shared VM) cancels. Prints each side's median step time and the unfused ÷ fused ratio per block
+pair (median, interquartile, min, max), with the load average before and after.
 """
 
 from __future__ import annotations
@@ -19,16 +19,9 @@ import os
 import statistics
 import time
 
-SIDES = ("one-call", "per-layer", "unfused")
+SIDES = ("fused", "unfused")
 
 
-def _set_side(model, side: str, fused) -> None:
-    """one-call: FusedDecode as built; per-layer: its one-call check always says no; unfused: no FusedDecode."""
-    model.fused = None if side == "unfused" else fused
-    if side == "per-layer":
-        fused._whole_of = lambda layers, cache: None  # instance attribute: this model's FusedDecode only
-    elif "_whole_of" in vars(fused):
-        del fused._whole_of
 
 
 def _ratios(a: list[float], b: list[float]) -> str:
@@ -68,22 +61,19 @@ def main() -> None:
         times: dict[str, list[float]] = {s: [] for s in SIDES}
         for block in range(len(SIDES) * args.blocks):
             side = SIDES[(block + block // len(SIDES)) % len(SIDES)]
-            _set_side(model, side, fused)
-            engine.step()  # untimed: the switch (one-call arrays are made on the second step)
+            model.fused = fused if side == "fused" else None
+            engine.step()  # untimed: the switch
             one = []
             for _ in range(6):
                 start = time.perf_counter()
                 engine.step()
                 one.append(time.perf_counter() - start)
             times[side].append(statistics.median(one))
-            if side == "one-call":
-                assert fused._whole is not None, "the one-call path did not engage on this model"
-        _set_side(model, "one-call", fused)
+        model.fused = fused
         med = {s: statistics.median(v) * 1e3 for s, v in times.items()}
         print(f"{args.model} b={batch} threads={args.threads} load {load_before} → {os.getloadavg()}: "
               + ", ".join(f"{s} {m:.2f} ms" for s, m in med.items()))
-        print(f"  per-layer / one-call per block pair: {_ratios(times['per-layer'], times['one-call'])}")
-        print(f"  unfused / per-layer per block pair:  {_ratios(times['unfused'], times['per-layer'])}")
+        print(f"  unfused / fused per block pair: {_ratios(times['unfused'], times['fused'])}")
 
 
 if __name__ == "__main__":
