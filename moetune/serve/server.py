@@ -31,8 +31,8 @@ class Server:
 
 def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     from moetune.engine.build import build_generator
+    from moetune.engine.target import resolve_target
     from moetune.engine.tokenizer import load_tokenizer
-    from moetune.model.registry import resolve_model
     from moetune.serve.app import build_app
     from moetune.serve.expert_load import ExpertLoadWindow
     from moetune.serve.metrics import ServeMetrics
@@ -41,8 +41,9 @@ def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     from moetune.serve.tenants import TenantLimiter
     from moetune.serve.worker import EngineWorker
 
-    model_dir = resolve_model(cfg.model.path)
-    generator = build_generator(cfg)
+    target = resolve_target(cfg)  # once: the checkpoint checked, device and dtype
+    model_dir = target.model_dir
+    generator = build_generator(target)
     model = generator.model
     window = ExpertLoadWindow(model, cfg.serve.metrics_window_steps)
     model.attach_probe(window)
