@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moetune.engine.detokenize import IncrementalText
 from moetune.engine.sampling import SamplingParams, make_generator
 
 
@@ -27,7 +28,6 @@ class Sequence:
     priority: int = 0  # lower runs first; equal priorities are first come, first served
     arrival: int = 0  # admission order (the engine's request counter)
     output_ids: list[int] = field(default_factory=list)
-    text: str = ""  # completion text, stop string excluded
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     generator: torch.Generator | None = None
     status: SeqStatus = SeqStatus.WAITING
@@ -36,12 +36,11 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache hash of each full, computed block
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
-    _decoded: str = ""  # the whole output detokenised so far (stop strings not cut), see `_detokenize`
-    _prefix_offset: int = 0  # output tokens [prefix, read) are the context window of the next decode
-    _read_offset: int = 0  # output tokens before this are in `_decoded`
+    _text: IncrementalText = field(init=False)  # the completion's text, extended token by token
 
     def __post_init__(self):
         self.generator = make_generator(self.params.seed)
+        self._text = IncrementalText(self.params.stop)
 
     @property
     def num_tokens(self) -> int:
@@ -65,56 +64,25 @@ class Sequence:
             return self.output_ids[start - P : end - P]
         return self.prompt_ids[start:] + self.output_ids[: end - P]
 
+    @property
+    def text(self) -> str:
+        """The completion text so far, stop string excluded."""
+        return self._text.text
+
     def append(self, token: int, decode) -> str:
-        """Add a sampled token, update the text, set finish_reason; return the new visible text."""
+        """Add a sampled token, extend the text, set finish_reason; return the new visible text.
+
+        `decode(ids) -> str` is the tokenizer's; None computes no text. The work per token does not
+        grow with the output (engine/detokenize.py)."""
         self.output_ids.append(token)
         if token in self.eos_ids and not self.params.ignore_eos:
             self.output_ids.pop()
             self.finish_reason = "stop"
-            return ""
-        full = self._detokenize(decode) if decode is not None else ""
-        if full is None:
-            return ""  # an incomplete UTF-8 sequence: wait for the next byte token
-        for stop in self.params.stop:
-            cut = full.find(stop)
-            if cut >= 0:
-                full, self.finish_reason = full[:cut], "stop"
-        if self.finish_reason is None and (
-            len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= self.max_len
-        ):
+            return self._text.flush()
+        last = len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= self.max_len
+        delta, stopped = self._text.extend(self.output_ids, decode, last)
+        if stopped:
+            self.finish_reason = "stop"
+        elif last:
             self.finish_reason = "length"
-        if self.finish_reason is None:  # hold back a tail that may still grow into a stop string
-            full = full[: len(full) - _stop_prefix_len(full, self.params.stop)]
-        delta = full[len(self.text):] if full.startswith(self.text) else full
-        self.text = full
         return delta
-
-    def _detokenize(self, decode) -> str | None:
-        """The whole output as text, extended by the newest tokens only; None while they end inside a
-        UTF-8 character (unless the output is at max_tokens).
-
-        Decoding the whole output at every step is O(n²) over a generation: a 2,000-token
-        completion decodes 2,000 tokens per step. Instead two short windows are decoded, both
-        starting at the same earlier token (so a tokenizer that treats the first token of a decode
-        specially, such as SentencePiece's leading space, treats both alike): the text the new
-        tokens add is the second's text past the first's."""
-        ids = self.output_ids
-        known = decode(ids[self._prefix_offset : self._read_offset])
-        grown = decode(ids[self._prefix_offset :])
-        if grown.endswith("\ufffd") and len(ids) < self.params.max_tokens:
-            return None
-        if len(grown) > len(known):  # (a token may decode to nothing, a skipped special one: wait)
-            self._decoded += grown[len(known) :]
-            self._prefix_offset, self._read_offset = self._read_offset, len(ids)
-        return self._decoded
-
-
-def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best
