@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt, ThreadsOpt, apply_threads, run_config
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
+                                 RedundantOpt, ThreadsOpt, apply_threads, run_config)
 
 
 def serve(
@@ -23,23 +24,24 @@ def serve(
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
+    ep_size: Optional[int] = EpSizeOpt,
+    placement: Optional[str] = PlacementOpt,
+    redundant_experts: Optional[int] = RedundantOpt,
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
     from moetune.config import parse_config
-    from moetune.errors import MoetuneError
     from moetune.serve.server import run_server
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend, threads=threads)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     serve_over = {"host": host, "port": port, "max_queue": max_queue}
     engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     data = cfg.model_dump()
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
     cfg = parse_config(data, source="command line")
-    if cfg.parallel.ep_size > 1:
-        raise MoetuneError(f"moetune serve runs the model on one rank, but the recipe sets parallel.ep_size="
-                           f"{cfg.parallel.ep_size}; set it to 1 to serve here (expert-parallel serving: the "
-                           "vLLM/SGLang flags `moetune search` writes beside the recipe)")
+    if cfg.parallel.ep_size > 1:  # R ranks, one thread each on the CPU (engine/ep_launch.py)
+        run_server(cfg, api_key)
+        return
     apply_threads(cfg)
     run_server(cfg, api_key)

@@ -109,6 +109,11 @@ class DPGenerator:
         dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=self.ctx.group)
         if not busy.item():
             return None
+        return self.lockstep()
+
+    def lockstep(self) -> list[RequestOutput]:
+        """This rank's part of one lock-step every rank takes (the caller agreed on it with the others):
+        the engine's step where it has work, the empty forward where it has none."""
         self.steps += 1
         if self.observer is not None:
             self.observer.lockstep_begin()

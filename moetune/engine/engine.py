@@ -72,14 +72,20 @@ class Engine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
         """Queue a request; returns its id. Raises RequestError when it can never run."""
-        max_len = min(self.max_len, len(prompt_ids) + params.max_tokens)
-        self._check(prompt_ids, max_len)
+        max_len = self.check_request(prompt_ids, params)
         rid = next(self._ids)
         seq = Sequence(rid, list(prompt_ids), params, self.eos_ids, max_len, priority=priority, arrival=rid)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
         self.stats.prompt_tokens += len(prompt_ids)
         return rid
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Raise RequestError when the request could never run here; else its token limit (prompt +
+        completion). Engines built from one config agree (a front end checks before choosing a rank)."""
+        max_len = min(self.max_len, len(prompt_ids) + params.max_tokens)
+        self._check(prompt_ids, max_len)
+        return max_len
 
     def abort(self, request_id: int) -> bool:
         """Stop a request now and free its KV blocks; False if it is not running or waiting."""

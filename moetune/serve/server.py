@@ -32,21 +32,36 @@ class Server:
 def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     from moetune.engine.build import build_generator
     from moetune.engine.target import resolve_target
+    from moetune.serve.worker import EngineWorker
+
+    generator = build_generator(resolve_target(cfg))  # once: the checkpoint checked, device and dtype
+
+    def worker(window, qos):
+        return EngineWorker(generator.engine, before_step=window.begin_step,
+                            after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos)
+
+    return assemble_server(cfg, api_key, generator, worker)
+
+
+def assemble_server(cfg: RunConfig, api_key: str | None, generator, make_worker, window=None,
+                    replicas: int = 1, load=None) -> Server:
+    """The app around a built generator: `make_worker(window, qos)` gives the engine's driver (one
+    rank's EngineWorker, or rank 0's RanksWorker over `replicas` ranks, serve/rank_server.py);
+    `load`: the expert load /metrics shows (default: this process's window)."""
     from moetune.engine.tokenizer import load_tokenizer
+    from moetune.model.registry import resolve_model
     from moetune.serve.app import build_app
     from moetune.serve.expert_load import ExpertLoadWindow
     from moetune.serve.metrics import ServeMetrics
     from moetune.serve.recording import Recorder
     from moetune.serve.state import ServerState
     from moetune.serve.tenants import TenantLimiter
-    from moetune.serve.worker import EngineWorker
 
-    target = resolve_target(cfg)  # once: the checkpoint checked, device and dtype
-    model_dir = target.model_dir
-    generator = build_generator(target)
+    model_dir = resolve_model(cfg.model.path)
     model = generator.model
-    window = ExpertLoadWindow(model, cfg.serve.metrics_window_steps)
-    model.attach_probe(window)
+    if window is None:
+        window = ExpertLoadWindow(model, cfg.serve.metrics_window_steps)
+        model.attach_probe(window)
     spec = model.spec
     shares = {name: t.expert_share for name, t in cfg.serve.tenants.items() if t.expert_share is not None}
     qos = None
@@ -55,17 +70,16 @@ def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
 
         qos = ExpertQoS(shares, len(spec.moe_layers), spec.moe.num_experts, spec.moe.router.top_k,
                         cfg.serve.expert_capacity_factor)
-    worker = EngineWorker(generator.engine, before_step=window.begin_step,
-                          after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos)
+    worker = make_worker(window, qos)
     flops_per_token = len(spec.moe_layers) * spec.moe.router.top_k * 6 * spec.hidden_size * spec.moe.intermediate_size
-    metrics = ServeMetrics(worker.snapshot, window)
+    metrics = ServeMetrics(worker.snapshot, load or window)
     if qos is not None:
         qos.on_defer = lambda tenant: metrics.deferred.labels(tenant).inc()
     state = ServerState(
         config=cfg, generator=generator, worker=worker, window=window,
         metrics=metrics, recorder=Recorder(cfg, worker, window, model_dir),
         tenants=TenantLimiter(cfg.serve.tenants), model_name=cfg.serve.model_name or model_dir.name,
-        api_key=resolve_api_key(cfg, api_key), expert_flops_per_token=flops_per_token,
+        api_key=resolve_api_key(cfg, api_key), expert_flops_per_token=flops_per_token, replicas=replicas,
     )
     return Server(build_app(state, load_tokenizer(model_dir)), state)
 

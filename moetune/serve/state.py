@@ -28,12 +28,17 @@ class ServerState:
     model_name: str
     api_key: str | None
     expert_flops_per_token: float  # Σ over MoE layers of K · 6·D·I
+    replicas: int = 1  # ranks that each run max_num_seqs sequences (parallel.ep_size)
     inflight: int = 0  # sequences admitted and not yet answered (running or queued)
     draining: bool = False
 
     @property
     def capacity(self) -> int:
-        return self.config.engine.max_num_seqs + self.config.serve.max_queue
+        return self.running_capacity + self.config.serve.max_queue
+
+    @property
+    def running_capacity(self) -> int:
+        return self.config.engine.max_num_seqs * self.replicas
 
     @property
     def max_len(self) -> int:
@@ -45,5 +50,5 @@ class ServerState:
 
     def retry_after_s(self) -> int:
         """Seconds until a queue slot is likely free: the queue over the running set, ~1 s per round, ≥ 1."""
-        rounds = max(self.inflight - self.config.engine.max_num_seqs, 0) / self.config.engine.max_num_seqs
+        rounds = max(self.inflight - self.running_capacity, 0) / self.running_capacity
         return max(1, math.ceil(rounds))

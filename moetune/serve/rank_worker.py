@@ -1,0 +1,227 @@
+"""RanksWorker: on rank 0, the thread that drives every rank's engine (serve/ranks.py) for the HTTP
+handlers; the same face as the one-rank EngineWorker (submit, abort, call, stop, snapshot).
+
+Between two lock-steps it turns the handlers' commands into each rank's mail: a new request's
+sequences are checked against rank 0's engine (every rank's is built from the same config, so a
+bad request is refused before any rank sees it) and each goes to the rank with the least work —
+the tokens of its running and waiting sequences, as last reported, plus what was assigned since;
+an abort goes to the rank that owns the sequence. The reports that come back are routed to the
+streams as the one-rank worker routes its engine's outputs, and the ranks' state is kept for
+/metrics. With nothing to run it still takes an empty lock-step every IDLE_TICK_S, so the other
+ranks' collectives never wait past their timeout.
+
+If a collective fails (a rank died), the worker fails every stream with an error naming no rank
+yet (the launcher names it once every process is looked at), calls `on_failure` (the server stops
+taking requests and shuts down) and keeps the exception for rank 0's main thread to raise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable
+
+from moetune.errors import RequestError
+from moetune.serve.ranks import Add, Mail, RankSide, RankSnapshot, Report, exchange
+from moetune.serve.worker import Stream, WorkerSnapshot
+
+log = logging.getLogger("moetune.serve")
+IDLE_TICK_S = 1.0
+
+
+class RanksWorker:
+    def __init__(self, side: RankSide, on_failure: Callable[[BaseException], None] | None = None):
+        self.side, self.world = side, side.world
+        self.engine = side.engine  # rank 0's: checks requests (and `call` runs on it)
+        self.on_failure = on_failure
+        self.snapshot = WorkerSnapshot(kv_blocks_total=self.engine.blocks.num_blocks * self.world)  # all ranks
+        self.ranks = [RankSnapshot(kv_blocks_total=self.engine.blocks.num_blocks) for _ in range(self.world)]
+        self.assigned = [0] * self.world  # sequences sent to each rank since start
+        self.loads: list = [None] * self.world  # [Lm, E] per rank, the latest reported window
+        self.failure: BaseException | None = None
+        self._pending = [0] * self.world  # tokens assigned since the rank last reported
+        self._cmds: deque = deque()
+        self._wake = threading.Event()
+        self._gids = itertools.count()
+        self._calls = itertools.count()
+        self._routes: dict[int, tuple[Stream, int, int]] = {}  # gid → (stream, choice, rank)
+        self._waiting_calls: dict[int, tuple[Future, list]] = {}  # call id → (future, results by rank)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="moetune-ranks", daemon=True)
+
+    # called from any thread -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, stream: Stream) -> None:
+        self._send(("add", stream))
+
+    def abort(self, stream: Stream) -> None:
+        self._send(("abort", stream))
+
+    def call(self, fn: Callable) -> Future:
+        """fn(rank 0's engine) between two lock-steps, on this thread."""
+        fut: Future = Future()
+        self._send(("call", fn, fut))
+        return fut
+
+    def call_all(self, fn: Callable) -> Future:
+        """fn(RankSide) on every rank between two lock-steps (fn picklable); the results by rank."""
+        fut: Future = Future()
+        self._send(("call_all", fn, fut))
+        return fut
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort what still runs on every rank, then end the loop (and with it every rank's)."""
+        self._send(("stop",))
+        self._thread.join(timeout)
+
+    def _send(self, cmd: tuple) -> None:
+        self._cmds.append(cmd)
+        self._wake.set()
+
+    # the loop ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            stopped = False
+            while not stopped:
+                if not self._busy() and not self._cmds:
+                    self._wake.wait(IDLE_TICK_S)
+                self._wake.clear()
+                mails = self._mails()
+                reports, stopped = exchange(self.side, mails)
+                self._route(reports)
+        except Exception as exc:  # a collective failed: a rank is gone
+            self.failure = exc
+            self._fail_all("an expert-parallel rank failed; the server is stopping")
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            return
+        self._fail_all("server shutting down")
+
+    def _busy(self) -> bool:
+        return any(r.unfinished for r in self.ranks)
+
+    def _mails(self) -> list[Mail]:
+        mails = [Mail() for _ in range(self.world)]
+        while self._cmds:
+            cmd = self._cmds.popleft()
+            if cmd[0] == "add":
+                self._add(cmd[1], mails)
+            elif cmd[0] == "abort":
+                for gid in cmd[1].rids:
+                    route = self._routes.pop(gid, None)
+                    if route is not None:
+                        mails[route[2]].aborts.append(gid)
+            elif cmd[0] == "abort_gid":
+                mails[cmd[2]].aborts.append(cmd[1])
+            elif cmd[0] == "call":
+                _, fn, fut = cmd
+                try:
+                    fut.set_result(fn(self.engine))
+                except Exception as exc:  # handed to the caller
+                    fut.set_exception(exc)
+            elif cmd[0] == "call_all":
+                call_id = next(self._calls)
+                self._waiting_calls[call_id] = (cmd[2], [None] * self.world)
+                for mail in mails:
+                    mail.calls.append((call_id, cmd[1]))
+            elif cmd[0] == "stop":
+                for mail in mails:
+                    mail.stop = True
+        step = self._busy() or any(m.adds for m in mails)
+        for mail in mails:
+            mail.step = step
+        return mails
+
+    def _add(self, stream: Stream, mails: list[Mail]) -> None:
+        try:
+            for prompt, params in zip(stream.prompts, stream.params):
+                self.engine.check_request(prompt, params)
+        except RequestError as exc:
+            stream.post("error", exc)
+            return
+        for i, (prompt, params) in enumerate(zip(stream.prompts, stream.params)):
+            gid, rank = next(self._gids), self._least_work()
+            stream.rids.append(gid)
+            self._routes[gid] = (stream, i, rank)
+            self._pending[rank] += len(prompt)
+            self.assigned[rank] += 1
+            mails[rank].adds.append(Add(gid, prompt, params, stream.priority))
+        stream.post("admitted", None)
+
+    def _least_work(self) -> int:
+        work = [r.work_tokens + p for r, p in zip(self.ranks, self._pending)]
+        return min(range(self.world), key=lambda k: (work[k], k))
+
+    def _route(self, reports: list[Report]) -> None:
+        now = time.monotonic()
+        by_stream: dict[int, tuple[Stream, list]] = {}
+        for report in reports:
+            self.ranks[report.rank] = report.snapshot
+            self._pending[report.rank] = 0
+            if report.load is not None:
+                self.loads[report.rank] = report.load
+            for gid, out in report.outputs:
+                route = self._routes.get(gid)
+                if route is None:
+                    continue
+                stream, index, _ = route
+                by_stream.setdefault(id(stream), (stream, []))[1].append((index, out))
+                if out.finish_reason is not None:
+                    del self._routes[gid]
+            for gid, why in report.rejected:  # not expected: every engine checks alike
+                route = self._routes.pop(gid, None)
+                if route is not None:
+                    self._abort_stream(route[0], f"rank {report.rank} refused the request: {why}")
+            for call_id, ok, value in report.calls:
+                fut, results = self._waiting_calls[call_id]
+                results[report.rank] = (ok, value)
+        for stream, items in by_stream.values():
+            stream.post("out", items, now)
+        self._finish_calls()
+        self._sum_snapshots()
+
+    def _finish_calls(self) -> None:
+        for call_id, (fut, results) in list(self._waiting_calls.items()):
+            if any(r is None for r in results):
+                continue
+            del self._waiting_calls[call_id]
+            failed = [value for ok, value in results if not ok]
+            if failed:
+                fut.set_exception(RuntimeError(failed[0]))
+            else:
+                fut.set_result([value for _, value in results])
+
+    def _sum_snapshots(self) -> None:
+        s = self.snapshot
+        for name in ("waiting", "running", "kv_blocks_used", "steps", "preemptions", "prefix_cache_hit_tokens",
+                     "computed_tokens"):
+            setattr(s, name, sum(getattr(r, name) for r in self.ranks))
+
+    def _abort_stream(self, stream: Stream, reason: str) -> None:
+        """Fail a stream whose sequences may run on other ranks: they are aborted with the next mail."""
+        for gid in stream.rids:
+            route = self._routes.pop(gid, None)
+            if route is not None:
+                self._cmds.append(("abort_gid", gid, route[2]))
+        stream.post("aborted", reason)
+
+    def _fail_all(self, reason: str) -> None:
+        streams = {id(s): s for s, _, _ in self._routes.values()}
+        self._routes.clear()
+        for stream in streams.values():
+            stream.post("aborted", reason)
+        for fut, _ in self._waiting_calls.values():
+            fut.set_exception(RuntimeError(reason))
+        self._waiting_calls.clear()
+        while self._cmds:  # streams submitted after the last lock-step
+            cmd = self._cmds.popleft()
+            if cmd[0] == "add":
+                cmd[1].post("aborted", reason)
+            elif cmd[0] in ("call", "call_all"):
+                cmd[2].set_exception(RuntimeError(reason))

@@ -1,0 +1,138 @@
+"""`moetune serve --ep-size R`: rank 0 serves HTTP, every rank runs its own engine, all in lock-step.
+
+Against what one rank answers alone (the in-process R = 1 server, one request at a time): 16
+concurrent greedy requests at R = 2 get exactly its text, streamed or not; a client that goes away
+mid-stream frees the KV blocks on the rank that ran it; a burst beyond the queue is answered or
+refused (429), none lost; SIGTERM drains every rank and exits 0 leaving no process behind.
+"""
+
+import asyncio
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.serve.rank_server import AUTH, RankServer, alive, metric, wait_for
+
+PROMPTS = [f"def {name}(x):\n" for name in ("parse", "load", "read", "write", "close", "open", "split", "join",
+                                             "walk", "copy", "move", "sort", "find", "match", "encode", "decode")]
+MAX_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def alone(server):
+    """What one rank answers to each prompt sent alone."""
+    client = server.client()
+    return [client.completions.create(model=server.model, prompt=p, max_tokens=MAX_TOKENS, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def two():
+    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4", "--max-queue", "8")
+    yield srv
+    code = srv.stop()
+    assert code == 0, srv.stderr
+    assert not [pid for pid in srv.ranks if alive(pid)]
+
+
+def _ask(srv, prompt: str, stream: bool) -> str:
+    client = srv.client()
+    if not stream:
+        return client.completions.create(model="stdlib-moe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    chunks = client.completions.create(model="stdlib-moe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    return "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_16_concurrent_greedy_requests_at_r2_equal_one_rank_alone(two, alone, stream):
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda p: _ask(two, p, stream), PROMPTS))
+    assert got == alone
+    text = two.metrics()
+    assigned = [metric(text, "moetune_rank_assigned_sequences_total", rank=r) for r in (0, 1)]
+    assert min(assigned) >= 4  # least work spread them over both ranks
+    assert metric(text, "moetune_rank_dispatch_combine_bytes_total", rank=1) > 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_its_rank(two):
+    body = {"prompt": "class Parser:\n", "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True}
+    before = two.metrics()
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{two.url}/v1/completions", json=body, headers=AUTH) as response:
+            assert response.status_code == 200
+            got = 0
+            for line in response.iter_lines():
+                got += line.startswith("data: {")
+                if got >= 3:
+                    break
+            text = two.metrics()
+            used = {r: metric(text, "moetune_rank_kv_blocks_used", rank=r) for r in (0, 1)}
+            owner = max(used, key=used.get)
+            assert used[owner] > 0 and used[1 - owner] == 0
+    # the response is closed: rank 0 notices and tells the owning rank, which frees the blocks
+    assert wait_for(lambda: metric(two.metrics(), "moetune_rank_kv_blocks_used", rank=owner) == 0)
+    text = two.metrics()
+    assert metric(text, "moetune_rank_running_sequences", rank=owner) == 0
+    gone = metric(text, "moetune_aborted_sequences_total", reason="client_gone")
+    assert gone == _maybe(before, "moetune_aborted_sequences_total", reason="client_gone") + 1
+    assert metric(text, "moetune_generation_tokens_total") - metric(before, "moetune_generation_tokens_total") < 1000
+
+
+def _maybe(text, name, **labels) -> float:
+    try:
+        return metric(text, name, **labels)
+    except KeyError:
+        return 0.0
+
+
+def test_a_burst_beyond_the_queue_is_answered_or_refused_none_lost(two):
+    async def burst():
+        async with httpx.AsyncClient(timeout=300) as client:
+            body = {"prompt": "import os\n", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+            return await asyncio.gather(*[client.post(f"{two.url}/v1/completions", json=body, headers=AUTH)
+                                          for _ in range(40)], return_exceptions=True)
+
+    results = asyncio.run(asyncio.wait_for(burst(), 400))
+    assert not [r for r in results if isinstance(r, Exception)]  # nothing hung up or lost
+    codes = [r.status_code for r in results]
+    assert set(codes) <= {200, 429} and codes.count(200) >= 16 and codes.count(429) >= 1, codes
+    texts = {r.json()["choices"][0]["text"] for r in results if r.status_code == 200}
+    assert len(texts) == 1  # the same greedy answer whichever rank ran it
+    assert wait_for(lambda: all(metric(two.metrics(), "moetune_rank_kv_blocks_used", rank=r) == 0 for r in (0, 1)))
+
+
+def test_sigterm_drains_every_rank_and_exits_0():
+    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4")
+    try:
+        outcomes, first = [], threading.Event()
+
+        def ask(prompt):
+            try:
+                chunks = srv.client().completions.create(model="stdlib-moe", prompt=prompt, max_tokens=32,
+                                                         temperature=0, stream=True, extra_body={"ignore_eos": True})
+                n = 0
+                for c in chunks:
+                    n += 1
+                    first.set()
+                outcomes.append(n)
+            except Exception as exc:  # noqa: BLE001  (recorded: the test fails on it)
+                outcomes.append(repr(exc))
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS[:4]]
+        for t in threads:
+            t.start()
+        assert first.wait(120)
+        code = srv.stop()
+        for t in threads:
+            t.join(60)
+        assert code == 0, srv.stderr
+        assert outcomes == [32] * 4, outcomes  # each request in flight on either rank finished in the drain
+        assert not [pid for pid in srv.ranks if alive(pid)]
+        assert "Traceback" not in srv.stderr
+    finally:
+        srv.kill()
