@@ -43,6 +43,7 @@ class ServeJob:
 def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     from moetune.engine.build import resolve_placement
     from moetune.serve.rank_metrics import RankCollector, RanksLoad
+    from moetune.serve.rank_recording import RankRecorder
     from moetune.serve.rank_worker import RanksWorker
     from moetune.serve.server import CleanExitServer, assemble_server, uvicorn_config
 
@@ -59,6 +60,8 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     built = assemble_server(cfg, api_key, side.dp.generator, lambda window, qos: worker, window=side.window,
                             replicas=side.world, load=RanksLoad(worker, list(placement.layers), placement.num_experts))
     state = live["state"] = built.state
+    old = state.recorder
+    state.recorder = RankRecorder(cfg, worker, side.window, old.model_dir)
 
     state.metrics.registry.register(RankCollector(worker, placement))
     host, port = sock.getsockname()[:2]

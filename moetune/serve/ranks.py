@@ -26,7 +26,7 @@ import torch.distributed as dist
 from moetune.engine.engine import RequestOutput
 from moetune.engine.sampling import SamplingParams
 from moetune.errors import RequestError
-from moetune.profile.rank_run import dispatcher_of
+from moetune.profile.ranks.run import dispatcher_of
 from moetune.serve.worker import WorkerSnapshot
 
 log = logging.getLogger("moetune.serve")
@@ -81,6 +81,8 @@ class RankSide:
     def __init__(self, dp, window, group):
         self.dp, self.window, self.group = dp, window, group  # DPGenerator, ExpertLoadWindow, gloo group
         self.rank, self.world = dp.rank, dp.world
+        self.profiler = None  # a RankProfiler while /v1/expert_distribution records (serve/rank_recording.py)
+        self._comm_base = (0.0, 0.0, 0)  # the dispatcher's totals before its last reset (a recording's start)
         self._rids: dict[int, int] = {}  # gid → engine request id
         self._gids: dict[int, int] = {}  # engine request id → gid
 
@@ -141,7 +143,13 @@ class RankSide:
             prefix_cache_hit_tokens=e.stats.prefix_cache_hit_tokens, computed_tokens=e.stats.computed_tokens,
             unfinished=e.has_unfinished(), work_tokens=sum(s.num_tokens for s in seqs),
             lock_steps=dp.steps, idle_steps=dp.idle_steps,
-            wait_s=disp.wait_s, transfer_s=disp.transfer_s, bytes_sent=disp.bytes_sent)
+            wait_s=self._comm_base[0] + disp.wait_s, transfer_s=self._comm_base[1] + disp.transfer_s,
+            bytes_sent=self._comm_base[2] + disp.bytes_sent)
+
+    def bank_comm(self) -> None:
+        """Keep the dispatcher's totals before something resets them (the metrics count on)."""
+        d, (w, t, b) = dispatcher_of(self.dp.model), self._comm_base
+        self._comm_base = (w + d.wait_s, t + d.transfer_s, b + d.bytes_sent)
 
 
 def control_group():

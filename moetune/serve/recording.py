@@ -49,7 +49,7 @@ class Recorder:
             return profiler
 
         self.profiler = await asyncio.wrap_future(self.worker.call(attach))
-        self.nvml = NvmlSampler(_cuda_index(self.profiler.model.device)).__enter__()
+        self.nvml = NvmlSampler(cuda_index(self.profiler.model.device)).__enter__()
         self.recording, self.sequences, self.generated = True, 0, 0
         return {"recording": True}
 
@@ -89,19 +89,25 @@ class Recorder:
         from moetune.profile.ep import contiguous_layout
         from moetune.profile.rundir import RunDirWriter
         from moetune.profile.finish import finish_run
-        from moetune.profile.session import ProfileSettings
-        from moetune.profile.workload import Workload
 
         cfg = self.config
-        workload = Workload(prompts="live traffic (moetune serve)", num_requests=max(sequences, 1),
-                            batch_size=cfg.engine.max_num_seqs, input_len=None,
-                            output_len=max(round(generated / max(sequences, 1)), 1), warmup_steps=0)
-        settings = ProfileSettings(cfg, workload, out=path)
+        settings = live_settings(cfg, path, sequences, generated)
         layout = contiguous_layout(profiler.num_experts, cfg.parallel.ep_size, cfg.parallel.ranks_per_node)
         kv_bytes = self.worker.engine.runner.cache.nbytes()
         with RunDirWriter(path) as tmp:
             return finish_run(tmp, settings, cfg, profiler, layout, nvml, self.model_dir, kv_bytes)
 
 
-def _cuda_index(device) -> int:
+def live_settings(cfg: RunConfig, path: Path, sequences: int, generated: int):
+    """The profile settings a recording of live traffic is written with (its workload: what was served)."""
+    from moetune.profile.session import ProfileSettings
+    from moetune.profile.workload import Workload
+
+    workload = Workload(prompts="live traffic (moetune serve)", num_requests=max(sequences, 1),
+                        batch_size=cfg.engine.max_num_seqs, input_len=None,
+                        output_len=max(round(generated / max(sequences, 1)), 1), warmup_steps=0)
+    return ProfileSettings(cfg, workload, out=path)
+
+
+def cuda_index(device) -> int:
     return device.index or 0 if device.type == "cuda" else 0

@@ -17,11 +17,11 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 class RankServer:
-    def __init__(self, *args: str, env: dict | None = None, start_timeout: float = 180):
+    def __init__(self, *args: str, env: dict | None = None, cwd=None, start_timeout: float = 180):
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve", "--port", "0", "--device", "cpu",
                                       "--api-key", API_KEY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, env=env, cwd=cwd)
         self.lines: list[str] = []
         self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)

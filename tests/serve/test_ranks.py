@@ -7,8 +7,10 @@ refused (429), none lost; SIGTERM drains every rank and exits 0 leaving no proce
 """
 
 import asyncio
-import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -30,8 +32,9 @@ def alone(server):
 
 
 @pytest.fixture(scope="module")
-def two():
-    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4", "--max-queue", "8")
+def two(tmp_path_factory):
+    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4", "--max-queue", "8",
+                     cwd=tmp_path_factory.mktemp("serve-r2"))  # recordings go to ./runs
     yield srv
     code = srv.stop()
     assert code == 0, srv.stderr
@@ -136,3 +139,34 @@ def test_sigterm_drains_every_rank_and_exits_0():
         assert "Traceback" not in srv.stderr
     finally:
         srv.kill()
+
+
+def _files(run: Path) -> set[str]:
+    return {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()}
+
+
+def test_expert_distribution_recording_writes_the_run_dir_of_profile_ep_size_2(two, tmp_path):
+    post = lambda route, **kw: httpx.post(f"{two.url}/v1/expert_distribution/{route}", headers=AUTH,  # noqa: E731
+                                          timeout=120, **kw)
+    assert post("start").json() == {"recording": True}
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: _ask(two, p, False), PROMPTS[:4]))
+    dumped = post("dump", json={"name": "live-r2"})
+    assert dumped.status_code == 200, dumped.text
+    body = dumped.json()
+    assert body["ranks"] == 2 and body["steps"] >= MAX_TOKENS and "decode" in body["kinds"]
+    run = Path(body["path"])
+    profiled = tmp_path / "profiled"
+    done = subprocess.run([sys.executable, "-m", "moetune", "profile", "--ep-size", "2", "--num-requests", "4",
+                           "--batch-size", "4", "--output-len", "8", "--warmup-steps", "1", "--device", "cpu",
+                           "--out", str(profiled)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert _files(run) == _files(profiled)
+    report = subprocess.run([sys.executable, "-m", "moetune", "report", str(run)], capture_output=True, text=True,
+                            timeout=300)
+    assert report.returncode == 0, report.stderr
+    from moetune.profile.rundir import read_run
+
+    steps = read_run(run).tables.rank_steps  # measured on both ranks, idle lock-steps included
+    assert sorted(steps["rank"].unique()) == [0, 1] and len(steps) == 2 * body["steps"]
+    assert post("dump").status_code == 400  # dumped once
