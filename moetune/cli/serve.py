@@ -41,7 +41,9 @@ def serve(
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
     cfg = parse_config(data, source="command line")
     if cfg.parallel.ep_size > 1:  # R ranks, one thread each on the CPU (engine/ep_launch.py)
-        run_server(cfg, api_key)
+        from moetune.serve.rank_server import run_rank_server
+
+        run_rank_server(cfg, api_key)
         return
     apply_threads(cfg)
     run_server(cfg, api_key)

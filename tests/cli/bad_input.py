@@ -414,8 +414,11 @@ CASES: list[Case] = [
          ("Z9000",)),
     Case("search-trace-not-a-run", "search", ("search", "--trace", "{d}", "--hardware", "H100", "--out", "{d}/o"),
          1, ("run directory",)),
-    Case("serve-recipe-ep-size", "search", ("serve", "-r", "{d}/r.yaml", "--port", "0"), 1,
-         ("one rank", "parallel.ep_size=2", "vLLM/SGLang flags"), prep=write("r.yaml", "parallel:\n  ep_size: 2\n")),
+    Case("serve-ep-size-not-dividing", "search", ("serve", "-m", "{ck}", "--ep-size", "2", "--port", "0"), 1,
+         ("--ep-size 2 does not divide the model's 7 experts",)),
+    Case("serve-ep-expert-share", "search", ("serve", "-m", "{ck}", "-r", "{d}/r.yaml", "--port", "0"), 1,
+         ("expert_share", "parallel.ep_size=7"),
+         prep=write("r.yaml", "parallel:\n  ep_size: 7\nserve:\n  tenants:\n    a:\n      expert_share: 0.5\n")),
     # interrupts: one line, 130 / 143, nothing left behind
     Case("profile-ctrl-c", "interrupt", ("profile", "-m", "{ck}", "--num-requests", "4000", "--batch-size", "2",
                                          "--input-len", "8", "--output-len", "8", "--out", "{d}/run"), 130,

@@ -6,12 +6,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.serve.conftest import API_KEY
+from tests.serve.conftest import API_KEY, wait_for  # noqa: F401  (wait_for: for the rank tests)
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -103,11 +102,3 @@ def metric(text: str, name: str, **labels) -> float:
             return float(value)
     raise KeyError(f"{name} {labels} not in /metrics")
 
-
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()

@@ -68,15 +68,16 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_its_rank(two):
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{two.url}/v1/completions", json=body, headers=AUTH) as response:
             assert response.status_code == 200
-            got = 0
+            got = []
             for line in response.iter_lines():
-                got += line.startswith("data: {")
-                if got >= 3:
+                if line.startswith("data: {"):
+                    got.append(line)
+                if len(got) >= 3:
                     break
             text = two.metrics()
             used = {r: metric(text, "moetune_rank_kv_blocks_used", rank=r) for r in (0, 1)}
             owner = max(used, key=used.get)
-            assert used[owner] > 0 and used[1 - owner] == 0
+            assert used[owner] > 0 and used[1 - owner] == 0, (got, [m for m in text.splitlines() if "rank_" in m])
     # the response is closed: rank 0 notices and tells the owning rank, which frees the blocks
     assert wait_for(lambda: metric(two.metrics(), "moetune_rank_kv_blocks_used", rank=owner) == 0)
     text = two.metrics()
@@ -170,3 +171,16 @@ def test_expert_distribution_recording_writes_the_run_dir_of_profile_ep_size_2(t
     steps = read_run(run).tables.rank_steps  # measured on both ranks, idle lock-steps included
     assert sorted(steps["rank"].unique()) == [0, 1] and len(steps) == 2 * body["steps"]
     assert post("dump").status_code == 400  # dumped once
+
+
+def test_n_seeded_choices_with_logprobs_spread_over_ranks_equal_one_rank(two, server):
+    def ask(url_client, model):
+        out = url_client.completions.create(model=model, prompt="import os\n", max_tokens=12, temperature=0.8,
+                                            seed=7, n=4, logprobs=2)
+        return [(c.text, c.logprobs.tokens, [round(x, 4) for x in c.logprobs.token_logprobs]) for c in out.choices]
+
+    before = [metric(two.metrics(), "moetune_rank_assigned_sequences_total", rank=r) for r in (0, 1)]
+    got = ask(two.client(), "stdlib-moe")
+    after = [metric(two.metrics(), "moetune_rank_assigned_sequences_total", rank=r) for r in (0, 1)]
+    assert got == ask(server.client(), server.model)
+    assert [a - b for a, b in zip(after, before)] == [2, 2]  # the four choices went to both ranks
