@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from moetune.errors import RequestError
-from moetune.serve.ranks import Add, Mail, RankSide, RankSnapshot, Report, exchange
+from moetune.serve.ranks import Add, Mail, Payload, RankSide, RankSnapshot, Report, exchange, plan
 from moetune.serve.worker import Stream, WorkerSnapshot
 
 log = logging.getLogger("moetune.serve")
@@ -44,6 +44,7 @@ class RanksWorker:
         self.loads: list = [None] * self.world  # [Lm, E] per rank, the latest reported window
         self.failure: BaseException | None = None
         self._pending = [0] * self.world  # tokens assigned since the rank last reported
+        self._sent = [0] * self.world  # of which in the latest mails
         self._cmds: deque = deque()
         self._wake = threading.Event()
         self._gids = itertools.count()
@@ -87,14 +88,17 @@ class RanksWorker:
     # the loop ---------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            stopped = False
+            report, stopped = None, False
             while not stopped:
                 if not self._busy() and not self._cmds:
                     self._wake.wait(IDLE_TICK_S)
                 self._wake.clear()
-                mails = self._mails()
-                reports, stopped = exchange(self.side, mails)
-                self._route(reports)
+                payloads = exchange(self.side, Payload(report, self._mails()))
+                self._route([p.report for p in payloads[1:] if p.report is not None], fresh=False)
+                mail, step = plan(payloads, 0)
+                report = self.side.take(mail, step)
+                self._route([report], fresh=True)
+                stopped = mail.stop
         except Exception as exc:  # a collective failed: a rank is gone
             self.failure = exc
             self._fail_all("an expert-parallel rank failed; the server is stopping")
@@ -104,10 +108,12 @@ class RanksWorker:
         self._fail_all("server shutting down")
 
     def _busy(self) -> bool:
-        return any(r.unfinished for r in self.ranks)
+        """Another exchange now: some rank has (or was just sent) work, or owes a call's result."""
+        return any(r.unfinished for r in self.ranks) or any(self._sent) or bool(self._waiting_calls)
 
     def _mails(self) -> list[Mail]:
         mails = [Mail() for _ in range(self.world)]
+        self._sent = [0] * self.world
         while self._cmds:
             cmd = self._cmds.popleft()
             if cmd[0] == "add":
@@ -133,9 +139,6 @@ class RanksWorker:
             elif cmd[0] == "stop":
                 for mail in mails:
                     mail.stop = True
-        step = self._busy() or any(m.adds for m in mails)
-        for mail in mails:
-            mail.step = step
         return mails
 
     def _add(self, stream: Stream, mails: list[Mail]) -> None:
@@ -150,6 +153,7 @@ class RanksWorker:
             stream.rids.append(gid)
             self._routes[gid] = (stream, i, rank)
             self._pending[rank] += len(prompt)
+            self._sent[rank] += len(prompt) or 1
             self.assigned[rank] += 1
             mails[rank].adds.append(Add(gid, prompt, params, stream.priority))
         stream.post("admitted", None)
@@ -158,12 +162,14 @@ class RanksWorker:
         work = [r.work_tokens + p for r, p in zip(self.ranks, self._pending)]
         return min(range(self.world), key=lambda k: (work[k], k))
 
-    def _route(self, reports: list[Report]) -> None:
+    def _route(self, reports: list[Report], fresh: bool) -> None:
+        """fresh: reports of the lock-step just taken (rank 0's own), which include the latest mails'
+        sequences; the others' are of the lock-step before, which do not."""
         now = time.monotonic()
         by_stream: dict[int, tuple[Stream, list]] = {}
         for report in reports:
             self.ranks[report.rank] = report.snapshot
-            self._pending[report.rank] = 0
+            self._pending[report.rank] = 0 if fresh else self._sent[report.rank]
             if report.load is not None:
                 self.loads[report.rank] = report.load
             for gid, out in report.outputs:

@@ -68,16 +68,15 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_its_rank(two):
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{two.url}/v1/completions", json=body, headers=AUTH) as response:
             assert response.status_code == 200
-            got = []
-            for line in response.iter_lines():
-                if line.startswith("data: {"):
-                    got.append(line)
-                if len(got) >= 3:
+            lines, got = response.iter_lines(), 0  # (kept: a dropped iterator closes the connection)
+            for line in lines:
+                got += line.startswith("data: {")
+                if got >= 3:
                     break
             text = two.metrics()
             used = {r: metric(text, "moetune_rank_kv_blocks_used", rank=r) for r in (0, 1)}
             owner = max(used, key=used.get)
-            assert used[owner] > 0 and used[1 - owner] == 0, (got, [m for m in text.splitlines() if "rank_" in m])
+            assert used[owner] > 0 and used[1 - owner] == 0
     # the response is closed: rank 0 notices and tells the owning rank, which frees the blocks
     assert wait_for(lambda: metric(two.metrics(), "moetune_rank_kv_blocks_used", rank=owner) == 0)
     text = two.metrics()
