@@ -7,7 +7,7 @@ bad request is refused before any rank sees it) and each goes to the rank with t
 the tokens of its running and waiting sequences, as last reported, plus what was assigned since;
 an abort goes to the rank that owns the sequence. The reports that come back are routed to the
 streams as the one-rank worker routes its engine's outputs, and the ranks' state is kept for
-/metrics. With nothing to run it still takes an empty lock-step every IDLE_TICK_S, so the other
+/metrics. With nothing to run it still exchanges an empty mail every IDLE_TICK_S, so the other
 ranks' collectives never wait past their timeout.
 
 If a collective fails (a rank died), the worker fails every stream with an error naming no rank
