@@ -85,7 +85,7 @@ class RankCollector:
                                 "each rank serves, over its window (1 = even)", labels=["rank", "layer"])
         layers = list(self.placement.layers) if self.placement is not None else []
         for r, load in enumerate(self.worker.loads):
-            if load is None:
+            if load is None or not load.any():  # nothing routed from this rank's tokens in the window
                 continue
             for layer, stats in zip(layers, per_layer_stats(load)):
                 own.add_metric([str(r), str(layer)], stats.balancedness)
