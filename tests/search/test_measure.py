@@ -63,7 +63,7 @@ def test_top_trials_are_remeasured_beside_their_estimates_and_the_winner_serves(
 
 
 def test_a_measured_winner_with_two_ranks_is_served_over_two_ranks(run_dir, tmp_path):
-    from tests.serve.rank_server import RankServer, metric
+    from tests.serve.rank_server import RankServer, metric, wait_for
 
     result = run_search(_settings(run_dir, tmp_path, "measure", "ep_size: 2\n" + SPACE, n=1))
     assert [r.deployment.ep_size for r in result.rows if r.state == "COMPLETE"] == [2]
@@ -73,7 +73,8 @@ def test_a_measured_winner_with_two_ranks_is_served_over_two_ranks(run_dir, tmp_
     try:
         reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3
-        assert metric(srv.metrics(), "moetune_rank_lock_steps_total", rank=1) >= 3  # rank 1 stepped with it
+        # rank 1 stepped with it (its report reaches rank 0 with the next exchange)
+        assert wait_for(lambda: metric(srv.metrics(), "moetune_rank_lock_steps_total", rank=1) >= 3)
         assert srv.stop() == 0, srv.stderr
     finally:
         srv.kill()
