@@ -67,10 +67,11 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     host, port = sock.getsockname()[:2]
     print(f"moetune serve: {state.model_name} on http://{host}:{port} over {side.world} expert-parallel ranks "
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
-    server = live["server"] = CleanExitServer(uvicorn_config(cfg, built.app))
+    server = live["server"] = CleanExitServer(uvicorn_config(built.app, log_level="info"), state,
+                                              cfg.serve.drain_timeout_s)
     server.run(sockets=[sock])
-    if state.worker.failure is not None:
-        raise state.worker.failure  # the launcher names the rank that failed
+    if worker.error is not None:
+        raise worker.error  # the launcher names the rank that failed
     state.worker.stop()  # (the app's shutdown stopped it already; a no-op then)
 
 

@@ -42,7 +42,9 @@ class RanksWorker:
         self.ranks = [RankSnapshot(kv_blocks_total=self.engine.blocks.num_blocks) for _ in range(self.world)]
         self.assigned = [0] * self.world  # sequences sent to each rank since start
         self.loads: list = [None] * self.world  # [Lm, E] per rank, the latest reported window
-        self.failure: BaseException | None = None
+        self.failure: str | None = None  # why the ranks stopped (a collective failed), for /health and 503s
+        self.error: BaseException | None = None  # the collective's error, for rank 0's main thread to raise
+        self.on_fatal: Callable[[str], None] | None = None  # (the one-rank worker's hook; on_failure here)
         self._pending = [0] * self.world  # tokens assigned since the rank last reported
         self._sent = [0] * self.world  # of which in the latest mails
         self._cmds: deque = deque()
@@ -57,6 +59,14 @@ class RanksWorker:
     # called from any thread -------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self.failure is None and (self._thread.is_alive() or self._thread.ident is None)
+
+    def abort_all(self, reason: str) -> None:
+        """Abort every sequence on every rank; their streams get ("aborted", reason) (the drain's deadline)."""
+        self._send(("abort_all", reason))
 
     def submit(self, stream: Stream) -> None:
         self._send(("add", stream))
@@ -100,8 +110,9 @@ class RanksWorker:
                 self._route([report], fresh=True)
                 stopped = mail.stop
         except Exception as exc:  # a collective failed: a rank is gone
-            self.failure = exc
-            self._fail_all("an expert-parallel rank failed; the server is stopping")
+            self.error, self.failure = exc, "an expert-parallel rank failed; the server is stopping"
+            self.snapshot.healthy = 0
+            self._fail_all(self.failure)
             if self.on_failure is not None:
                 self.on_failure(exc)
             return
@@ -123,6 +134,9 @@ class RanksWorker:
                     route = self._routes.pop(gid, None)
                     if route is not None:
                         mails[route[2]].aborts.append(gid)
+            elif cmd[0] == "abort_all":
+                for stream in {id(r[0]): r[0] for r in self._routes.values()}.values():
+                    self._abort_stream(stream, cmd[1])
             elif cmd[0] == "abort_gid":
                 mails[cmd[2]].aborts.append(cmd[1])
             elif cmd[0] == "call":
