@@ -41,7 +41,7 @@ class ServeJob:
 
 
 def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
-    from moetune.engine.build import resolve_placement
+    from moetune.engine.target import resolve_placement
     from moetune.serve.rank_metrics import RankCollector, RanksLoad
     from moetune.serve.rank_recording import RankRecorder
     from moetune.serve.rank_worker import RanksWorker
