@@ -153,6 +153,18 @@ class RunConfig(_Section):
             raise ValueError(f"parallel.ep_size={p.ep_size} and parallel.ranks_per_node={p.ranks_per_node} do not tile")
         return self
 
+    @model_validator(mode="after")
+    def _offload_on_one_rank(self) -> "RunConfig":
+        """Offloading fetches the experts a rank's own tokens chose, before dispatch: under expert
+        parallelism a rank computes other ranks' copies, and a replica would be a second cache entry
+        of one expert. Neither is built yet, so the pair is refused here, before any model loads."""
+        p = self.parallel
+        if self.offload is not None and (p.ep_size > 1 or p.redundant_experts):
+            raise ValueError(f"offload with parallel.ep_size={p.ep_size} and redundant_experts={p.redundant_experts} "
+                             "is not supported yet (offloading runs on one rank without replicas); drop the offload "
+                             "section or use ep_size 1 and redundant_experts 0")
+        return self
+
 
 def load_recipe(path: str | Path) -> RunConfig:
     data = read_yaml_mapping(path, "recipe", RecipeError, "a mapping of sections (model, parallel, ...)")

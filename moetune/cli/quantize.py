@@ -52,7 +52,7 @@ def quantize(
     from moetune.model.quant_checkpoint import read_quantization
     from moetune.model.quantize import write_quantized
 
-    check_precision(read_quantization(model_dir, spec), precision, spec, None, "torch")  # every refusal before writing
+    check_precision(read_quantization(model_dir, spec), precision, spec, "torch")  # every refusal before writing
     sizes = write_quantized(model_dir, spec, precision, Path(out))
     mix = ", ".join(f"{n} {c}" for n, c in sorted(precision.counts().items()))
     print(f"experts: {mix}; expert bytes {sizes['expert_bytes_before'] / 1e6:.2f} MB → "

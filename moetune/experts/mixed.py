@@ -57,6 +57,40 @@ def quantized_layer(w13: torch.Tensor, w2: torch.Tensor, formats: list[str] | tu
     return ExpertWeights.from_groups(groups, _slot_map([e for g in order for e in g], w13.device))
 
 
+def format_runs(slot_formats: list[str] | tuple[str, ...]) -> list[tuple[int, int]]:
+    """Slots [start, stop) of equal format, in slot order; each format must be one run (a rank's
+    slots sorted by format: `Placement.by_format`)."""
+    runs: list[tuple[int, int]] = []
+    for s, name in enumerate(slot_formats):
+        if runs and slot_formats[runs[-1][0]] == name:
+            runs[-1] = (runs[-1][0], s + 1)
+        else:
+            runs.append((s, s + 1))
+    names = [slot_formats[a] for a, _ in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"slots are not sorted by format: {list(slot_formats)}")
+    return runs
+
+
+def quantized_slots(w13: torch.Tensor, w2: torch.Tensor, slot_formats: list[str] | tuple[str, ...],
+                    slots: SlotMap) -> ExpertWeights:
+    """A rank's slots (a replica is a copy of its expert) w13 [P_local, 2I, D], w2 [P_local, D, I] float,
+    already sorted by format, slot s packed in `slot_formats[s]` → ExpertWeights over the placement's `slots`."""
+    groups = []
+    for a, b in format_runs(slot_formats):
+        fmt = parse_format(slot_formats[a])
+        groups.append(FormatGroup(a, b, pack(w13[a:b], fmt), pack(w2[a:b], fmt)))  # [b - a, ...]
+    return ExpertWeights.from_groups(groups, slots)
+
+
+def packed_slots(per_slot: list[tuple[PackedWeight, PackedWeight]], slot_formats: list[str] | tuple[str, ...],
+                 slots: SlotMap) -> ExpertWeights:
+    """A rank's slots already packed (w13 [1, 2I, D], w2 [1, D, I] each), sorted by format → ExpertWeights."""
+    groups = [FormatGroup(a, b, stack_packed([w[0] for w in per_slot[a:b]]), stack_packed([w[1] for w in per_slot[a:b]]))
+              for a, b in format_runs(slot_formats)]
+    return ExpertWeights.from_groups(groups, slots)
+
+
 def _slot_map(slot_expert: list[int], device) -> SlotMap:
     """slot_expert[s] = logical expert in slot s → SlotMap (identity when already in order)."""
     E = len(slot_expert)

@@ -2,11 +2,15 @@
 from host memory or disk, with eviction (LRU / LFU / score) and prefetch of the next layers' experts.
 
 Layout. Each expert is one contiguous blob in its backing tier, its four parts back to back:
-w13 data | w13 scales | w2 data | w2 scales (`ExpertBlob`). Per layer the resident cache is four
-contiguous stacked tensors over C slots (w13 [C, 2I, D], ...), so every kernel backend reads it
-like any other `ExpertWeights`; a fetch is one read of the blob, scattered into slot s of the four
-tensors (disk: one `preadv` straight into them; host: four slice copies, non-blocking from pinned
-memory on CUDA).
+w13 data | w13 scales | w2 data | w2 scales (`BlobLayout`, one per weight format). Per layer the
+resident cache is C slots; a layer whose experts mix formats (per-expert quantization) splits them
+into one *region* per format, C_f slots each (C shared in proportion to the experts of each format,
+largest remainders, at least one slot per format), and an expert only ever takes a slot of its own
+format's region. Each region is four contiguous stacked tensors (w13 [C_f, 2I, D], ...), and the
+regions are the format groups of the `ExpertWeights` the kernels read (contiguous slot ranges,
+experts/store.py), so every kernel backend reads the cache like any other layer; a fetch is one read
+of the blob, scattered into slot s of its region's four tensors (disk: one `preadv` straight into
+them; host: four slice copies, non-blocking from pinned memory on CUDA).
 
 Tiers. `host`: blobs in (pinned, on CUDA) host memory. `disk`: one safetensors file per layer
 written at start (tensor `e{expert}` = the blob), read back with `os.preadv` at the header's
@@ -16,10 +20,11 @@ mean).
 
 Acquire(layer, topk_ids): the distinct experts of the step must be resident. Hits cost nothing; an
 expert a prefetch is loading is waited for; the rest are demand fetches, run at once on the calling
-thread (never queued behind speculative work), evicting the policy's victim among the slots not
-needed this step. Queued speculative fetches for this layer are dropped (demand replaced them).
-A step needing more distinct experts than C gets a transient buffer of exactly those experts
-(resident ones copied, others fetched; the cache keeps its contents).
+thread (never queued behind speculative work), evicting the policy's victim among the slots of
+the expert's region not needed this step. Queued speculative fetches for this layer are dropped
+(demand replaced them). A step needing more distinct experts of one format than its region holds
+gets a transient buffer of exactly the step's experts (resident ones copied, others fetched; the
+cache keeps its contents).
 
 Prefetch(layer, topk_ids, hidden), depth d: the routers of the next d MoE layers are applied to
 this layer's input `hidden` (`bind_routers`), and their predicted experts queued for a background
@@ -55,7 +60,7 @@ import numpy as np
 import torch
 
 from moetune.errors import MoetuneError
-from moetune.experts.store import ExpertWeights, SlotMap
+from moetune.experts.store import ExpertWeights, FormatGroup, SlotMap
 from moetune.kernels.quant_formats import PackedWeight
 
 POLICIES = ("lru", "lfu", "score")
@@ -73,6 +78,25 @@ class OffloadSettings:
     tier: str = "host"
     dir: str | None = None  # disk tier; None = a temporary directory removed by close()
     prefetch_depth: int = 1
+
+
+def region_sizes(capacity: int, group_sizes: list[int]) -> list[int]:
+    """C cache slots shared among a layer's formats in proportion to their experts (largest
+    remainders first), each format at least one slot and at most its experts: [C_f] summing to C
+    (C is at least the number of formats and at most the experts)."""
+    E = sum(group_sizes)
+    sizes = [max(1, capacity * n // E) for n in group_sizes]
+    order = sorted(range(len(group_sizes)), key=lambda g: (-(capacity * group_sizes[g] % E), g))
+    k = 0
+    while sum(sizes) < capacity:
+        g = order[k % len(order)]
+        k += 1
+        if sizes[g] < group_sizes[g]:
+            sizes[g] += 1
+    while sum(sizes) > capacity:  # the one-slot minimum took slots from the larger formats
+        g = max(range(len(sizes)), key=lambda j: (sizes[j], -j))
+        sizes[g] -= 1
+    return sizes
 
 
 @dataclass
@@ -106,9 +130,9 @@ class BlobLayout:
     nbytes: int
 
     @classmethod
-    def of(cls, w: ExpertWeights) -> "BlobLayout":
+    def of(cls, w13: PackedWeight, w2: PackedWeight) -> "BlobLayout":
         parts, at = [], 0
-        for name, t in _part_tensors(w.w13, w.w2):
+        for name, t in _part_tensors(w13, w2):
             n = t[0].nbytes
             parts.append((name, t.dtype, tuple(t.shape[1:]), at, at + n))
             at += n
@@ -120,24 +144,25 @@ def _part_tensors(w13: PackedWeight, w2: PackedWeight) -> list[tuple[str, torch.
     return [(n, t) for n, t in out if t is not None]
 
 
-def _blob(w: ExpertWeights, e: int) -> torch.Tensor:
-    """Expert e's parts as one contiguous uint8 blob on the CPU."""
-    return torch.cat([t[e].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                      for _, t in _part_tensors(w.w13, w.w2)])
+def _blob(group: FormatGroup, index: int) -> torch.Tensor:
+    """The parts of slot `index` of a format group as one contiguous uint8 blob on the CPU."""
+    return torch.cat([t[index].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                      for _, t in _part_tensors(group.w13, group.w2)])
 
 
 class _Backing:
-    """Where a layer's non-resident experts live; `read(e, dests)` fills the part tensors of one slot."""
+    """Where a layer's non-resident experts live; `read(e, dests)` fills the part tensors of one slot.
+    `layouts[e]`: expert e's blob layout (its format's)."""
 
     tier = "host"
 
-    def __init__(self, blobs: list[torch.Tensor], layout: BlobLayout, pin: bool):
-        self.layout = layout
+    def __init__(self, blobs: list[torch.Tensor], layouts: list[BlobLayout], pin: bool):
+        self.layouts = layouts
         self.blobs = [b.pin_memory() if pin else b for b in blobs]
 
     def read(self, e: int, dests: list[torch.Tensor], stream=None) -> None:
         blob = self.blobs[e]
-        for (_, _, _, start, end), dst in zip(self.layout.parts, dests):
+        for (_, _, _, start, end), dst in zip(self.layouts[e].parts, dests):
             dst.view(-1).view(torch.uint8).copy_(blob[start:end], non_blocking=stream is not None)
 
     def close(self) -> None:
@@ -149,32 +174,33 @@ class _DiskBacking(_Backing):
 
     tier = "disk"
 
-    def __init__(self, blobs: list[torch.Tensor], layout: BlobLayout, path: Path, device: torch.device):
+    def __init__(self, blobs: list[torch.Tensor], layouts: list[BlobLayout], path: Path, device: torch.device):
         from safetensors.torch import save_file
 
-        self.layout, self.path, self.device = layout, path, device
+        self.layouts, self.path, self.device = layouts, path, device
         save_file({f"e{e}": b for e, b in enumerate(blobs)}, str(path))
         self.fd = os.open(path, os.O_RDONLY)
         os.fsync(self.fd)
         _drop_pages(self.fd, 0, 0)
         self.offsets = _blob_offsets(path, len(blobs))  # [E] absolute file offset of each blob
-        self.staging = None if device.type == "cpu" else torch.empty(layout.nbytes, dtype=torch.uint8).pin_memory()
+        largest = max(x.nbytes for x in layouts)
+        self.staging = None if device.type == "cpu" else torch.empty(largest, dtype=torch.uint8).pin_memory()
 
     def read(self, e: int, dests: list[torch.Tensor], stream=None) -> None:
-        offset = self.offsets[e]
+        offset, layout = self.offsets[e], self.layouts[e]
         if self.staging is None:  # straight into the resident tensors: one syscall, no extra copy
             views = [memoryview(d.view(-1).view(torch.uint8).numpy()) for d in dests]
             got = os.preadv(self.fd, views, offset)
         else:
-            got = os.preadv(self.fd, [memoryview(self.staging.numpy())], offset)
-            for (_, _, _, start, end), dst in zip(self.layout.parts, dests):
+            got = os.preadv(self.fd, [memoryview(self.staging[:layout.nbytes].numpy())], offset)
+            for (_, _, _, start, end), dst in zip(layout.parts, dests):
                 dst.view(-1).view(torch.uint8).copy_(self.staging[start:end], non_blocking=stream is not None)
             if stream is not None:
                 stream.synchronize()  # the staging buffer is reused by the next read
-        if got != self.layout.nbytes:
+        if got != layout.nbytes:
             raise OffloadError(f"offload file '{self.path}' is truncated (expert {e}: {got} of "
-                               f"{self.layout.nbytes} bytes)")
-        _drop_pages(self.fd, offset, self.layout.nbytes)
+                               f"{layout.nbytes} bytes)")
+        _drop_pages(self.fd, offset, layout.nbytes)
 
     def close(self) -> None:
         if self.fd >= 0:  # idempotent: a second close must not hit a descriptor number reused since
@@ -194,13 +220,30 @@ def _blob_offsets(path: Path, n: int) -> list[int]:
     return [8 + size + header[f"e{e}"]["data_offsets"][0] for e in range(n)]
 
 
+@dataclass(frozen=True)
+class _Region:
+    """Cache slots [start, stop) of one weight format: its four part tensors [stop - start, ...]."""
+
+    start: int
+    stop: int
+    parts: tuple[torch.Tensor, ...]
+    layout: BlobLayout
+    template: FormatGroup  # formats and group sizes
+
+    def packed(self, parts, start: int, stop: int) -> FormatGroup:
+        named = dict(zip([p[0] for p in self.layout.parts], parts))
+        t13, t2 = self.template.w13, self.template.w2
+        w13 = PackedWeight(named["w13"], named.get("w13_scale"), t13.fmt, t13.group_size)
+        w2 = PackedWeight(named["w2"], named.get("w2_scale"), t2.fmt, t2.group_size)
+        return FormatGroup(start, stop, w13, w2)
+
+
 @dataclass
 class _LayerCache:
     num_experts: int
-    parts: list[torch.Tensor]  # resident part tensors [C, ...] each
-    layout: BlobLayout
+    regions: list[_Region]  # one per weight format, slot ranges in order
+    region_of: list[int]  # [E] the region of each expert's format
     backing: _Backing
-    template: ExpertWeights  # formats and group sizes
     slot_of: torch.Tensor  # [E] int64 slot, -1 when not resident (CPU)
     expert_in: list[int]  # [C] expert in each slot, -1 = free
     loading: dict[int, int] = field(default_factory=dict)  # expert → slot being filled by the thread
@@ -214,6 +257,14 @@ class _LayerCache:
     @property
     def capacity(self) -> int:
         return len(self.expert_in)
+
+    def region(self, e: int) -> _Region:
+        return self.regions[self.region_of[e]]
+
+    def dests(self, e: int, slot: int) -> list[torch.Tensor]:
+        """The part tensors of cache slot `slot` (in expert e's region)."""
+        r = self.region(e)
+        return [p[slot - r.start] for p in r.parts]
 
 
 class OffloadingExpertStore:
@@ -252,9 +303,12 @@ class OffloadingExpertStore:
         if s.capacity > E:
             raise OffloadError(f"offload resident capacity {s.capacity} exceeds the {E} experts of a layer")
         for i, w in layers.items():
-            if w.mixed or not w.slots.identity:
-                raise OffloadError(f"layer {i}: offloading layers that mix expert formats or hold replicas is "
-                                   "not supported yet; use one format (quant.experts) or no offload")
+            if w.num_slots != E or (w.slots.counts is not None and int(w.slots.counts.max()) > 1):
+                raise OffloadError(f"layer {i}: offloading under expert parallelism or with replicas is not "
+                                   "supported yet; use parallel.ep_size 1 and redundant_experts 0 with offload")
+            if len(w.groups) > s.capacity:
+                raise OffloadError(f"offload resident capacity {s.capacity} experts per layer is below the "
+                                   f"{len(w.groups)} expert formats of layer {i} (each format needs a slot)")
         if not 0 <= s.prefetch_depth <= 3:
             raise OffloadError(f"offload prefetch depth {s.prefetch_depth} must be within 0..3")
 
@@ -274,24 +328,36 @@ class OffloadingExpertStore:
 
     def _build(self, i: int, w: ExpertWeights) -> _LayerCache:
         E, C = w.num_slots, self.settings.capacity
-        layout = BlobLayout.of(w)
-        blobs = [_blob(w, e) for e in range(E)]
+        ids = torch.arange(E, device=w.groups[0].w13.data.device)[:, None]  # [E, 1]
+        slot = w.slots.physical(ids)[:, 0].tolist()  # [E] the slot of each expert
+        group_of = [next(g for g, grp in enumerate(w.groups) if grp.start <= s < grp.stop) for s in slot]
+        layouts = [BlobLayout.of(g.w13, g.w2) for g in w.groups]
+        blobs = [_blob(w.groups[group_of[e]], slot[e] - w.groups[group_of[e]].start) for e in range(E)]
+        per_expert = [layouts[group_of[e]] for e in range(E)]
         if self._dir is not None:
-            backing = _DiskBacking(blobs, layout, self._dir / f"layer{i}.safetensors", self.device)
+            backing = _DiskBacking(blobs, per_expert, self._dir / f"layer{i}.safetensors", self.device)
         else:
-            backing = _Backing(blobs, layout, pin=self.device.type == "cuda")
-        parts = [torch.empty(C, *shape, dtype=dtype, device=self.device) for _, dtype, shape, _, _ in layout.parts]
-        template = ExpertWeights(w.w13, w.w2, w.slots)
-        return _LayerCache(E, parts, layout, backing, template, torch.full((E,), -1, dtype=torch.int64), [-1] * C,
+            backing = _Backing(blobs, per_expert, pin=self.device.type == "cuda")
+        regions, start = [], 0
+        for g, size in enumerate(region_sizes(C, [grp.size for grp in w.groups])):
+            parts = tuple(torch.empty(size, *shape, dtype=dtype, device=self.device)
+                          for _, dtype, shape, _, _ in layouts[g].parts)
+            regions.append(_Region(start, start + size, parts, layouts[g], w.groups[g]))
+            start += size
+        return _LayerCache(E, regions, group_of, backing, torch.full((E,), -1, dtype=torch.int64), [-1] * C,
                            last_used=np.zeros(E, dtype=np.int64), uses=np.zeros(E, dtype=np.int64))
 
     def _warm(self, i: int, loads: np.ndarray | None) -> None:
-        """Fill every slot: the most loaded experts first (or 0..C-1 without loads)."""
+        """Fill every slot: the most loaded experts first (or in expert order without loads), each
+        into the next free slot of its format's region."""
         cache = self._caches[i]
-        order = range(cache.capacity) if loads is None else np.argsort(-loads, kind="stable")[:cache.capacity]
-        for slot, e in enumerate(int(x) for x in order):
-            self._fill(cache, int(e), slot, None)
-            cache.expert_in[slot], cache.slot_of[e] = int(e), slot
+        order = range(cache.num_experts) if loads is None else np.argsort(-loads, kind="stable")
+        free = {g: list(range(r.start, r.stop)) for g, r in enumerate(cache.regions)}
+        for e in (int(x) for x in order):
+            if free[cache.region_of[e]]:
+                slot = free[cache.region_of[e]].pop(0)
+                self._fill(cache, e, slot, None)
+                cache.expert_in[slot], cache.slot_of[e] = e, slot
         cache.stats = LayerStats()
 
     def bind_routers(self, routers: dict[int, object]) -> None:
@@ -304,7 +370,7 @@ class OffloadingExpertStore:
 
     def nbytes(self) -> int:
         """Resident bytes (the cache), not the backing tier."""
-        return sum(t.untyped_storage().nbytes() for c in self._caches.values() for t in c.parts)
+        return sum(t.untyped_storage().nbytes() for c in self._caches.values() for r in c.regions for t in r.parts)
 
     def acquire(self, layer: int, topk_ids: torch.Tensor) -> ExpertWeights:
         start = time.perf_counter()
@@ -316,7 +382,7 @@ class OffloadingExpertStore:
             for e in needed:
                 cache.last_used[e], cache.uses[e] = cache.tick, cache.uses[e] + 1
             self._in_use = (layer, set(needed))
-            if len(needed) > cache.capacity:
+            if self._overflows(cache, needed):
                 weights = self._overflow(cache, needed)
             else:
                 self._make_resident(cache, needed)
@@ -343,6 +409,12 @@ class OffloadingExpertStore:
         self._start_thread()
 
     # --- residency -----------------------------------------------------------------------------
+    @staticmethod
+    def _overflows(cache: _LayerCache, needed: list[int]) -> bool:
+        """More distinct experts of one format than its region has slots."""
+        wanted = collections.Counter(cache.region_of[e] for e in needed)
+        return any(n > cache.regions[g].stop - cache.regions[g].start for g, n in wanted.items())
+
     def _make_resident(self, cache: _LayerCache, needed: list[int]) -> None:
         """Under the lock: wait for loading ones, fetch the rest on this thread."""
         s = cache.stats
@@ -358,21 +430,24 @@ class OffloadingExpertStore:
                     s.prefetch_hits += 1
                 continue
             s.misses += 1
-            slot = self._victim(cache, set(needed))
+            slot = self._victim(cache, set(needed), e)
             while slot < 0:  # every other slot is being filled by the prefetch thread
                 self._lock.wait()
-                slot = self._victim(cache, set(needed))
+                slot = self._victim(cache, set(needed), e)
             self._evict(cache, slot)
             self._fill(cache, e, slot, None)
             cache.expert_in[slot], cache.slot_of[e] = e, slot
 
-    def _victim(self, cache: _LayerCache, keep: set[int]) -> int:
-        """The slot to reuse: a free one, else the policy's choice among experts not in `keep`."""
-        free = [s for s, e in enumerate(cache.expert_in) if e < 0 and s not in cache.loading.values()]
+    def _victim(self, cache: _LayerCache, keep: set[int], incoming: int) -> int:
+        """The slot of `incoming`'s region to reuse: a free one, else the policy's choice among
+        experts not in `keep`."""
+        r = cache.region(incoming)
+        busy = set(cache.loading.values())
+        free = [s for s in range(r.start, r.stop) if cache.expert_in[s] < 0 and s not in busy]
         if free:
             return free[0]
-        busy = set(cache.loading.values())
-        cands = [(s, e) for s, e in enumerate(cache.expert_in) if e not in keep and s not in busy]
+        cands = [(s, cache.expert_in[s]) for s in range(r.start, r.stop)
+                 if cache.expert_in[s] not in keep and s not in busy]
         if not cands:
             return -1
         return min(cands, key=lambda se: self._rank(cache, se[1]))[0]
@@ -397,49 +472,57 @@ class OffloadingExpertStore:
         cache.expert_in[slot] = -1
 
     def _fill(self, cache: _LayerCache, e: int, slot: int, stream) -> None:
-        cache.backing.read(e, [p[slot] for p in cache.parts], stream)
-        self._count_bytes(cache)
+        cache.backing.read(e, cache.dests(e, slot), stream)
+        self._count_bytes(cache, e)
 
     def _weights(self, cache: _LayerCache) -> ExpertWeights:
         E, C = cache.num_experts, cache.capacity
         slot_of = cache.slot_of.clamp_min(0).to(self.device)[:, None]  # [E, 1]; non-resident rows unused
         slots = SlotMap(E, C, slot_of, torch.ones(E, dtype=torch.int64, device=self.device))
-        return self._packed(cache, cache.parts, slots)
-
-    def _packed(self, cache: _LayerCache, parts: list[torch.Tensor], slots: SlotMap) -> ExpertWeights:
-        named = dict(zip([p[0] for p in cache.layout.parts], parts))
-        t13, t2 = cache.template.w13, cache.template.w2
-        w13 = PackedWeight(named["w13"], named.get("w13_scale"), t13.fmt, t13.group_size)
-        w2 = PackedWeight(named["w2"], named.get("w2_scale"), t2.fmt, t2.group_size)
-        return ExpertWeights(w13, w2, slots)
+        return ExpertWeights.from_groups([r.packed(r.parts, r.start, r.stop) for r in cache.regions], slots)
 
     def _overflow(self, cache: _LayerCache, needed: list[int]) -> ExpertWeights:
-        """More distinct experts than slots: a transient buffer of exactly `needed` (cache unchanged)."""
+        """More distinct experts of a format than its slots: a transient buffer of exactly `needed`,
+        grouped by format (cache unchanged)."""
         cache.stats.overflow_steps += 1
-        n, E = len(needed), cache.num_experts
-        parts = [torch.empty(n, *p.shape[1:], dtype=p.dtype, device=p.device) for p in cache.parts]
-        for j, e in enumerate(needed):
-            while e in cache.loading:
-                self._lock.wait()
-            slot = int(cache.slot_of[e])
-            if slot >= 0:
-                cache.stats.hits += 1
-                for dst, src in zip(parts, cache.parts):
-                    dst[j].copy_(src[slot])
-            else:
-                cache.stats.misses += 1
-                cache.backing.read(e, [p[j] for p in parts])
-                self._count_bytes(cache)
+        E = cache.num_experts
+        ordered = sorted(needed, key=lambda e: (cache.region_of[e], e))  # [n] one contiguous run per format
+        groups, at = [], 0
+        for g, region in enumerate(cache.regions):
+            mine = [e for e in ordered if cache.region_of[e] == g]
+            if not mine:
+                continue
+            parts = [torch.empty(len(mine), *p.shape[1:], dtype=p.dtype, device=p.device) for p in region.parts]
+            for j, e in enumerate(mine):
+                self._copy_in(cache, e, [p[j] for p in parts])
+            groups.append(region.packed(parts, at, at + len(mine)))
+            at += len(mine)
         slot_of = torch.zeros(E, dtype=torch.int64)
-        slot_of[torch.tensor(needed)] = torch.arange(n)
-        slots = SlotMap(E, n, slot_of.to(self.device)[:, None], torch.ones(E, dtype=torch.int64, device=self.device))
-        return self._packed(cache, parts, slots)
+        slot_of[torch.tensor(ordered)] = torch.arange(len(ordered))
+        slots = SlotMap(E, len(ordered), slot_of.to(self.device)[:, None],
+                        torch.ones(E, dtype=torch.int64, device=self.device))
+        return ExpertWeights.from_groups(groups, slots)
 
-    def _count_bytes(self, cache: _LayerCache) -> None:
-        if cache.backing.tier == "disk":
-            cache.stats.bytes_disk += cache.layout.nbytes
+    def _copy_in(self, cache: _LayerCache, e: int, dests: list[torch.Tensor]) -> None:
+        """Expert e's parts into `dests`: from its cache slot when resident, else from the tier."""
+        while e in cache.loading:
+            self._lock.wait()
+        slot = int(cache.slot_of[e])
+        if slot >= 0:
+            cache.stats.hits += 1
+            for dst, src in zip(dests, cache.dests(e, slot)):
+                dst.copy_(src)
         else:
-            cache.stats.bytes_host += cache.layout.nbytes
+            cache.stats.misses += 1
+            cache.backing.read(e, dests)
+            self._count_bytes(cache, e)
+
+    def _count_bytes(self, cache: _LayerCache, e: int) -> None:
+        n = cache.backing.layouts[e].nbytes
+        if cache.backing.tier == "disk":
+            cache.stats.bytes_disk += n
+        else:
+            cache.stats.bytes_host += n
 
     # --- the prefetch thread -------------------------------------------------------------------
     def _start_thread(self) -> None:
@@ -460,7 +543,7 @@ class OffloadingExpertStore:
                     continue
                 keep = self._in_use[1] if self._in_use[0] == layer else set()
                 keep = keep | set(cache.predicted)  # never evict one prediction for another
-                slot = self._victim(cache, keep)
+                slot = self._victim(cache, keep, e)
                 if slot < 0:
                     continue  # every slot is needed now, predicted or loading: skip this prefetch
                 self._evict(cache, slot)
@@ -486,8 +569,8 @@ class OffloadingExpertStore:
         """Per MoE layer: LayerStats.row() plus resident bytes."""
         out = {}
         for i, c in self._caches.items():
-            out[i] = {**c.stats.row(), "resident_bytes": sum(p.untyped_storage().nbytes() for p in c.parts),
-                      "capacity": c.capacity}
+            out[i] = {**c.stats.row(), "capacity": c.capacity,
+                      "resident_bytes": sum(p.untyped_storage().nbytes() for r in c.regions for p in r.parts)}
         return out
 
     def reset_stats(self) -> None:

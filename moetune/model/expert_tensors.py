@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from moetune.experts.mixed import from_packed
-from moetune.experts.store import ExpertWeights
+from moetune.experts.mixed import from_packed, packed_slots
+from moetune.experts.store import ExpertWeights, SlotMap
 from moetune.kernels.quant_formats import PackedWeight, plain
 from moetune.model.naming import TensorNames
 from moetune.model.quant_checkpoint import expert_names
@@ -42,13 +42,18 @@ def read_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: i
 
 
 def read_packed_layer(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int,
-                      formats: tuple[str, ...]) -> ExpertWeights:
-    """Layer i's experts as stored by `moetune quantize` → ExpertWeights (format groups)."""
-    per_expert = []
-    for e, name in enumerate(formats):
-        fmt, n = parse_format(name), expert_names(names, i, e)
-        per_expert.append(tuple(_packed(source, n[w], n[w + "_scale"], fmt) for w in ("w13", "w2")))
-    return from_packed(per_expert, formats)
+                      formats: tuple[str, ...], held: list[int] | None = None,
+                      slots: SlotMap | None = None) -> ExpertWeights:
+    """Layer i's experts as stored by `moetune quantize` → ExpertWeights (format groups). With a
+    placement: `held` = the logical expert of each of this rank's slots (sorted by format,
+    `Placement.by_format`) and `slots` its slot map; each expert is read once, a replica shares it."""
+    per_expert = {}
+    for e in (range(len(formats)) if held is None else sorted(set(held))):
+        fmt, n = parse_format(formats[e]), expert_names(names, i, e)
+        per_expert[e] = tuple(_packed(source, n[w], n[w + "_scale"], fmt) for w in ("w13", "w2"))
+    if held is None:
+        return from_packed([per_expert[e] for e in range(len(formats))], formats)
+    return packed_slots([per_expert[e] for e in held], [formats[e] for e in held], slots)
 
 
 def _packed(source: WeightSource, data_name: str, scale_name: str, fmt) -> PackedWeight:

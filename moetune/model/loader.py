@@ -23,7 +23,7 @@ from moetune.model.transformer import DecoderLayer, MoETransformer
 from moetune.model.validate import read_spec  # noqa: F401 (re-exported, torch-free)
 from moetune.model.quant_checkpoint import read_quantization
 from moetune.model.expert_tensors import read_experts, read_packed_layer
-from moetune.experts.mixed import quantized_layer
+from moetune.experts.mixed import quantized_layer, quantized_slots
 from moetune.quant.names import QuantError, check_backend, parse_name
 from moetune.quant.table import PrecisionTable
 from moetune.model.weights import WeightSource
@@ -62,7 +62,9 @@ def load_model(
     source = WeightSource(model_dir, device, dtype)
     names = TensorNames(spec.model_type)
     stored = read_quantization(model_dir, spec)
-    table = check_precision(stored, precision, spec, placement, backend.name)
+    table = check_precision(stored, precision, spec, backend.name)
+    if placement is not None and table is not None:  # a rank's slots of one format: one contiguous group
+        placement = placement.by_format(table.formats)
     layers = {i: _layer_experts(source, names, spec, i, placement, rank, stored, table) for i in spec.moe_layers}
     experts = store_factory(layers, spec) if store_factory is not None else ResidentExpertStore(layers)
     rotary = Rotary(spec.rope, torch.device(device), kernel=small_m > 0)
@@ -143,7 +145,7 @@ def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, sm
 
 
 def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None, spec: ModelSpec,
-               placement: Placement | None, backend: str) -> PrecisionTable | None:
+                    backend: str) -> PrecisionTable | None:
     """The table the experts end up in (None: plain, in the load dtype)."""
     if stored is not None and asked is not None:
         raise QuantError("this checkpoint is already quantized by moetune quantize; drop the recipe's quant "
@@ -151,9 +153,6 @@ def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None,
     table = stored or asked
     if table is None:
         return None
-    if placement is not None:
-        raise QuantError("per-expert quantization with expert parallelism or replicas is not supported yet; "
-                         "use parallel.ep_size 1 without redundant experts")
     table.check_for(list(spec.moe_layers), spec.moe.num_experts)
     for name in table.names():
         f = parse_name(name)
@@ -165,12 +164,18 @@ def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None,
 
 def _layer_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, placement, rank: int,
                    stored: PrecisionTable | None, table: PrecisionTable | None) -> ExpertWeights:
+    """Layer i's experts on this rank: under a placement (sorted by format when quantized) its slots."""
+    held = None if placement is None else placement.rank_experts(i, rank)
+    slots = None if placement is None else placement.slot_map(i, source.device)
     if stored is not None:
-        return read_packed_layer(source, names, spec, i, stored.layer(i))
+        return read_packed_layer(source, names, spec, i, stored.layer(i), held, slots)
     dense = read_experts(source, names, spec, i, placement, rank)
     if table is None:
         return dense
-    return quantized_layer(dense.w13.data, dense.w2.data, table.layer(i))
+    if placement is None:
+        return quantized_layer(dense.w13.data, dense.w2.data, table.layer(i))
+    formats = table.layer(i)
+    return quantized_slots(dense.w13.data, dense.w2.data, [formats[e] for e in held], slots)
 
 
 def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, experts, backend, dispatcher,

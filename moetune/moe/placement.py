@@ -106,6 +106,24 @@ class Placement:
         counts = torch.tensor([len(r) for r in reps], dtype=torch.long)
         return SlotMap(self.num_experts, self.num_slots, table.to(device), counts.to(device))
 
+    def by_format(self, formats: dict[int, tuple[str, ...]]) -> "Placement":
+        """The same placement with each rank's slots stably sorted by the format of their expert
+        (`formats`: MoE layer → format per logical expert [E]; formats ordered by first appearance
+        over the experts), so that a rank's slots of one format are one contiguous range (a format
+        group, experts/store.py). Which rank holds which expert does not change, nor the order of an
+        expert's replicas (same format: the sort is stable), so tokens reach the same ranks."""
+        rows = []
+        n = self.slots_per_rank
+        for j, layer in enumerate(self.layers):
+            names = formats[layer]
+            order = {name: k for k, name in enumerate(dict.fromkeys(names))}  # format → its rank in the order
+            row = self.phy2log[j]
+            key = np.array([order[names[int(e)]] for e in row])  # [P]
+            rows.append(np.concatenate([row[r * n:(r + 1) * n][np.argsort(key[r * n:(r + 1) * n], kind="stable")]
+                                        for r in range(self.ep_size)]))
+        return Placement(self.num_experts, self.ep_size, self.layers, np.stack(rows).astype(np.int64), self.policy,
+                         self.model_type)
+
     def rank_loads(self, loads: np.ndarray) -> np.ndarray:
         """loads [Lm, E] (token copies per logical expert) → [Lm, R] per rank, a replicated expert's
         load split evenly over its replicas (what token-index splitting gives on average)."""

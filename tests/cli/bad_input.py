@@ -401,6 +401,14 @@ CASES: list[Case] = [
          ("offload directory 'blocker'", "cannot be used"),
          prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n"
                                                           "  dir: blocker\n"))),
+    Case("offload-with-expert-parallelism", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("offload with parallel.ep_size=7", "not supported yet", "ep_size 1"),
+         prep=write("r.yaml", "parallel:\n  ep_size: 7\noffload:\n  resident_experts: 3\n")),
+    Case("offload-formats-above-capacity", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("capacity 3", "below the 4 expert formats"),
+         prep=both(write("t.json", '{"default": ["int8", "fp32", "bf16", "fp16", "int8", "int8", "fp32"]}'),
+                   write("r.yaml", "quant:\n  table: t.json\noffload:\n  resident_experts: 3\n"
+                                   "model:\n  kernel_backend: torch\n"))),
     # search and simulate
     Case("search-unknown-sampler", "search", (*S, "--sampler", "cmaes"), 1, ("--sampler 'cmaes'",)),
     Case("search-unknown-knob", "search", (*S, "--space", "{d}/space.yaml"), 1, ("unknown knob 'warp'",),

@@ -100,3 +100,58 @@ def test_a_bf16_wire_stays_close_and_sends_half_the_bytes(checkpoints):
         err = (got - want).abs().max().item()
         assert 0 < err < 0.02 * want.abs().max().item()
     assert 2 * wire["bf16"][1] == wire["auto"][1] > 0
+
+
+QUANT_CASES = [  # model, R, placement, redundant, formats per logical expert, backend, stored by moetune quantize
+    ("mixtral", 2, "round_robin", 1, ["int8", "fp32", "int8", "fp32", "int8"], "auto", False),
+    ("deepseek_v3", 2, "contiguous", 2, ["bf16", "int8", "fp32", "int8", "bf16", "fp32", "int8", "int8"], "torch", False),
+    ("qwen2_moe", 2, "eplb", 2, None, "auto", True),
+]
+
+
+@pytest.mark.parametrize("model, R, policy, redundant, formats, backend, stored", QUANT_CASES)
+def test_per_expert_quantization_on_ranks_with_replicas_equals_the_same_mix_on_one_rank(
+        checkpoints, tmp_path, model, R, policy, redundant, formats, backend, stored):
+    """A rank's slots are sorted by format (`Placement.by_format`) so that each format is one group:
+    the tokens and prompt logits equal the one-rank model holding the same mix."""
+    import json
+
+    path = checkpoints[model]
+    spec = read_spec(path)
+    E = spec.moe.num_experts
+    formats = formats or [("int8", "fp32")[e % 3 == 0] for e in range(E)]
+    table_file = tmp_path / "table.json"
+    table_file.write_text(json.dumps({"default": formats}))
+    quant = {"table": str(table_file)}
+    if stored:  # the mix written by `moetune quantize`, loaded as stored
+        from moetune.model.quantize import write_quantized
+        from moetune.quant.table import read_table
+
+        write_quantized(path, spec, read_table(table_file, list(spec.moe_layers), E), tmp_path / "q")
+        path, quant = tmp_path / "q", None
+    model_cfg = {"path": str(path), "device": "cpu", "kernel_backend": backend}
+    one = build_generator(parse_config({"model": model_cfg, "quant": quant}))
+    ref_logits = [one.model.logits(one.engine.runner.forward_prompts([p])) for p in prompts()]
+    done = one.generate(prompts(), [SamplingParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS])
+    parallel = {"ep_size": R, "placement": policy, "redundant_experts": redundant, "timeout_s": 60}
+    if policy == "eplb":
+        parallel.update(placement=eplb_file(path, tmp_path, R, redundant), redundant_experts=0)
+    cfg = parse_config({"model": model_cfg, "quant": quant, "parallel": parallel})
+    logits, tokens, _ = run_ranks(cfg, functools.partial(jobs.parity, prompts(), MAX_TOKENS))
+    assert tokens == [c.token_ids for c in done]
+    for got, want in zip(logits, ref_logits):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_sorting_a_placement_by_format_keeps_ranks_and_replica_order():
+    placed = make_placement("round_robin", 5, 2, [0], 1)
+    formats = {0: ("int8", "fp32", "int8", "fp32", "int8")}
+    by = placed.by_format(formats)
+    n = placed.slots_per_rank
+    for r in range(2):  # the same experts on each rank, one contiguous run per format
+        mine = by.rank_experts(0, r)
+        assert sorted(mine) == sorted(placed.rank_experts(0, r))
+        names = [formats[0][e] for e in mine]
+        assert names == sorted(names, key=["int8", "fp32"].index)
+    for e in range(5):  # replicas keep their rank order, so token t's copy reaches the same rank
+        assert [s // n for s in by.replicas(0)[e]] == [s // n for s in placed.replicas(0)[e]]

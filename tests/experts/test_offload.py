@@ -108,3 +108,67 @@ def test_the_disk_tier_reads_with_real_io_and_drops_its_pages(resident, tmp_path
     assert calls["preadv"] > 0 and calls["fadvise"] >= calls["preadv"]
     assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == [f"layer{i}.safetensors"
                                                                        for i in sorted(read_spec(path).moe_layers)]
+
+
+MIX = ("int8", "fp32", "int8", "bf16", "fp32", "int8", "int8")  # E = 7: three formats, interleaved
+CPU_MIX = ("int8", "fp32", "int8", "int8", "fp32", "int8", "fp32")  # the CPU kernels take no bf16 (and D = 48)
+
+
+def _mixed(path, store_factory=None, backend="torch"):
+    from moetune.quant.table import PrecisionTable
+
+    table = PrecisionTable({i: CPU_MIX if backend == "cpu" else MIX for i in read_spec(path).moe_layers})
+    return load_model(path, kernel_backend=backend, precision=table, store_factory=store_factory)
+
+
+def test_region_sizes_share_the_capacity_by_format():
+    from moetune.experts.offload import region_sizes
+
+    assert region_sizes(3, [4, 2, 1]) == [1, 1, 1]
+    assert region_sizes(5, [4, 2, 1]) == [3, 1, 1]
+    assert region_sizes(7, [4, 2, 1]) == [4, 2, 1]
+    assert region_sizes(4, [1, 6]) == [1, 3]
+    assert region_sizes(6, [6]) == [6]
+    for C in range(3, 8):
+        sizes = region_sizes(C, [4, 2, 1])
+        assert sum(sizes) == C and all(1 <= s <= n for s, n in zip(sizes, [4, 2, 1]))
+
+
+@pytest.mark.parametrize("capacity,policy,depth,tier,backend", [
+    (3, "lru", 1, "host", "torch"), (5, "score", 2, "disk", "torch"), (4, "lfu", 1, "host", "cpu"),
+])
+def test_offloaded_layers_mixing_formats_give_the_resident_mix_tokens(resident, capacity, policy, depth, tier,
+                                                                      backend, tmp_path):
+    path, _ = resident
+    want = _greedy(_mixed(path, backend=backend))
+    settings = OffloadSettings(capacity, policy, tier, str(tmp_path / "blobs") if tier == "disk" else None, depth)
+    model = _mixed(path, lambda layers, spec: OffloadingExpertStore(layers, 3, settings, "cpu"), backend)
+    cache = model.experts._caches[read_spec(path).moe_layers[0]]
+    assert len(cache.regions) == (2 if backend == "cpu" else 3) and cache.regions[-1].stop == capacity
+    assert _greedy(model) == want
+    stats = model.experts.stats()
+    assert sum(s["misses"] for s in stats.values()) > 0 and sum(s["hits"] for s in stats.values()) > 0
+    for c in model.experts._caches.values():  # every resident expert sits in its own format's region
+        for slot, e in enumerate(c.expert_in):
+            if e >= 0:
+                r = c.region(e)
+                assert r.start <= slot < r.stop and r.template.w13.fmt == c.regions[c.region_of[e]].template.w13.fmt
+    model.experts.close()
+
+
+def test_offloading_refuses_replicas_and_too_few_slots_for_the_formats(resident):
+    path, _ = resident
+    from moetune.moe.placement import make_placement
+
+    spec = read_spec(path)
+    placement = make_placement("contiguous", 7, 1, spec.moe_layers, 1)
+    settings = OffloadSettings(3, "lru", "host", None, 0)
+    with pytest.raises(OffloadError, match="offloading under expert parallelism or with replicas"):
+        load_model(path, kernel_backend="torch", placement=placement,
+                   store_factory=lambda layers, s: OffloadingExpertStore(layers, 3, settings, "cpu"))
+    from moetune.quant.table import PrecisionTable
+
+    table = PrecisionTable({i: ("int8", "fp32", "bf16", "fp16", "fp8", "int8", "int8") for i in spec.moe_layers})
+    with pytest.raises(OffloadError, match="capacity 3 experts per layer is below the 5 expert formats"):
+        load_model(path, kernel_backend="torch", precision=table,
+                   store_factory=lambda layers, s: OffloadingExpertStore(layers, 3, settings, "cpu"))
