@@ -46,6 +46,11 @@ def generate(
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     limit = target.spec.max_position
+    if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too
+        from moetune.errors import UsageError
+
+        raise UsageError(f"--max-tokens {max_tokens} is more than the model's context of {limit:,} tokens leaves "
+                         f"after a prompt; give at most {limit - 1:,}")
     prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
     checks.fits("generate", target_parts(target, 1, min(prompt_tokens + max_tokens, limit), prompt_tokens,
                                          prompt_tokens), target.device, "use a smaller model or --dtype bf16")

@@ -150,7 +150,12 @@ async def _generate(state: ServerState, request: Request, body, shape: Shape, pr
     check_seed(body.seed, n * len(prompts))
     try:
         for ids in prompts:
-            limit = max_tokens if max_tokens is not None else max(state.max_len - len(ids), 1)
+            room = max(state.max_len - len(ids), 1)  # what the context leaves after this prompt
+            if max_tokens is not None and max_tokens > room:
+                raise APIError(400, f"max_tokens {max_tokens} is more than the {room:,} tokens the context of "
+                                    f"{state.max_len:,} leaves after this {len(ids):,}-token prompt; ask for at "
+                                    f"most {room:,} (or omit max_tokens)", param="max_tokens")
+            limit = max_tokens if max_tokens is not None else room
             for _ in range(n):
                 choice_prompts.append(ids)
                 params.append(SamplingParams(

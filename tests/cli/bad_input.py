@@ -401,6 +401,8 @@ CASES: list[Case] = [
          ("offload directory 'blocker'", "cannot be used"),
          prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n"
                                                           "  dir: blocker\n"))),
+    Case("generate-max-tokens-over-context", "sampling", (*G, "-m", "{ck}", "--max-tokens", "99999"), 1,
+         ("--max-tokens 99999", "context of 256", "at most 255")),
     Case("offload-with-expert-parallelism", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
          ("offload with parallel.ep_size=7", "not supported yet", "ep_size 1"),
          prep=write("r.yaml", "parallel:\n  ep_size: 7\noffload:\n  resident_experts: 3\n")),

@@ -18,6 +18,19 @@ def test_prompt_over_the_context_is_400(server):
     assert "context" in info.value.message
 
 
+def test_max_tokens_over_what_the_context_leaves_is_400_with_the_limit(server):
+    """Not silently cut to the context: the answer names the most the prompt allows."""
+    from tests.serve.conftest import API_KEY
+
+    h = {"Authorization": f"Bearer {API_KEY}"}
+    url = f"{server.url}/v1/completions"
+    err = _error(httpx.post(url, json={"model": server.model, "prompt": [5, 6, 7], "max_tokens": 99999}, headers=h), 400)
+    limit = httpx.get(f"{server.url}/v1/models", headers=h).json()["data"][0]["max_model_len"] - 3
+    assert err["param"] == "max_tokens" and f"at most {limit:,}" in err["message"]
+    done = server.client().completions.create(model=server.model, prompt=[5, 6, 7], max_tokens=2)
+    assert done.usage.completion_tokens <= 2
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens"), ({"n": 0}, "n"),
     ({"top_p": 0}, "top_p"), ({"logprobs": 99}, "logprobs"), ({"stop": [""]}, "stop"),
