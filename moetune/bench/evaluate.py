@@ -23,21 +23,33 @@ def reference_target(target, reference: str | None):
     return target.with_config(parse_config(data, source="--reference"))
 
 
-def evaluate(target, ref_target, body: str, texts: list[str], s: EvalSettings) -> dict:
-    """Perplexity of ours and the reference on `body`; agreement on the first `s.num_prompts` of `texts`."""
+def evaluate(target, ref_target, body: str, texts: list[str], s: EvalSettings, bar=None) -> dict:
+    """Perplexity of ours and the reference on `body`; agreement on the first `s.num_prompts` of `texts`.
+    `bar`: a progress reporter (`phase(name, total)`, `update(advance=1)`: cli/progress.py), told each phase."""
     from moetune.bench.quality import agreement, encode_prompts, perplexity
     from moetune.engine.build import build_generator
 
+    def phase(name: str, total: int | None = None) -> None:
+        if bar is not None:
+            bar.phase(name, total)
+
+    def hooks(name: str) -> dict:  # each measurement a phase: its steps are the bar's total
+        if bar is None:
+            return {}
+        return {"on_start": lambda n: bar.phase(name, total=n), "on_step": lambda: bar.update(advance=1)}
+
     cfg = target.config
+    phase("loading model")
     ours = build_generator(_no_prefix_cache(target))
     result = {"model": str(target.model_dir), "reference": str(ref_target.model_dir),
               "quant": cfg.quant.model_dump() if cfg.quant else None,
               "offload": cfg.offload.model_dump() if cfg.offload else None,
               "expert_bytes": ours.model.experts.nbytes()}
-    result["perplexity"] = perplexity(ours, ours.encode(body), s)
+    result["perplexity"] = perplexity(ours, ours.encode(body), s, **hooks("perplexity windows"))
+    phase("loading reference")
     ref = build_generator(_no_prefix_cache(ref_target))
-    result["reference_perplexity"] = perplexity(ref, ref.encode(body), s)
-    result["agreement"] = agreement(ours, ref, encode_prompts(ours, texts, s), s)
+    result["reference_perplexity"] = perplexity(ref, ref.encode(body), s, **hooks("reference perplexity windows"))
+    result["agreement"] = agreement(ours, ref, encode_prompts(ours, texts, s), s, **hooks("agreement"))
     return result
 
 

@@ -55,9 +55,12 @@ def _runner_fits(gen: Generator, prompts: list[list[int]]) -> None:
 
 
 @torch.inference_mode()
-def perplexity(gen: Generator, ids: list[int], s: EvalSettings) -> dict:
+def perplexity(gen: Generator, ids: list[int], s: EvalSettings, on_start=None, on_step=None) -> dict:
+    """`on_start(n)` hears the number of forward steps to come, `on_step()` each one done (progress)."""
     wins = windows(ids, s.window)[: s.max_windows]
     total, count = 0.0, 0
+    if on_start is not None:
+        on_start(-(-len(wins) // s.windows_per_step))
     for i in range(0, len(wins), s.windows_per_step):
         group = wins[i:i + s.windows_per_step]
         _runner_fits(gen, group)
@@ -65,14 +68,20 @@ def perplexity(gen: Generator, ids: list[int], s: EvalSettings) -> dict:
             target = torch.tensor(w[1:], device=logits.device)  # [n-1]
             total += F.cross_entropy(logits[:-1], target, reduction="sum").item()
             count += len(w) - 1
+        if on_step is not None:
+            on_step()
     return {"loss": total / count, "ppl": math.exp(total / count), "tokens_scored": count, "windows": len(wins)}
 
 
 @torch.inference_mode()
-def agreement(model: Generator, reference: Generator, prompts: list[list[int]], s: EvalSettings) -> dict:
-    """KL, top-1 agreement (all positions of every prompt), greedy-sequence agreement."""
+def agreement(model: Generator, reference: Generator, prompts: list[list[int]], s: EvalSettings,
+              on_start=None, on_step=None) -> dict:
+    """KL, top-1 agreement (all positions of every prompt), greedy-sequence agreement. Progress: the
+    groups of 8 prompts compared, then the two greedy generations."""
     kl_sum, agree, positions = 0.0, 0, 0
     step = 8
+    if on_start is not None:
+        on_start(-(-len(prompts) // step) + 2)
     for i in range(0, len(prompts), step):
         group = prompts[i:i + step]
         for got, ref in zip(_logits(model, group), _logits(reference, group)):
@@ -80,9 +89,15 @@ def agreement(model: Generator, reference: Generator, prompts: list[list[int]], 
             kl_sum += (logp.exp() * (logp - logq)).sum().item()
             agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
             positions += ref.shape[0]
+        if on_step is not None:
+            on_step()
     params = SamplingParams(max_tokens=s.greedy_tokens, temperature=0.0, ignore_eos=True)
     ours = [c.token_ids for c in model.generate(prompts, params)]
+    if on_step is not None:
+        on_step()
     theirs = [c.token_ids for c in reference.generate(prompts, params)]
+    if on_step is not None:
+        on_step()
     prefixes = [_common_prefix(a, b) / max(1, len(b)) for a, b in zip(ours, theirs)]
     return {"kl": kl_sum / positions, "top1_agreement": agree / positions, "positions": positions,
             "greedy_match": sum(a == b for a, b in zip(ours, theirs)) / len(prompts),

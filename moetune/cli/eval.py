@@ -49,8 +49,11 @@ def eval_command(
     ref_target = reference_target(target, reference)
     texts = _prompt_texts(prompts)
     body = _read_text(text)
+    from moetune.cli.progress import progress
+
     s = EvalSettings(window=window, max_windows=max_windows, num_prompts=num_prompts, greedy_tokens=greedy_tokens)
-    result = evaluate(target, ref_target, body, texts, s)
+    with progress("eval") as bar:
+        result = evaluate(target, ref_target, body, texts, s, bar)
     if json_out == "-":
         print(json.dumps(result, indent=2))
         return

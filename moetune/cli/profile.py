@@ -95,19 +95,28 @@ def _preflight(settings):
 
 def _profile(settings, report: bool) -> None:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from moetune.cli.progress import progress
     from moetune.profile.runner import run_profile
     from moetune.report.ranks.tables import rank_tables
     from moetune.report.tables import formulas_table, imbalance_table, phase_table, rates_table
     from moetune.report.terminal import rich_table
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    err = Console(stderr=True)
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("loading model", total=None)
-        result = run_profile(settings, on_start=lambda n: progress.update(task, total=n, description="steps"),
-                             on_step=lambda kind: progress.update(task, advance=1, description=kind))
+    with progress("profile") as bar:
+        bar.phase("loading model")
+        steps = {"done": 0, "total": 0}
+
+        def on_start(n: int) -> None:
+            steps["total"] = n
+            bar.phase("steps", total=n)
+
+        def on_step(kind: str) -> None:
+            steps["done"] += 1
+            bar.update(advance=1, note=kind)
+            if steps["done"] == steps["total"]:  # the analysis and the run directory come after the last step
+                bar.phase("analysing and writing the run directory")
+
+        result = run_profile(settings, on_start=on_start, on_step=on_step)
     if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
         return
     if report:

@@ -71,27 +71,25 @@ def search(
 
 def _run(settings) -> None:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from moetune.cli.progress import progress
     from moetune.report.terminal import rich_table
     from moetune.search.study.run import run_search
     from moetune.search.study.tables import trials_table, states_table
 
-    err = Console(stderr=True)
     objective = settings.study.objectives[0]
     best: dict = {}
     tag = "estimated" if settings.evaluator == "simulate" else "measured"
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("trials", total=settings.study.n_trials)
+    with progress("search") as bar:
+        bar.phase("trials", total=settings.study.n_trials)
 
         def on_trial(row, done: int) -> None:
             if row.state == "COMPLETE" and row.values and row.feasible:
                 v = row.values[0]
                 if not best or (v > best["v"]) == (objective.startswith("throughput")):
                     best.update(v=v, label=row.deployment.label())
-            text = f"best {objective} {best['v']:,.4g} ({tag}) {best['label']}" if best else "trials"
-            progress.update(task, completed=done, description=text)
+            text = f"best {objective} {best['v']:,.4g} ({tag}) {best['label']}" if best else "no feasible trial yet"
+            bar.update(done=done, note=text)
 
         import warnings
 
