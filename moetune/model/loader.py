@@ -77,6 +77,7 @@ def load_model(
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)
     model = MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts, small_m,
                            fused=FusedDecode() if small_m else None)
+    model.precision = table  # the routed experts' formats (None: the load dtype), for the profile summary
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
         to_huge_pages(model.dense_tensors() + resident)

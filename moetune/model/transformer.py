@@ -43,6 +43,8 @@ class DecoderLayer:
 
 
 class MoETransformer:
+    precision = None  # PrecisionTable of the routed experts (set by the loader; None: the load dtype)
+
     def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
                  lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore, small_m: int = 0,
                  fused: FusedDecode | None = None):

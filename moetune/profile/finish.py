@@ -28,6 +28,11 @@ def offload_summary(store) -> dict:
     return {"enabled": True, "settings": store.settings.__dict__, "total": total, "layers": layers}
 
 
+def quant_summary(model) -> dict:
+    """The routed experts' formats: {"formats": {name: layer × expert count}} (empty: the load dtype)."""
+    return {"formats": model.precision.counts() if model.precision is not None else {}}
+
+
 def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
                kv_bytes: int) -> dict:
     """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
@@ -62,6 +67,7 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
         memory=memory_breakdown(model, parts.kv_bytes, max_tokens).as_dict(),
         nvml=parts.nvml_summary,
         offload=offload_summary(model.experts),
+        quant=quant_summary(model),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from html import escape
 
 from moetune.report.tables import Table, all_tables
@@ -15,13 +16,19 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 th { background: #f4f4f4; } tr:nth-child(even) td { background: #fafafa; }
 figure { margin: 1em 0; } figcaption { font-weight: 600; margin-bottom: 0.3em; }
 img { max-width: 100%; } .note { color: #666; font-size: 0.85em; } .meta { color: #555; }
+code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; }
 """
 
 
+def inline(text: str) -> str:
+    """Escaped text with markdown's `code` spans as <code> (the notes are written for markdown too)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
+
 def table_html(table: Table) -> str:
-    head = "".join(f"<th>{escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in table.rows)
-    note = f'<p class="note">{escape(table.note)}</p>' if table.note else ""
+    head = "".join(f"<th>{inline(c)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{inline(str(c))}</td>" for c in row) + "</tr>" for row in table.rows)
+    note = f'<p class="note">{inline(table.note)}</p>' if table.note else ""
     return f"<h2>{escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
 
 

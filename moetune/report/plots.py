@@ -130,9 +130,10 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
     plots = [
         ("phases", "Phase breakdown, prefill vs decode (% of step time)", phase_bars(tables.phases, tables.steps)),
         ("expert_load", "Expert load heatmap (layer × expert)", load_heatmap(tables.expert_load)),
-        ("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)),
-        ("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load)),
-    ] + extra
+    ]
+    if len(tables.ep_ranks) and tables.ep_ranks["rank"].nunique() > 1:  # at R = 1 one rank holds every copy
+        plots.append(("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)))
+    plots += [("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load))] + extra
     if len(tables.rank_moe):
         plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
                       rank_timeline(tables.rank_steps, tables.rank_moe)))

@@ -54,6 +54,8 @@ def phase_table(summary: dict) -> Table:
 
 
 def imbalance_table(summary: dict, top: int = 5) -> Table:
+    """The most imbalanced layers; the per-rank balancedness only with more than one EP rank."""
+    ranks = summary["parallel"]["ep_size"] > 1
     rows = []
     for kind in _kinds(summary):
         load = summary["kinds"][kind]["load"]
@@ -61,15 +63,15 @@ def imbalance_table(summary: dict, top: int = 5) -> Table:
         for r in worst:
             e, rk = r["expert"], r["rank"]
             rows.append([kind, str(r["layer"]), f"{e['imbalance']:.2f}", f"{e['balancedness']:.3f}",
-                         f"{rk['balancedness']:.3f}", f"{e['p50']:.0f}/{e['p95']:.0f}/{e['p99']:.0f}",
-                         f"{e['max']:.0f}"])
+                         *([f"{rk['balancedness']:.3f}"] if ranks else []),
+                         f"{e['p50']:.0f}/{e['p95']:.0f}/{e['p99']:.0f}", f"{e['max']:.0f}"])
         mean = load["mean_over_layers"]
         rows.append([kind, "mean of layers", f"{mean['expert_imbalance']:.2f}", f"{mean['expert_balancedness']:.3f}",
-                     f"{mean['rank_balancedness']:.3f}", "", ""])
-    return Table("Most imbalanced layers", ["kind", "layer", "max/mean", "bal. experts", "bal. ranks",
-                                            "P50/P95/P99", "max"], rows,
-                 "Token copies per expert (rank) over the kind's steps, per layer; balancedness (bal.) = mean/max; "
-                 "the mean row averages the per-layer values.")
+                     *([f"{mean['rank_balancedness']:.3f}"] if ranks else []), "", ""])
+    columns = ["kind", "layer", "max/mean", "bal. experts", *(["bal. ranks"] if ranks else []), "P50/P95/P99", "max"]
+    return Table("Most imbalanced layers", columns, rows,
+                 "Token copies per expert" + (" (rank)" if ranks else "") + " over the kind's steps, per layer; "
+                 "balancedness (bal.) = mean/max; the mean row averages the per-layer values.")
 
 
 def hottest_table(summary: dict) -> Table:
@@ -129,14 +131,43 @@ def locality_table(summary: dict) -> Table:
 
 
 def gemm_table(summary: dict) -> Table:
+    """Rows the expert GEMMs computed; the BLOCK_M padding columns only where the triton kernels
+    pad (a CUDA device): the CPU kernels and the torch twin compute exactly the rows."""
+    padded = str(summary["model"].get("device", "")).startswith("cuda")
     rows = []
     for kind in _kinds(summary):
         k = summary["kinds"][kind]
         pad, cap = k["padding"], k.get("capacity")
         drop = f"{100 * cap['drop_rate']:.2f}% (cf {cap['capacity_factor']})" if cap else "no capacity factor"
-        rows.append([kind, str(pad["rows"]), str(pad["padded_rows"]), f"{100 * pad['waste']:.1f}%", drop])
-    return Table("Expert GEMM rows", ["kind", "rows", "rows padded to BLOCK_M=64", "padding waste", "token drops"],
+        middle = [str(pad["padded_rows"]), f"{100 * pad['waste']:.1f}%"] if padded else []
+        rows.append([kind, str(pad["rows"]), *middle, drop])
+    middle = ["rows padded to BLOCK_M=64", "padding waste"] if padded else []
+    return Table("Expert GEMM rows", ["kind", "rows", *middle, "token drops"],
                  rows, "Drops: copies over capacity ceil(cf·T·K/E) per expert per step and layer.")
+
+
+def deployment_table(summary: dict) -> Table | None:
+    """What the run's deployment did, where it says something: the expert formats (quant), the
+    offload cache and the tokens dropped over capacity (None when the run used none of them)."""
+    rows = []
+    formats = summary.get("quant", {}).get("formats")
+    if formats:
+        total = sum(formats.values())
+        mix = ", ".join(f"{name} {n} ({100 * n / total:.0f}%)" for name, n in sorted(formats.items(), key=lambda kv: -kv[1]))
+        rows.append(["expert formats", f"{mix} of {total} layer × expert"])
+    off = summary.get("offload", {})
+    if off.get("enabled"):
+        t, s = off["total"], off["settings"]
+        rows.append(["offload", f"hit rate {t['hit_rate']:.2f} ({t['hits']}/{t['hits'] + t['misses']} needed experts "
+                                f"resident), prefetch precision {num(t['prefetch_precision'], '.2f')}, fetched "
+                                f"{mb(t['bytes_host'] + t['bytes_disk'])}, offload_wait {1e3 * t['offload_wait_s']:.1f} ms; "
+                                f"{s['capacity']} resident experts/layer, {s['policy']}, {s['tier']} tier"])
+    for kind in _kinds(summary):
+        cap = summary["kinds"][kind].get("capacity")
+        if cap:
+            rows.append([f"{kind} capacity drops", f"{100 * cap['drop_rate']:.2f}% of copies ({cap['dropped_copies']} "
+                                                   f"of {cap['copies']}) over capacity factor {cap['capacity_factor']}"])
+    return Table("Deployment", ["", "value"], rows) if rows else None
 
 
 def memory_table(summary: dict) -> Table:
@@ -172,7 +203,9 @@ def offload_table(summary: dict) -> Table:
 
 
 def all_tables(summary: dict) -> list[Table]:
-    tables = [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
+    deployment = deployment_table(summary)
+    tables = [overview_table(summary), *([deployment] if deployment else []), phase_table(summary),
+              imbalance_table(summary), hottest_table(summary),
               gemm_table(summary), *rank_tables(summary), ep_table(summary), locality_table(summary),
               rates_table(summary), formulas_table(summary), memory_table(summary)]
     if summary.get("offload", {}).get("enabled"):

@@ -77,3 +77,45 @@ def test_a_run_on_ranks_gets_the_per_rank_timeline_and_tables(ranked):
 def test_a_one_process_run_has_no_rank_view(run):
     titles = [t.title for t in all_tables(run.summary)]
     assert not any(t.startswith("Measured per rank") for t in titles)
+
+
+@pytest.fixture(scope="module")
+def one_rank(checkpoint, tmp_path_factory):
+    """R = 1 on the CPU, experts in two formats, offloaded, with a capacity factor."""
+    import json
+
+    ck = checkpoint("qwen3_moe", shard=False)
+    d = tmp_path_factory.mktemp("runs")
+    (d / "t.json").write_text(json.dumps({"default": ["int8", "fp32", "int8", "int8", "fp32", "int8", "int8"]}))
+    cfg = parse_config({"model": {"path": str(ck)}, "quant": {"table": str(d / "t.json")},
+                        "offload": {"resident_experts": 4, "prefetch_depth": 1}})
+    workload = Workload(num_requests=2, batch_size=2, input_len=10, output_len=3, warmup_steps=0)
+    return read_run(run_profile(ProfileSettings(cfg, workload, out=d / "r1", capacity_factor=1.0)).path)
+
+
+def test_at_one_rank_on_the_cpu_rank_load_and_block_m_are_left_out(one_rank):
+    assert "rank_load" not in [stem for stem, _, _ in all_plots(one_rank.tables, one_rank.summary)]
+    tables = {t.title: t for t in all_tables(one_rank.summary)}
+    assert tables["Expert GEMM rows"].columns == ["kind", "rows", "token drops"]
+    assert "bal. ranks" not in tables["Most imbalanced layers"].columns
+
+
+def test_at_four_ranks_the_rank_columns_stay(run):
+    tables = {t.title: t for t in all_tables(run.summary)}
+    assert "bal. ranks" in tables["Most imbalanced layers"].columns
+
+
+def test_the_deployment_table_says_formats_offload_and_drops(one_rank):
+    from moetune.report.tables import deployment_table
+
+    assert one_rank.summary["quant"]["formats"] == {"int8": 15, "fp32": 6}  # 3 MoE layers × (5 int8 + 2 fp32)
+    rows = dict(deployment_table(one_rank.summary).rows)
+    assert rows["expert formats"].startswith("int8 15 (71%), fp32 6 (29%)")
+    hit = one_rank.summary["offload"]["total"]["hit_rate"]
+    assert rows["offload"].startswith(f"hit rate {hit:.2f}")
+    assert "over capacity factor 1.0" in rows["decode capacity drops"]
+
+
+def test_html_renders_code_spans_not_backticks(one_rank):
+    html = render_html(one_rank.summary, one_rank.env, all_plots(one_rank.tables, one_rank.summary))
+    assert "`" not in html and "<code>other</code>" in html
