@@ -22,7 +22,7 @@ def profile(
     warmup_steps: int = typer.Option(2, "--warmup-steps", help="Steps run first and excluded from all figures."),
     ep_size: Optional[int] = typer.Option(None, "--ep-size", help="Expert-parallel ranks R: runs R ranks (spawned, or "
                                                                   "torchrun's) and measures each (default: recipe, else 1)."),
-    ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="Ranks per node (default: recipe, else 1)."),
+    ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="Ranks per node (default: the recipe's; else ranks this command starts share one node, torchrun's LOCAL_WORLD_SIZE, a --what-if 1)."),
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
     what_if: bool = typer.Option(False, "--what-if", help="Do not start R ranks: compute EP-R traffic from one process."),

@@ -40,9 +40,17 @@ Hooks = Callable[[str], None]
 
 
 def parallel_sizes(settings: ProfileSettings) -> tuple[int, int]:
+    """(R, ranks per node). Ranks per node: the flag, else a recipe's value other than the default 1,
+    else where the ranks really are: ranks this command starts share this machine (one node),
+    torchrun's share LOCAL_WORLD_SIZE per node; a what-if models the recipe's cluster (1 by default)."""
     par = settings.config.parallel
     ep = settings.ep_size if settings.ep_size is not None else par.ep_size
     rpn = settings.ranks_per_node if settings.ranks_per_node is not None else par.ranks_per_node
+    if settings.ranks_per_node is None and par.ranks_per_node == 1 and ep > 1 and not settings.what_if:
+        from moetune.engine.ep_launch import under_torchrun
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ep)) if under_torchrun() else ep
+        rpn = local if local >= 1 and (ep % local == 0 or local % ep == 0) else 1
     if ep < 1 or rpn < 1:
         raise MoetuneError("--ep-size and --ranks-per-node must be at least 1")
     return ep, rpn

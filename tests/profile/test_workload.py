@@ -49,3 +49,21 @@ def test_ep_size_defaults_to_the_recipe_then_one():
     assert parallel_sizes(ProfileSettings(recipe)) == (4, 2)
     assert parallel_sizes(ProfileSettings(recipe, ep_size=8)) == (8, 2)
     assert parallel_sizes(ProfileSettings(parse_config({}))) == (1, 1)
+
+
+def test_ranks_this_command_starts_share_one_node_unless_told(monkeypatch):
+    """Two local ranks used to count every byte as inter-node (ranks_per_node defaulted to 1)."""
+    from moetune.config import parse_config
+    from moetune.profile.session import ProfileSettings, parallel_sizes
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    plain = parse_config({"parallel": {"ep_size": 4}})
+    assert parallel_sizes(ProfileSettings(plain)) == (4, 4)  # spawned here: one node
+    assert parallel_sizes(ProfileSettings(plain, ep_size=2)) == (2, 2)
+    assert parallel_sizes(ProfileSettings(plain, what_if=True)) == (4, 1)  # a what-if models the recipe's cluster
+    assert parallel_sizes(ProfileSettings(plain, ranks_per_node=1)) == (4, 1)  # the flag wins
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert parallel_sizes(ProfileSettings(plain)) == (4, 2)  # torchrun: its ranks per node
