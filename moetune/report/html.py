@@ -44,8 +44,10 @@ def render_html(summary: dict, env: dict, plots: list[tuple[str, str, bytes]]) -
     meta = (f"moetune {env.get('moetune_version')} · git {str(env.get('git_commit'))[:10]} · torch {env.get('torch')}"
             f" · device {dev.get('name') or dev.get('type')} · {dev.get('cpu_count')} CPUs")
     figures = "".join(figure_html(caption, png) for _, caption, png in plots)
-    first, *rest = all_tables(summary)  # the overview, then plots, then the detail tables
-    tables = "".join(table_html(t) for t in rest)
+    every = all_tables(summary)  # the overview (and the deployment), then plots, then the detail tables
+    lead = 2 if len(every) > 1 and every[1].title == "Deployment" else 1
+    first = "".join(table_html(t) for t in every[:lead])
+    tables = "".join(table_html(t) for t in every[lead:])
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>moetune profile: {escape(m['name'])}</title>"
             f"<style>{CSS}</style></head><body><h1>moetune profile: {escape(m['name'])}</h1>"
-            f'<p class="meta">{escape(meta)}</p>{table_html(first)}<h2>Plots</h2>{figures}{tables}</body></html>\n')
+            f'<p class="meta">{escape(meta)}</p>{first}<h2>Plots</h2>{figures}{tables}</body></html>\n')

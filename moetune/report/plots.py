@@ -83,8 +83,9 @@ def rank_load_bars(ep_ranks: pd.DataFrame) -> bytes:
     return png(plt, fig)
 
 
-def mshape_histogram(expert_load: pd.DataFrame) -> bytes:
-    """Histogram of expert GEMM m-shapes (rows per non-empty expert per step and layer)."""
+def mshape_histogram(expert_load: pd.DataFrame, block_m: bool = True) -> bytes:
+    """Histogram of expert GEMM m-shapes (rows per non-empty expert per step and layer); `block_m`:
+    mark the triton kernels' BLOCK_M (only they pad rows to it)."""
     kinds = _kinds(expert_load)
     plt, fig = figure(11, 1 + 2.4 * len(kinds))
     for i, kind in enumerate(kinds, 1):
@@ -97,7 +98,7 @@ def mshape_histogram(expert_load: pd.DataFrame) -> bytes:
             bins = np.unique(np.geomspace(1, top + 1, 40).astype(int)) - 0.5
             ax.set_xscale("log")
         ax.hist(rows, bins=bins, color="#4c72b0", edgecolor="white")
-        if top >= 32:
+        if block_m and top >= 32:
             ax.axvline(64, color="#c44e52", linestyle="--", linewidth=1, label="BLOCK_M = 64")
             ax.legend(fontsize=8)
         ax.set_xlabel("rows in one expert GEMM (m)")
@@ -133,7 +134,8 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
     ]
     if len(tables.ep_ranks) and tables.ep_ranks["rank"].nunique() > 1:  # at R = 1 one rank holds every copy
         plots.append(("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)))
-    plots += [("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load))] + extra
+    on_gpu = summary is None or str(summary["model"].get("device", "")).startswith("cuda")
+    plots += [("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load, on_gpu))] + extra
     if len(tables.rank_moe):
         plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
                       rank_timeline(tables.rank_steps, tables.rank_moe)))

@@ -204,9 +204,10 @@ def offload_table(summary: dict) -> Table:
 
 def all_tables(summary: dict) -> list[Table]:
     deployment = deployment_table(summary)
+    ranks = summary["parallel"]["ep_size"] > 1  # at R = 1 the per-rank and locality tables say nothing
     tables = [overview_table(summary), *([deployment] if deployment else []), phase_table(summary),
               imbalance_table(summary), hottest_table(summary),
-              gemm_table(summary), *rank_tables(summary), ep_table(summary), locality_table(summary),
+              gemm_table(summary), *rank_tables(summary), *([ep_table(summary), locality_table(summary)] if ranks else []),
               rates_table(summary), formulas_table(summary), memory_table(summary)]
     if summary.get("offload", {}).get("enabled"):
         tables.append(offload_table(summary))

@@ -98,11 +98,13 @@ def test_at_one_rank_on_the_cpu_rank_load_and_block_m_are_left_out(one_rank):
     tables = {t.title: t for t in all_tables(one_rank.summary)}
     assert tables["Expert GEMM rows"].columns == ["kind", "rows", "token drops"]
     assert "bal. ranks" not in tables["Most imbalanced layers"].columns
+    assert not any(title.startswith(("Expert parallel load", "Expert parallel bytes")) for title in tables)
 
 
 def test_at_four_ranks_the_rank_columns_stay(run):
     tables = {t.title: t for t in all_tables(run.summary)}
     assert "bal. ranks" in tables["Most imbalanced layers"].columns
+    assert "Expert parallel bytes by locality" in tables
 
 
 def test_the_deployment_table_says_formats_offload_and_drops(one_rank):
