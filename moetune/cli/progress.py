@@ -102,8 +102,9 @@ class RichProgress:
         self.task = self.bar.add_task(f"{command}: starting", total=None)
 
     def phase(self, name: str, total: int | None = None) -> None:
-        self.name = name
-        self.bar.reset(self.task, total=total, description=f"{self.command}: {name}")
+        self.name = name  # a new task: rich's reset keeps the old total when given None
+        self.bar.remove_task(self.task)
+        self.task = self.bar.add_task(f"{self.command}: {name}", total=total)
 
     def update(self, done: int | None = None, advance: int = 0, note: str | None = None) -> None:
         kw = {"completed": done} if done is not None else {"advance": advance}
