@@ -1,7 +1,7 @@
 """`pip install -e ".[serve]"` (the README's install) is enough for `serve` and `bench-serve`: every
-third-party module imported anywhere in moetune/serve/ and their CLI modules is a base dependency
-or in the `serve` extra (bench-serve once crashed with ModuleNotFoundError: httpx, which only the
-`test` extra had)."""
+third-party module their CLI modules reach through moetune's imports (function-level ones too) is a
+base dependency or in the `serve` extra (bench-serve once crashed with ModuleNotFoundError: httpx,
+which only the `test` extra had)."""
 
 import ast
 import re
@@ -14,20 +14,47 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = [*sorted((ROOT / "moetune" / "serve").glob("*.py")), ROOT / "moetune" / "cli" / "serve.py",
-         ROOT / "moetune" / "cli" / "bench_serve.py"]
-MODULE_DIST = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "starlette": "fastapi",
+ENTRY = ("moetune.cli.serve", "moetune.cli.bench_serve")  # the two commands; every moetune module they import follows
+MODULE_DIST = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "starlette": "fastapi", "pynvml": "nvidia-ml-py",
                "pydantic": "pydantic"}  # import name → the distribution that provides it (starlette: fastapi's)
 
 
-def imported(path: Path) -> set[str]:
+def module_file(name: str) -> Path | None:
+    base = ROOT / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imports(path: Path) -> set[str]:
+    """Every module imported anywhere in the file, by full name (`from pkg import mod` gives pkg.mod too)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"moetune", "__future__"}
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def third_party_reached() -> set[str]:
+    """Top-level third-party modules imported by the entry modules and every moetune module they reach."""
+    seen, todo, outside = set(), list(ENTRY), set()
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        for imported in imports(path):
+            top = imported.split(".")[0]
+            if top == "moetune":
+                todo.append(imported)
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                outside.add(top)
+    return outside
 
 
 def dists(requirements: list[str]) -> set[str]:
@@ -37,6 +64,6 @@ def dists(requirements: list[str]) -> set[str]:
 def test_serve_and_bench_serve_need_only_the_serve_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     have = dists(project["dependencies"]) | dists(project["optional-dependencies"]["serve"])
-    needed = {MODULE_DIST.get(m, m) for f in FILES for m in imported(f)}
-    assert "httpx" in needed  # the check reads bench-serve's client
-    assert needed <= have, f"imported by serve/bench-serve but not in the serve extra: {sorted(needed - have)}"
+    needed = {MODULE_DIST.get(m, m) for m in third_party_reached()}
+    assert {"httpx", "fastapi", "uvicorn"} <= needed  # the walk reaches bench-serve's client and the server
+    assert needed <= have, f"reached by serve/bench-serve but not in the serve extra: {sorted(needed - have)}"
