@@ -137,6 +137,7 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
     on_gpu = summary is None or str(summary["model"].get("device", "")).startswith("cuda")
     plots += [("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load, on_gpu))] + extra
     if len(tables.rank_moe):
-        plots.append(("rank_timeline", "Per-rank timeline: computing, waiting, and for whom (measured)",
+        plots.append(("rank_timeline",
+                      "Per-rank timeline: computing, dispatch/combine transfer, waiting, and for whom (measured)",
                       rank_timeline(tables.rank_steps, tables.rank_moe)))
     return plots

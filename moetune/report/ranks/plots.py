@@ -13,7 +13,7 @@ RANK_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3",
 
 def rank_timeline(rank_steps: pd.DataFrame, rank_moe: pd.DataFrame) -> bytes:
     """Top: one lane per rank over the measured lock-steps (each as long as its slowest rank): compute,
-    then the seconds spent waiting for the slowest rank. Bottom: per MoE layer (rows) and lock-step
+    the dispatch/combine transfers, then the seconds spent waiting for the slowest rank. Bottom: per MoE layer (rows) and lock-step
     (columns), the rank everyone waited for."""
     R = int(rank_steps["rank"].max()) + 1
     plt, fig = figure(11, 2.2 + 0.45 * R + 0.3 * rank_moe.layer.nunique())
@@ -23,19 +23,35 @@ def rank_timeline(rank_steps: pd.DataFrame, rank_moe: pd.DataFrame) -> bytes:
     return png(plt, fig)
 
 
-def _lanes(ax, rank_steps: pd.DataFrame, rank_moe: pd.DataFrame, R: int) -> None:
+def lane_segments(rank_steps: pd.DataFrame, rank_moe: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per lock-step and rank [S, R], ms: "waiting" for the slowest rank (the counts exchange of
+    every layer's dispatch), "transfer" (the rows' all-to-alls of dispatch and combine) and
+    "computing" (the rest of the rank's step); the three add up to the rank's step time."""
     secs = rank_steps.pivot_table(index="step", columns="rank", values="seconds", fill_value=0.0)  # [S, R]
-    wait = rank_moe.pivot_table(index="step", columns="rank", values="wait_seconds", aggfunc="sum",
-                                fill_value=0.0).reindex(index=secs.index, columns=secs.columns, fill_value=0.0)
+
+    def per_step(column: str) -> pd.DataFrame:
+        return rank_moe.pivot_table(index="step", columns="rank", values=column, aggfunc="sum",
+                                    fill_value=0.0).reindex(index=secs.index, columns=secs.columns, fill_value=0.0)
+
+    wait, transfer = per_step("wait_seconds"), per_step("transfer_seconds")
+    transfer = transfer.clip(upper=(secs - wait).clip(lower=0.0))  # timer noise never exceeds the step
+    computing = (secs - wait - transfer).clip(lower=0.0)
+    return {"computing": computing * 1e3, "transfer": transfer * 1e3, "waiting": wait * 1e3, "step": secs * 1e3}
+
+
+def _lanes(ax, rank_steps: pd.DataFrame, rank_moe: pd.DataFrame, R: int) -> None:
+    seg = lane_segments(rank_steps, rank_moe)
     idle = rank_steps.pivot_table(index="step", columns="rank", values="rank_kind",
-                                  aggfunc=lambda k: (k == "idle").any()).reindex_like(secs).fillna(False)
-    starts = np.concatenate([[0.0], np.cumsum(secs.max(axis=1).to_numpy())[:-1]]) * 1e3  # [S] ms
+                                  aggfunc=lambda k: (k == "idle").any()).reindex_like(seg["step"]).fillna(False)
+    starts = np.concatenate([[0.0], np.cumsum(seg["step"].max(axis=1).to_numpy())[:-1]])  # [S] ms
     for r in range(R):
-        s, w = secs[r].to_numpy() * 1e3, wait[r].to_numpy() * 1e3
-        busy = np.maximum(s - w, 0.0)
+        busy, moved, w = (seg[k][r].to_numpy() for k in ("computing", "transfer", "waiting"))
         colors = np.where(idle[r].to_numpy(dtype=bool), "#c8c8c8", "#4c72b0")
         ax.barh(r, busy, left=starts, color=colors, height=0.6, label="computing" if r == 0 else None)
-        ax.barh(r, w, left=starts + busy, color="#e34a33", height=0.6, label="waiting for the slowest rank" if r == 0 else None)
+        ax.barh(r, moved, left=starts + busy, color="#dd8452", height=0.6,
+                label="dispatch / combine transfer" if r == 0 else None)
+        ax.barh(r, w, left=starts + busy + moved, color="#e34a33", height=0.6,
+                label="waiting for the slowest rank" if r == 0 else None)
     ax.set_yticks(range(R), [f"rank {r}" for r in range(R)])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first measured lock-step (each lock-step as long as its slowest rank; grey = idle)")
