@@ -88,11 +88,11 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
                    "peak_mem_gb")
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "state", *keys, *objectives, *metric_keys, "figures", "feasible", "reason"])
+        w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys, "figures", "feasible", "reason"])
         for r in rows:
             m = r.metrics or {}
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
-            w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys),
+            w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
                         tag, r.feasible, r.reason or ""])
 

@@ -52,6 +52,17 @@ class Constraints:
                 out.append(float(value - limit))
         return out
 
+    def violations(self, m: Metrics) -> list[str]:
+        """Each limit the metrics break, in words: why a completed trial is not feasible."""
+        out = []
+        for flag, limit, value in (("--max-mem-gb", self.max_mem_gb, m.peak_mem_gb),
+                                   ("--max-ttft-ms", self.max_ttft_ms, m.ttft_ms),
+                                   ("--max-tpot-ms", self.max_tpot_ms, m.tpot_ms),
+                                   ("--max-low-share", self.max_low_share, m.detail.get("low_precision_share", 0.0))):
+            if limit is not None and value > limit:
+                out.append(f"{flag[6:].replace('-', '_')} {value:.4g} over {flag} {limit:g}")
+        return out
+
     def count(self) -> int:
         return sum(x is not None for x in (self.max_mem_gb, self.max_ttft_ms, self.max_tpot_ms, self.max_low_share))
 
@@ -80,9 +91,13 @@ class TrialRow:
     metrics: dict | None
     reason: str | None = None
     feasible: bool = True
+    canonical: dict | None = None  # the deployment the trial ran (its moot knobs at their twin's values)
 
     @property
     def deployment(self) -> Deployment:
+        """What the trial ran and what a winner's recipe says: its canonical twin when it has one."""
+        if self.canonical is not None:
+            return Deployment(**{**Deployment().as_dict(), **self.canonical})
         return Deployment(**{**Deployment().as_dict(), **self.params})
 
 
@@ -205,6 +220,8 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         m = Metrics(**metrics)
         trial.set_user_attr("metrics", metrics)
         trial.set_user_attr("constraints", s.constraints.values(m) or [0.0])
+        if s.constraints.violations(m):
+            trial.set_user_attr("infeasible_reason", "; ".join(s.constraints.violations(m)))
         trial.set_user_attr("evaluator", evaluator.name)
         values = [m.value(o) for o in s.objectives]
         return values[0] if len(values) == 1 else values
@@ -366,13 +383,18 @@ def _one_line(exc: BaseException) -> str:
 
 
 def to_row(t) -> TrialRow:
-    reason = t.user_attrs.get("pruned_reason") or t.user_attrs.get("fail_reason")
+    a = t.user_attrs
+    reason = a.get("pruned_reason") or a.get("fail_reason") or a.get("infeasible_reason")
     if t.state.name == "FAIL" and reason is None:
         reason = "worker stopped (heartbeat lost); re-queued" if t.system_attrs.get("fail_reason") is None \
             else t.system_attrs.get("fail_reason")
-    cons = t.user_attrs.get("constraints") or []
+    canonical = json.loads(a["canonical"]) if "canonical" in a else None
+    twin = [f"ran as its twin ({a['same_as']})"] if a.get("same_as") else []
+    twin += [f"result of trial {a['reused_from']}"] if "reused_from" in a else []
+    reason = "; ".join([*([reason] if reason else []), *twin]) or None
+    cons = a.get("constraints") or []
     return TrialRow(t.number, t.state.name, dict(t.params), list(t.values) if t.values else None,
-                    t.user_attrs.get("metrics"), reason, all(c <= 0 for c in cons))
+                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical)
 
 
 def rows(study) -> list[TrialRow]:

@@ -10,7 +10,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
 | quant_low_format | quant.low / quant.experts | none, fp8, int8, int4 (= int4-g64) | — |
 | quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
-| offload_resident_fraction | offload.resident_experts | 1, 0.75, 0.5, 0.25 of a rank's slots | fewer resident slots per rank than top-K |
+| offload_resident_fraction | offload.resident_experts | 1, 0.75, 0.5, 0.25 of a rank's slots | fewer resident slots per rank than top-K; ep_size > 1 (offloading runs on one rank) |
 | offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
 | offload_eviction | offload.policy | lru, lfu | — (moot with nothing offloaded) |
 
@@ -170,6 +170,9 @@ def prune(d: Deployment, lim: Limits) -> str | None:
     if d.max_num_batched_tokens < d.max_num_seqs:
         return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below max_num_seqs {d.max_num_seqs} "
                 "(not one decode per running sequence)")
+    if d.offload_resident_fraction < 1 and R > 1:  # RunConfig refuses the pair: never a trial, never a winner
+        return (f"offload with ep_size {R} is not supported yet (offloading runs on one rank; the recipe "
+                "validator refuses it)")
     return _prune_what_if(d, lim)
 
 
