@@ -48,7 +48,7 @@ def _lanes(ax, rank_steps: pd.DataFrame, rank_moe: pd.DataFrame, R: int) -> None
         busy, moved, w = (seg[k][r].to_numpy() for k in ("computing", "transfer", "waiting"))
         colors = np.where(idle[r].to_numpy(dtype=bool), "#c8c8c8", "#4c72b0")
         ax.barh(r, busy, left=starts, color=colors, height=0.6, label="computing" if r == 0 else None)
-        ax.barh(r, moved, left=starts + busy, color="#dd8452", height=0.6,
+        ax.barh(r, moved, left=starts + busy, color="#8172b3", height=0.6,
                 label="dispatch / combine transfer" if r == 0 else None)
         ax.barh(r, w, left=starts + busy + moved, color="#e34a33", height=0.6,
                 label="waiting for the slowest rank" if r == 0 else None)

@@ -171,8 +171,7 @@ def prune(d: Deployment, lim: Limits) -> str | None:
         return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below max_num_seqs {d.max_num_seqs} "
                 "(not one decode per running sequence)")
     if d.offload_resident_fraction < 1 and R > 1:  # RunConfig refuses the pair: never a trial, never a winner
-        return (f"offload with ep_size {R} is not supported yet (offloading runs on one rank; the recipe "
-                "validator refuses it)")
+        return f"offload with ep_size {R} is not supported yet (offloading runs on one rank)"
     return _prune_what_if(d, lim)
 
 
