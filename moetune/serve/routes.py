@@ -151,7 +151,8 @@ async def _generate(state: ServerState, request: Request, body, shape: Shape, pr
     try:
         for ids in prompts:
             room = max(state.max_len - len(ids), 1)  # what the context leaves after this prompt
-            if max_tokens is not None and max_tokens > room:
+            # never cut silently (a prompt over the context gets its own 400 below)
+            if max_tokens is not None and len(ids) < state.max_len and max_tokens > room:
                 raise APIError(400, f"max_tokens {max_tokens} is more than the {room:,} tokens the context of "
                                     f"{state.max_len:,} leaves after this {len(ids):,}-token prompt; ask for at "
                                     f"most {room:,} (or omit max_tokens)", param="max_tokens")

@@ -210,6 +210,8 @@ CASES: list[Case] = [
     Case("top-p-zero", "value", (*G, "--top-p", "0"), 1, ("--top-p", "> 0")),
     Case("top-k-negative", "value", (*G, "--top-k", "-1"), 1, ("--top-k",)),
     Case("max-tokens-zero", "value", (*G, "--max-tokens", "0"), 1, ("--max-tokens", ">= 1")),
+    Case("generate-max-tokens-over-context", "value", (*G, "-m", "{ck}", "--max-tokens", "99999"), 1,
+         ("--max-tokens 99999", "context of 256", "at most 255")),
     Case("seed-negative", "value", (*G, "--seed", "-1"), 1, ("--seed",)),
     Case("capacity-factor-nan", "value", ("profile", "--capacity-factor", "nan"), 1, ("--capacity-factor", "finite")),
     Case("capacity-factor-zero", "value", ("profile", "--capacity-factor", "0"), 1, ("--capacity-factor",)),
@@ -401,8 +403,6 @@ CASES: list[Case] = [
          ("offload directory 'blocker'", "cannot be used"),
          prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n"
                                                           "  dir: blocker\n"))),
-    Case("generate-max-tokens-over-context", "sampling", (*G, "-m", "{ck}", "--max-tokens", "99999"), 1,
-         ("--max-tokens 99999", "context of 256", "at most 255")),
     Case("offload-with-expert-parallelism", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
          ("offload with parallel.ep_size=7", "not supported yet", "ep_size 1"),
          prep=write("r.yaml", "parallel:\n  ep_size: 7\noffload:\n  resident_experts: 3\n")),

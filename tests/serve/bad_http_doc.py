@@ -24,6 +24,7 @@ request, and none leaves a traceback in the log.
 | H10 | unsupported parameters | `"logit_bias": {"5": 10}` | 400 | 'logit_bias' is not supported by moetune serve | test_errors |
 | H11 | body not JSON / not an object / missing prompt | `{not json`, `[1, 2]` | 400 | the request body is not valid JSON / must be a JSON object / 'prompt' is required | test_errors |
 | H12 | prompt over the context | `"prompt": [5, …]` 3,000 ids | 400 | the prompt has 3000 tokens but the context is 2048; shorten the prompt | test_errors |
+| H12b | max_tokens over what the context leaves | `"prompt": [5, 6, 7], "max_tokens": 99999` | 400 | max_tokens 99999 is more than the 2,045 tokens the context of 2,048 leaves after this 3-token prompt; ask for at most 2,045 (or omit max_tokens) — never cut silently | test_errors |
 | H13 | unknown model | `"model": "gpt-4"` | 404 | the model 'gpt-4' does not exist; this server serves 'stdlib-moe' | test_errors |
 | H14 | body over serve.max_body_bytes | 70 KiB prompt on a 64 KiB limit | 413 | the request body is over the server's limit of 65536 bytes | test_errors |
 | H15 | missing or wrong API key | no `Authorization`, `Basic …` | 401 | missing or invalid API key; send 'Authorization: Bearer <key>' | test_errors |
