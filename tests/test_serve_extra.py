@@ -15,8 +15,8 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ("moetune.cli.serve", "moetune.cli.bench_serve")  # the two commands; every moetune module they import follows
-MODULE_DIST = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "starlette": "fastapi", "pynvml": "nvidia-ml-py",
-               "pydantic": "pydantic"}  # import name → the distribution that provides it (starlette: fastapi's)
+MODULE_DIST = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "pynvml": "nvidia-ml-py",
+               "starlette": "fastapi", "h11": "uvicorn"}  # import name → the distribution bringing it (h11: uvicorn's)
 
 
 def module_file(name: str) -> Path | None:
