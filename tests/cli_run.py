@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 
-def moetune(*args, cwd=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def moetune(*args, cwd=None, env=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "moetune", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300, env=env)
 

@@ -1,9 +1,13 @@
 import os
+import tempfile
 
 # The suite runs many model processes at once (the bad-input table, servers, EP ranks): their OpenMP
 # threads sleep between regions, as moetune chooses on a busy machine (engine/threads.py), set here
 # before anything loads torch, and inherited by every subprocess.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# this-machine calibrations (search/machine_cache.py) are cached in a directory of the suite's own,
+# never the user's cache; tests that need an empty cache point it at their tmp_path.
+os.environ.setdefault("MOETUNE_CACHE_DIR", tempfile.mkdtemp(prefix="moetune-test-cache-"))
 
 import pytest  # noqa: E402
 

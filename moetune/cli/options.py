@@ -20,6 +20,11 @@ EpSizeOpt = typer.Option(None, "--ep-size", help="Expert-parallel ranks R (defau
 PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
 RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")
 
+CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
+                              "cached per machine) | trace (the trace's own phase times).")
+RecalibrateOpt = typer.Option(False, "--recalibrate", help="this-machine: measure the microbenchmarks again even "
+                                                           "when cached.")
+
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,

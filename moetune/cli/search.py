@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from moetune.cli.options import CalibrateOnOpt, RecalibrateOpt
+
 
 def search(
     trace: str = typer.Option(..., "--trace", "-t", help="Run directory of `moetune profile` (routing + workload)."),
@@ -41,6 +43,8 @@ def search(
     allow_changed_inputs: bool = typer.Option(False, "--allow-changed-inputs", help="Continue a study under another "
                                               "--trace or --space (refused by default: its trials would mix)."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
+    calibrate_on: str = CalibrateOnOpt,
+    recalibrate: bool = RecalibrateOpt,
 ) -> None:
     """Search EP size, replicas, placement and batching knobs for the best deployment; emit the winner."""
     from pathlib import Path
@@ -64,7 +68,8 @@ def search(
                                    allow_changed_inputs=allow_changed_inputs)
     from moetune.search.study.run import SearchSettings
 
-    settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len),
+    settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len,
+                                     calibrate_on, recalibrate),
                               study_settings, out_dir, evaluator, space, what_if, remeasure)
     _run(settings)
 
@@ -101,6 +106,7 @@ def _run(settings) -> None:
             warnings.simplefilter("ignore", ExperimentalWarning)
             result = run_search(settings, on_trial)
     console = Console()
+    console.print(result.calibrated_on, highlight=False)
     console.print(rich_table(states_table(result.rows)))
     if result.winner is None:
         console.print("no feasible trial finished; see trials.csv for the reasons")

@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from moetune.cli.options import CalibrateOnOpt, RecalibrateOpt
+
 
 def simulate(
     trace: str = typer.Option(..., "--trace", "-t", help="Run directory of `moetune profile` (its routing trace)."),
@@ -26,6 +28,10 @@ def simulate(
     resident: Optional[float] = typer.Option(None, "--offload-resident-fraction", help="What-if: slots resident."),
     prefetch: Optional[int] = typer.Option(None, "--offload-prefetch-depth", help="What-if: layers prefetched ahead."),
     eviction: Optional[str] = typer.Option(None, "--offload-eviction", help="What-if: lru | lfu."),
+    calibrate_on: str = CalibrateOnOpt,
+    recalibrate: bool = RecalibrateOpt,
+    explain: bool = typer.Option(False, "--explain", help="Also print the cost model's terms per step kind and "
+                                                          "phase (FLOPs, bytes, calls, multipliers)."),
 ) -> None:
     """Estimate one deployment from a routing trace (every figure is an estimate)."""
     from rich.console import Console
@@ -41,10 +47,20 @@ def simulate(
         raise UsageError(f"--quant-low-format {low_format!r} is not one of none, fp8, int8, int4")
     what_if = {"quant_low_format": low_format, "quant_hot_fraction": hot_fraction,
                "offload_resident_fraction": resident, "offload_prefetch_depth": prefetch, "offload_eviction": eviction}
-    inp = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len)
-    setup, d, m = simulate_recipe(inp, as_profile=not serve, what_if=what_if)
+    inp = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len, calibrate_on,
+                 recalibrate)
+    setup, d, m = simulate_recipe(inp, as_profile=not serve, what_if=what_if, explain=explain)
     console = Console()
     console.print(f"[bold]{setup.source.model.name}[/] on {setup.hardware.name} "
                   f"({setup.hardware.max_ranks} ranks available): {d.label()} — all figures estimated")
+    console.print(setup.calibrated_on(), highlight=False)
     console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
     console.print(rich_table(metrics_table("Totals (estimated)", m)))
+    if explain:
+        from moetune.search.cost.explain import terms_table
+
+        cal = setup.calibration
+        path = {k: cal.path_factor(k, d.ep_size) for k in ("prefill", "decode")} if cal else {}
+        wide = Console(width=max(console.width, 150))  # eleven columns: not squeezed into a pipe's 80
+        wide.print(rich_table(terms_table(setup.sim.terms or {}, setup.sim.hw, path)))
+

@@ -1,4 +1,4 @@
-"""env.json: what produced a run (model files hash, versions, git commit, device, topology)."""
+"""env.json: what produced a run (model files hash, versions, git commit, device, machine state, topology)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 from moetune.engine.heap import heap_policy
 from moetune.engine.threads import wait_policy
+from moetune.profile.machine import machine_state
 
 
 def model_files_hash(model_dir: Path) -> str:
@@ -72,6 +73,7 @@ def environment(model_dir: Path, device: torch.device, ep_size: int, ranks_per_n
                           "CPU layer kernels (model/fused_decode.py; `moetune profile --overhead` compares them)"
                           if fused else "unfused"),
         "device": device_info(device),
+        "machine": machine_state(),  # load, threads, memory-read probe when the run was written (machine.py)
         "topology": {"ep_size": ep_size, "ranks_per_node": ranks_per_node,
                      "nodes": max(1, ep_size // ranks_per_node), "simulated": not ran,
                      "note": (f"ran on {ep_size} ranks; the what-if tables (ep_*) are computed for the same placement"

@@ -422,6 +422,8 @@ CASES: list[Case] = [
          ("--hardware this-machine",)),
     Case("simulate-unknown-hardware", "search", ("simulate", "--trace", "{run}", "--hardware", "Z9000"), 1,
          ("Z9000",)),
+    Case("simulate-unknown-calibration", "search", ("simulate", "--trace", "{run}", "--calibrate-on", "vibes"), 1,
+         ("--calibrate-on 'vibes'", "microbenchmarks, trace")),
     Case("search-trace-not-a-run", "search", ("search", "--trace", "{d}", "--hardware", "H100", "--out", "{d}/o"),
          1, ("run directory",)),
     Case("serve-ep-size-not-dividing", "search", ("serve", "-m", "{ck}", "--ep-size", "2", "--port", "0"), 1,

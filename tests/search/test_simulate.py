@@ -143,12 +143,12 @@ def test_simulate_command_user_mistakes_are_one_line(run_dir, tmp_path):
                           "does not divide")
 
 
-def test_on_this_machine_call_overheads_are_fitted_on_the_run_and_reproduce_it(run_dir):
+def test_calibrated_on_the_trace_call_overheads_are_fitted_on_the_run_and_reproduce_it(run_dir):
     import json
 
     from moetune.search.study.one import simulate_recipe
 
-    setup, d, m = simulate_recipe(Inputs(str(run_dir), "this-machine"))
+    setup, d, m = simulate_recipe(Inputs(str(run_dir), "this-machine", calibrate_on="trace"))
     assert {"attention", "experts", "other", "attention/decode"} <= set(setup.sim.k)
     measured = json.loads((run_dir / "summary.json").read_text())["kinds"]["decode"]
     step_ms = 1e3 * measured["seconds"] / measured["steps"]

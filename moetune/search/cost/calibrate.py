@@ -1,20 +1,41 @@
-"""Per-phase call-overhead multipliers fitted on a run recorded on this machine.
+"""How `--hardware this-machine` is calibrated: per-phase call-overhead multipliers and the
+fast-path factor, fitted on microbenchmarks taken now (default) or on the trace's own phase times.
 
 On a CPU, a small MoE's phases are dominated by per-call overhead, not by FLOPs or bytes, and how
 many torch calls a phase makes is a property of moetune's engine that `CALLS` (phase_costs.py) only
-sketches. When the trace was recorded on this machine (device cpu) and the hardware is
-`this-machine`, each phase's measured seconds in the run (phases.parquet) minus its roofline
-time is divided by its sketched call overhead (CALLS × the microbenchmarked cost of one call):
+sketches. Given phase times measured on this machine, each phase's seconds minus its roofline time
+is divided by its sketched call overhead (CALLS × the microbenchmarked cost of one call):
 
     k_phase = Σ max(measured − roofline, 0) / Σ calls(B, active) · op_overhead      over every (step, layer)
 
-and the simulator multiplies that phase's call overhead by k_phase. One number per phase and step
-kind (`attention/prefill`, `attention/decode`, and `attention` over both as the fallback), fitted
-on the run's own batch; the schedule, EP, placement and batch-size effects are still the model's.
-The run's probes add a few µs per phase, which the fit absorbs.
+and the simulator multiplies that phase's call overhead by k_phase: one number per phase and step
+kind (`attention/prefill`, `attention/decode`, and `attention` over both as the fallback).
+
+Where the phase times come from (`Calibration.source`):
+
+  microbenchmarks  (default) microbench.py runs the trace's model now, at the shapes the trace's
+                   workload implies, a few repeats interleaved; each repeat gives its own k, the
+                   rate kept is their median and its spread half their range over the median. The
+                   same runs without a probe give the fast-path factor per step kind,
+                   `path/<kind>` = Σ plain step seconds / Σ probed step seconds (on the CPU,
+                   decode steps run fused layer kernels when no probe times phases), and
+                   `unfused/<kind>` (every layer unfused, no clocks: the path of R > 1 ranks);
+                   the simulator multiplies a step by the factor of its path. Cached per machine fingerprint
+                   (machine_cache.py), so repeated simulations price alike; the trace then gives
+                   only routing, lengths and arrivals.
+  trace            the run's own phases.parquet (how moetune priced this-machine before): the
+                   label then says how far the machine the trace was recorded on (env.json
+                   `machine`) is from the machine now.
+
+Rates are keyed `<what>/<phase>[/<kind>]` (`k/experts/decode`, `path/decode`,
+`link/all_to_all/R2`), each a value with its spread, so other measured terms (collectives of other
+parallelisms) are added as keys, not fields.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -83,3 +104,185 @@ def _roof_and_calls(phase, m: SimModel, hw: Hardware, calls, B, T, pairs, ctx, a
     # other: LM head over each sequence's sampled token + per-step engine work
     return (roof(2 * B * m.D * m.V, m.D * m.V * b),
             calls["step"][0] + calls["step"][1] * B + calls["lm_head"][0] + calls["lm_head"][1] * B)
+
+
+# ---- the calibration record ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rate:
+    value: float
+    spread: float = 0.0  # half the range over repeats / the median (0: one figure)
+
+
+@dataclass
+class Calibration:
+    source: str  # "microbenchmarks" | "trace"
+    rates: dict[str, Rate]
+    hardware: dict  # the Hardware figures priced with (this-machine: measured with the rates)
+    state: dict  # machine_state() when the rates were measured (trace: now)
+    seconds: float = 0.0  # how long the microbenchmarks took
+    repeats: int = 0
+    plan: dict = field(default_factory=dict)
+    fingerprint: dict = field(default_factory=dict)
+    key: str = ""  # machine_cache key ("" for a trace calibration)
+    cached: bool = False  # read from the cache, not measured in this process
+    trace_state: dict | None = None  # trace: the machine state the trace's timings were taken in
+
+    def multipliers(self) -> dict[str, float]:
+        return {k[2:]: r.value for k, r in self.rates.items() if k.startswith("k/")}
+
+    def path_factor(self, kind: str, ranks: int = 1) -> float:
+        """What a step of `kind` takes on the path a deployment runs over what the probed phases say:
+        one rank, `path/<kind>` (fused decode layers); R > 1, `unfused/<kind>` (no clocks)."""
+        r = self.rates.get(f"{'path' if ranks == 1 else 'unfused'}/{kind}")
+        return r.value if r else 1.0
+
+    def spread(self) -> float:
+        """How reproducible the microbenchmarks were: the largest spread over repeats of a step kind's
+        total probed time (`step/<kind>`)."""
+        s = [r.spread for k, r in self.rates.items() if k.startswith("step/")]
+        return max(s) if s else 0.0
+
+    def label(self) -> str:
+        """What the estimate was calibrated on, in one line (printed beside every this-machine estimate)."""
+        if self.source == "trace":
+            from moetune.profile.machine import state_distance
+
+            return (f"calibrated on the trace's own phase times — {state_distance(self.trace_state, self.state)}; "
+                    "the estimate follows how busy the machine was then")
+        load = self.state.get("loadavg") or ["?"]
+        how = "cached" if self.cached else f"measured in {self.seconds:.1f} s"
+        cores = self.fingerprint.get("cores", 1)
+        warn = (f"; taken on a busy machine ({self.state['runnable_others']:g} other tasks runnable on {cores} cores): "
+                "measured again once it is quiet" if busy(self.state, cores) else "")
+        return (f"calibrated on microbenchmarks of this machine taken {self.state.get('time_utc', '?')} "
+                f"(load {load[0]}, {self.state.get('threads')} threads, {self.repeats} repeats, "
+                f"step times ±{100 * self.spread():.0f} % over repeats, {how}{warn}); the trace gives routing, "
+                "lengths and arrivals only")
+
+    def as_entry(self) -> dict:
+        data = asdict(self)
+        data["rates"] = {k: [r.value, r.spread] for k, r in self.rates.items()}
+        data.pop("cached")
+        return data
+
+    @staticmethod
+    def from_entry(data: dict) -> "Calibration":
+        rates = {k: Rate(float(v[0]), float(v[1])) for k, v in data["rates"].items()}
+        return Calibration(**{**data, "rates": rates, "cached": True})
+
+    def link_latency(self, ranks: int) -> float:
+        """this-machine's seconds per small gloo all-to-all among `ranks` processes: measured the first
+        time a calibration needs it (a few seconds), then kept in the calibration and its cache entry."""
+        key = f"link/all_to_all/R{ranks}"
+        if key not in self.rates:
+            from moetune.search.cost.hardware import collective_latency
+
+            self.rates[key] = Rate(collective_latency(ranks))
+            if self.key:
+                from moetune.search.cost.machine_cache import store_entry
+
+                store_entry(self.key, self.as_entry())
+        return self.rates[key].value
+
+
+# ---- where a calibration comes from ----------------------------------------------------------------
+
+
+def microbench_calibration(source, cfg, recalibrate: bool = False) -> tuple[Hardware, Calibration]:
+    """this-machine from microbenchmarks at the trace's shapes: the cached ones for this machine's
+    fingerprint, model shapes and plan, or measured now (and cached)."""
+    from moetune.search.cost.hardware import calibrate as hardware_figures
+    from moetune.search.cost.machine_cache import cache_key, fingerprint, load_entry, store_entry
+    from moetune.search.cost.microbench import plan_for
+
+    if source.model_path and str(cfg.model.path) != str(source.model_path):  # time the model that is priced
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": source.model_path})})
+    plan = plan_for(source.workload, source.batch_size)
+    fp = fingerprint(f"{cfg.model.kernel_backend}@{cfg.model.device}")
+    key = cache_key(fp, {"model": asdict(source.model), "path": str(cfg.model.path), "dtype": cfg.model.dtype,
+                         "plan": plan.as_dict()})
+    entry = None if recalibrate else load_entry(key)
+    if entry is not None and busy(entry.get("state", {}), fp["cores"]):
+        from moetune.engine.threads import runnable_others
+
+        if stale(entry["state"], runnable_others(), fp["cores"], time.time()):
+            entry = None  # taken on a busy machine, which is quiet now: measure again
+    if entry is not None:
+        try:
+            cal = Calibration.from_entry(entry)
+            return Hardware(**cal.hardware), cal
+        except (TypeError, KeyError, ValueError, IndexError):  # written by another version: measure again
+            pass
+    cal = measure_calibration(cfg, source.model, plan, hardware_figures)
+    cal.fingerprint, cal.key = fp, key
+    store_entry(key, cal.as_entry())
+    return Hardware(**cal.hardware), cal
+
+
+def measure_calibration(cfg, m: SimModel, plan, hardware_figures) -> Calibration:
+    from moetune.profile.machine import machine_state
+    from moetune.search.cost.microbench import median_run, run_bench
+    from moetune.search.cost.phase_costs import CALLS
+
+    state = machine_state()
+    start = time.perf_counter()
+    hw = hardware_figures()
+    runs = run_bench(cfg, plan)
+    samples: dict[str, list[float]] = {}  # each repeat's own figures: the spread
+    for run in runs:
+        for k, v in _figures(run, m, hw, CALLS).items():
+            samples.setdefault(k, []).append(v)
+    rates = {k: Rate(v, _spread(samples.get(k, [v]))) for k, v in _figures(median_run(runs), m, hw, CALLS).items()}
+    return Calibration("microbenchmarks", rates, asdict(hw), state, seconds=time.perf_counter() - start,
+                       repeats=len(runs), plan=plan.as_dict())
+
+
+def _figures(run, m: SimModel, hw: Hardware, calls: dict) -> dict[str, float]:
+    """k/<phase>[/<kind>] fitted on one run's probed phases; step/<kind>: its Σ probed step seconds;
+    path/<kind>: Σ plain / Σ probed step seconds; unfused/<kind>: Σ unfused / Σ probed."""
+    out = {f"k/{k}": v for k, v in fit_multipliers(run.tables, m, hw, calls).items()}
+    probed = run.tables.steps.groupby("kind").seconds.sum()
+    for kind, s in probed.items():
+        out[f"step/{kind}"] = float(s)
+        for name, steps in (("path", run.plain), ("unfused", run.unfused)):
+            total = sum(sec for k, sec in steps if k == kind)
+            if s > 0 and total > 0:
+                out[f"{name}/{kind}"] = total / float(s)
+    return out
+
+
+def trace_calibration(source, hw: Hardware, recorded_state: dict | None) -> Calibration:
+    """The old way, kept for comparison (`--calibrate-on trace`): k fitted on the trace's phase times."""
+    from moetune.profile.machine import machine_state
+    from moetune.search.cost.phase_costs import CALLS
+
+    ks = fit_multipliers(source.tables, source.model, hw, CALLS)
+    return Calibration("trace", {f"k/{k}": Rate(v) for k, v in ks.items()}, asdict(hw), machine_state(),
+                       trace_state=recorded_state)
+
+
+def busy(state: dict, cores: int) -> bool:
+    """Other tasks were runnable on every core this process may use (engine/threads.py's rule)."""
+    others = state.get("runnable_others")
+    return others is not None and others >= cores
+
+
+def stale(then: dict, others_now: float | None, cores: int, now: float, after_s: float = 60.0) -> bool:
+    """Whether a calibration taken in machine state `then` should be measured again: it was taken on a
+    busy machine, the machine is quiet now, and it is more than `after_s` old (not the one just taken)."""
+    import calendar
+
+    try:
+        taken = calendar.timegm(time.strptime(then["time_utc"], "%Y-%m-%dT%H:%M:%SZ"))
+    except (KeyError, ValueError):
+        taken = 0.0
+    quiet_now = others_now is not None and others_now < cores
+    return busy(then, cores) and quiet_now and now - taken > after_s
+
+
+def _spread(values: list[float]) -> float:
+    """Half the range over repeats, relative to their median (0 for one repeat or a zero median)."""
+    med = float(np.median(values))
+    return float((max(values) - min(values)) / 2 / med) if med > 0 and len(values) > 1 else 0.0

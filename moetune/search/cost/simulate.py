@@ -24,7 +24,10 @@ average); replica j of an expert is active when the expert has more than j copie
 
 Each piece is one function of phase_costs.py, keyed by the phase vocabulary; `_price` walks the
 steps and `_add_step` adds the pieces up. `CALLS` (phase_costs.py: torch calls per phase, fixed +
-per sequence) describes moetune's own engine; on GPUs a call is one kernel launch.
+per sequence) describes moetune's own engine; on GPUs a call is one kernel launch. On
+`this-machine` the calibration (calibrate.py) gives the call-overhead multipliers and, per step
+kind, the factor of the deployment's path (fused decode layers at R = 1, unfused at R > 1, both
+without the profiler's clocks) over the probed phases they were fitted on: each step × it.
 """
 
 from __future__ import annotations
@@ -62,9 +65,11 @@ class Prepared:
 
 class Simulator:
     def __init__(self, source: TraceSource, hardware: Hardware, chunked_prefill: bool = True,
-                 multipliers: dict[str, float] | None = None):
+                 multipliers: dict[str, float] | None = None, calibration=None):
         self.src, self.hw, self.chunked = source, hardware, chunked_prefill
         self.k = dict(multipliers or {})  # phase → call-overhead multiplier (calibrate.py), 1 when absent
+        self.cal = calibration  # calibrate.Calibration of this-machine (path factors, link latency) or None
+        self.terms: dict | None = None  # --explain: (kind, phase) → summed cost-model terms (explain.py)
         self.b = hardware.act_bytes
         self._schedules: dict = {}
         self._link_measured = False
@@ -138,9 +143,18 @@ class Simulator:
         """Roofline + call overhead, slowed by CPU sharing when more ranks than cores run here."""
         hw = self.hw
         share = max(1.0, ranks / hw.ranks_per_node) if hw.name == "this-machine" else 1.0
-        t = (np.maximum(flops / (hw.rank_flops(ranks) * hw.gemm_eff), nbytes / (hw.mem_bw * hw.mem_eff))
-             + calls * hw.op_overhead_s * self.k.get(f"{phase}/{self._kind}", self.k.get(phase, 1.0)))
-        return t * share
+        k = self.k.get(f"{phase}/{self._kind}", self.k.get(phase, 1.0))
+        compute = flops / (hw.rank_flops(ranks) * hw.gemm_eff)
+        memory = nbytes / (hw.mem_bw * hw.mem_eff)
+        overhead = calls * hw.op_overhead_s * k
+        t = (np.maximum(compute, memory) + overhead) * share
+        if self.terms is not None:
+            from moetune.search.cost.explain import note_terms
+
+            note_terms(self.terms, (self._kind, phase), flops=flops, bytes=nbytes, calls=calls, k=k,
+                       compute_s=compute, memory_s=memory, roof_s=np.maximum(compute, memory), overhead_s=overhead,
+                       share=share, seconds=t)
+        return t
 
     def _measure_link(self, ranks: int) -> None:
         """this-machine's collective latency, measured the first time a multi-rank deployment is priced
@@ -151,7 +165,8 @@ class Simulator:
 
         if self.hw.name != "this-machine" or self._link_measured:
             return
-        lat = collective_latency(min(ranks, max(self.hw.ranks_per_node, 2)))
+        n = min(ranks, max(self.hw.ranks_per_node, 2))
+        lat = self.cal.link_latency(n) if self.cal is not None else collective_latency(n)
         self.hw = replace(self.hw, intra_latency_s=lat, inter_latency_s=lat,
                           source=self.hw.source + f"; gloo all-to-all latency measured: {lat * 1e6:.0f} µs")
         self._link_measured = True
@@ -180,6 +195,8 @@ class Simulator:
             totals.inter_bytes += a2a.inter_node_bytes
             _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(self, st),
                       costs.other(self, st, links.latency_s), len(m.dense_I))
+            if self.cal is not None:  # the deployment's path (fused or not, no clocks) over the probed one
+                totals.scale_step(t, self.cal.path_factor(self._kind, R))
         return totals.step_s, totals.phases, totals.detail(R, offload)
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
@@ -263,6 +280,12 @@ class Totals:
     @classmethod
     def empty(cls, S: int, Lm: int, R: int) -> "Totals":
         return cls(np.zeros(S), {k: np.zeros(S) for k in PHASES}, np.zeros((Lm, R)))
+
+    def scale_step(self, t: int, factor: float) -> None:
+        """Step t and each of its phase lines × factor (this-machine's calibrated path factor)."""
+        self.step_s[t] *= factor
+        for v in self.phases.values():
+            v[t] *= factor
 
     def add_slots(self, slots: costs.SlotRows, prep: Prepared) -> None:
         self.rank_rows += slots.rows_q

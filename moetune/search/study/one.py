@@ -15,7 +15,9 @@ from moetune.search.study.setup import Inputs, Setup, prepare
 from moetune.search.study.space import Deployment, Limits, from_config, prune
 
 
-def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None = None) -> tuple[Setup, Deployment, Metrics]:
+def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None = None,
+                    explain: bool = False) -> tuple[Setup, Deployment, Metrics]:
+    """explain: the simulator keeps the cost model's terms (`setup.sim.terms`, explain.py)."""
     from moetune.errors import MoetuneError
 
     setup = prepare(inp)
@@ -29,6 +31,8 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
     reason = reason or setup.sim.memory_reason(d)
     if reason:
         raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")
+    if explain:
+        setup.sim.terms = {}
     return setup, d, setup.sim.evaluate(d)
 
 

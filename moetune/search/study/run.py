@@ -40,6 +40,7 @@ class SearchResult:
     baseline: Metrics | None
     files: dict = field(default_factory=dict)
     remeasured: list = field(default_factory=list)
+    calibrated_on: str = ""  # Setup.calibrated_on(): what the simulated figures were calibrated on
 
 
 def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluator:
@@ -84,6 +85,7 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
 
 def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) -> SearchResult:
+    from moetune.report.table import Table
     from moetune.search.study.emit import write_csv, write_winner
     from moetune.search.study.report import render, write_report
     from moetune.search.study.tables import remeasure_table
@@ -93,7 +95,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
     out = settings.out
     write_csv(all_rows, out / "trials.csv", objectives)
     write_csv(front, out / "pareto.csv", objectives)
-    result = SearchResult(out, all_rows, best, front, best[0] if best else None, None)
+    result = SearchResult(out, all_rows, best, front, best[0] if best else None, None, calibrated_on=setup.calibrated_on())
     if not best:
         return result
     winner = best[0]
@@ -101,7 +103,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.baseline = evaluator.evaluate(baseline(setup, evaluator))
     except Exception:  # the baseline may not run; the report then compares the winner with itself
         result.baseline = Metrics(**winner.metrics)
-    extra = []
+    extra = [Table("What the figures are calibrated on", ["calibration"], [[result.calibrated_on]])]
     if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
         extra.append(remeasure_table(result.remeasured))
