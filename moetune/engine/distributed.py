@@ -28,7 +28,8 @@ from moetune.engine.sampling import SamplingParams
 from moetune.errors import MoetuneError, RequestError
 from moetune.model.loader import read_spec
 from moetune.model.registry import resolve_model
-from moetune.model.tp import TPComm, check_tp, plan_of
+from moetune.model.tp import TPComm, plan_of
+from moetune.model.tp_check import check_tp
 from moetune.moe.all_to_all import AllToAllDispatcher
 
 T = TypeVar("T")

@@ -85,6 +85,7 @@ def load_model(
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)
     model = MoETransformer(full, embed, layers, norm, lm_head, rotary, experts, small_m,
                            fused=FusedDecode() if small_m and tp is None else None, tp=tp, local=spec)
+    model.bytes_read = whole.bytes_read  # checkpoint bytes this process read (its slices under TP)
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
         to_huge_pages(model.dense_tensors() + resident)

@@ -18,17 +18,13 @@ A part not split is whole (replicated) on every rank of the group and computed o
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from moetune.errors import MoetuneError
 from moetune.spec import GQASpec, LayerSpec, MLASpec, ModelSpec
-
-
-class TPError(MoetuneError):
-    """A tensor-parallel size this model cannot be split by."""
 
 
 @dataclass(frozen=True)
@@ -62,38 +58,6 @@ def plan_of(tp_size: int, expert_tp_size: int, rank: int) -> TPPlan | None:
     return TPPlan(size, rank, tp_size > 1, expert_tp_size > 1)
 
 
-def check_tp(spec: ModelSpec, tp_size: int, expert_tp_size: int) -> None:
-    """Every reason this model cannot be split tp_size / expert_tp_size ways, as one TPError line."""
-    if tp_size > 1:
-        _check_attention(spec, tp_size)
-        _divides(tp_size, spec.vocab_size, "the vocabulary size", "--tp-size")
-        for layer in spec.layers:
-            if not layer.is_moe:
-                _divides(tp_size, layer.dense_intermediate, f"layer {layer.index}'s dense intermediate size", "--tp-size")
-    if expert_tp_size > 1:
-        _divides(expert_tp_size, spec.moe.intermediate_size, "the expert intermediate size", "--expert-tp-size")
-        if spec.moe.shared_intermediate_size:
-            _divides(expert_tp_size, spec.moe.shared_intermediate_size, "the shared expert's intermediate size",
-                     "--expert-tp-size")
-
-
-def _check_attention(spec: ModelSpec, G: int) -> None:
-    att = spec.attention
-    _divides(G, att.num_heads, "the attention heads", "--tp-size")
-    if isinstance(att, GQASpec):
-        if att.qk_norm == "full":
-            raise TPError(f"--tp-size {G}: {spec.model_type}'s q/k norm over the whole projection is not split "
-                          "by tensor parallelism yet; use --tp-size 1 (expert TP works)")
-        kv = att.num_kv_heads
-        if kv % G and G % kv:
-            raise TPError(f"--tp-size {G} neither divides nor is a multiple of the model's {kv} KV heads")
-
-
-def _divides(G: int, n: int, what: str, flag: str) -> None:
-    if n % G:
-        raise TPError(f"{flag} {G} does not divide {what} ({n})")
-
-
 def local_spec(spec: ModelSpec, plan: TPPlan | None) -> ModelSpec:
     """The shapes this rank computes: its heads, its dense and expert intermediate slices (vocab,
     hidden size and experts unchanged: the embedding's split is the model's, not the spec's)."""
@@ -123,27 +87,30 @@ class TPComm:
     def __init__(self, plan: TPPlan, group: Any = None, device: torch.device | None = None):
         self.plan, self.group = plan, group  # group None: the default (world) process group
         self.device = device or torch.device("cpu")
-        self.bytes: dict[tuple[int, str], int] = {}  # (layer, phase) → bytes this step
+        self.bytes: dict[tuple[int, str], int] = {}  # (layer, phase) → bytes since the last take()
         self.calls = 0
+        self.seconds = 0.0  # inside the collectives, since the communicator was made (benchmarks read it)
 
     def all_reduce(self, x: torch.Tensor, layer: int, phase: str = "tp_allreduce") -> torch.Tensor:
         """Sum of x [T, D] over the group (in place; x must be this rank's own tensor)."""
         import torch.distributed as dist
 
+        start = time.perf_counter()
         if x.shape[0]:
             dist.all_reduce(x, group=self.group)
-        self._count(layer, phase, x)
+        self._count(layer, phase, x, start)
         return x
 
     def gather_vocab(self, x: torch.Tensor, layer: int = -1) -> torch.Tensor:
         """x [N, V/G] of this rank's vocab slice → [N, V] (rank-major columns)."""
         import torch.distributed as dist
 
+        start = time.perf_counter()
         parts = [torch.empty_like(x) for _ in range(self.plan.size)]
         if x.shape[0]:
             dist.all_gather(parts, x.contiguous(), group=self.group)
         out = torch.cat(parts, dim=1) if x.shape[0] else x.new_empty(0, x.shape[1] * self.plan.size)
-        self._count(layer, "tp_gather", out)
+        self._count(layer, "tp_gather", out, start)
         return out
 
     def embed(self, table: torch.Tensor, ids: torch.Tensor, layer: int = -1) -> torch.Tensor:
@@ -173,7 +140,8 @@ class TPComm:
         out, self.bytes = self.bytes, {}
         return out
 
-    def _count(self, layer: int, phase: str, x: torch.Tensor) -> None:
+    def _count(self, layer: int, phase: str, x: torch.Tensor, start: float) -> None:
+        self.seconds += time.perf_counter() - start
         key = (layer, phase)
         self.bytes[key] = self.bytes.get(key, 0) + x.numel() * x.element_size()
         self.calls += 1

@@ -14,7 +14,8 @@ import torch
 
 from moetune.experts.store import ExpertWeights, FormatGroup
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
-from moetune.model.tp import TPError, TPPlan
+from moetune.model.tp import TPPlan
+from moetune.model.tp_check import TPError
 
 
 def check_groups(names: list[str], intermediate: int, G: int) -> None:

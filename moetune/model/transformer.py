@@ -68,6 +68,7 @@ class MoETransformer:
         self.experts = experts
         self.small_m = small_m  # rows up to which projections run the CPU decode kernel (model/linear.py)
         self.probe: Probe | None = None
+        self.bytes_read = 0  # checkpoint bytes read to build this model (set by the loader)
         self.fused = fused  # decode steps through the fused CPU layer kernels (model/fused_decode.py)
 
     @property
