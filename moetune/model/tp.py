@@ -87,7 +87,7 @@ class TPComm:
     def __init__(self, plan: TPPlan, group: Any = None, device: torch.device | None = None):
         self.plan, self.group = plan, group  # group None: the default (world) process group
         self.device = device or torch.device("cpu")
-        self.bytes: dict[tuple[int, str], int] = {}  # (layer, phase) → bytes since the last take()
+        self.bytes: dict[tuple[int, str], list[int]] = {}  # (layer, phase) → [bytes, calls] since the last take()
         self.calls = 0
         self.seconds = 0.0  # inside the collectives, since the communicator was made (benchmarks read it)
 
@@ -135,13 +135,14 @@ class TPComm:
             dist.broadcast(t, group=self.group, group_src=0)
         return [None if x < 0 else x for x in t.tolist()]
 
-    def take(self) -> dict[tuple[int, str], int]:
-        """The bytes counted since the last take (and forget them)."""
+    def take(self) -> dict[tuple[int, str], list[int]]:
+        """(layer, phase) → [bytes, calls] counted since the last take (and forget them)."""
         out, self.bytes = self.bytes, {}
         return out
 
     def _count(self, layer: int, phase: str, x: torch.Tensor, start: float) -> None:
         self.seconds += time.perf_counter() - start
-        key = (layer, phase)
-        self.bytes[key] = self.bytes.get(key, 0) + x.numel() * x.element_size()
+        cell = self.bytes.setdefault((layer, phase), [0, 0])
+        cell[0] += x.numel() * x.element_size()
+        cell[1] += 1
         self.calls += 1

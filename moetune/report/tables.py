@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moetune.profile.trace import KINDS
 from moetune.report.ranks.tables import rank_tables
+from moetune.report.ranks.tp import tp_tables
 from moetune.report.table import Table, mb, num
 
 
@@ -173,7 +174,7 @@ def offload_table(summary: dict) -> Table:
 
 def all_tables(summary: dict) -> list[Table]:
     tables = [overview_table(summary), phase_table(summary), imbalance_table(summary), hottest_table(summary),
-              gemm_table(summary), *rank_tables(summary), ep_table(summary), locality_table(summary),
+              gemm_table(summary), *rank_tables(summary), *tp_tables(summary), ep_table(summary), locality_table(summary),
               rates_table(summary), formulas_table(summary), memory_table(summary)]
     if summary.get("offload", {}).get("enabled"):
         tables.append(offload_table(summary))
