@@ -27,7 +27,7 @@ class ModelConfig(_Section):
 
 class ParallelConfig(_Section):
     """Expert parallelism (DESIGN §2: R ranks hold P = E + N physical slots, P / R each) and tensor
-    parallelism (docs/architecture.md §3d): a mesh of ep_size groups × G ranks, G = max(tp_size,
+    parallelism (docs/architecture.md §3f): a mesh of ep_size groups × G ranks, G = max(tp_size,
     expert_tp_size); the G ranks of a group share one token stream."""
 
     ep_size: int = Field(1, ge=1)  # R: expert-parallel ranks (data-parallel attention groups)

@@ -20,6 +20,10 @@ def overview_table(summary: dict) -> Table:
             ["workload", f"{w['num_requests']} requests, batch {w['batch_size']}, input_len {w['input_len'] or 'as is'}, "
                          f"output_len {w['output_len']}, warm-up {w['warmup_steps']} steps (excluded)"],
             ["expert parallel", _parallel_line(p)]]
+    mesh = p.get("mesh")
+    if mesh and mesh["tp_group"] > 1:
+        rows.append(["tensor parallel", f"{mesh['tp_group']} ranks per DP group (tp_size {mesh['tp_size']}, "
+                                        f"expert_tp_size {mesh['expert_tp_size']}); {mesh['world']} ranks in all"])
     for kind in _kinds(summary):
         k = summary["kinds"][kind]
         rows.append([kind, f"{k['steps']} steps, {k['tokens']} tokens, {k['tokens_per_s']:.0f} tok/s, "

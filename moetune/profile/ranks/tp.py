@@ -15,10 +15,10 @@ from collections import defaultdict
 
 import pandas as pd
 
+from moetune.probe import TP_PHASES
 from moetune.profile.ranks.merge import aligned, lockstep_kind
 from moetune.profile.ranks.probe import RankRecord
 
-TP_PHASES = ("tp_allreduce", "tp_embed", "tp_gather")
 RANK_TP_COLUMNS = ["step", "kind", "layer", "rank", "dp_rank", "tp_rank", "phase", "tokens", "batch", "calls",
                    "seconds", "bytes"]
 
