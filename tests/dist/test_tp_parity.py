@@ -1,7 +1,8 @@
 """Tensor parallelism (real gloo process groups, one thread per rank) computes what one rank computes:
 prompt logits within 1e-4 and the same greedy tokens (32 for the longest request), for every model
 family, with attention and experts split (TP 2), experts alone split (expert-TP 2), attention alone
-split, TP 2 × EP 2 on 4 ranks, and TP 4 (fewer KV heads than ranks: each rank holds a copy of one);
+split, TP 2 × EP 2 on 4 ranks, and TP 4 (fewer KV heads than ranks: each rank holds a copy of one),
+offloaded experts per rank;
 int8 / int4 experts under expert-TP equal the same quantized model on one rank; sampling agrees
 across a TP group; each rank reads about its share of the checkpoint."""
 
@@ -35,9 +36,10 @@ def prompts():
     return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (7, 4, 11)]
 
 
-def config(path, parallel=None, quant=None):
+def config(path, parallel=None, quant=None, offload=None):
     data = {"model": {"path": str(path), "device": "cpu"}, "parallel": {**(parallel or {}), "timeout_s": 60}}
-    return parse_config(data if quant is None else {**data, "quant": quant})
+    extra = {k: v for k, v in (("quant", quant), ("offload", offload)) if v is not None}
+    return parse_config({**data, **extra})
 
 
 def reference(path, quant=None):
@@ -49,9 +51,10 @@ def reference(path, quant=None):
     return logits, [c.token_ids for c in done]
 
 
-def assert_same_as_one_rank(path, parallel, quant=None):
-    ref_logits, ref_tokens = reference(path, quant)
-    logits, tokens, _ = run_ranks(config(path, parallel, quant), functools.partial(jobs.parity, prompts(), MAX_TOKENS))
+def assert_same_as_one_rank(path, parallel, quant=None, offload=None):
+    ref_logits, ref_tokens = reference(path, quant)  # offloading: the resident model is the reference
+    job = functools.partial(jobs.parity, prompts(), MAX_TOKENS)
+    logits, tokens, _ = run_ranks(config(path, parallel, quant, offload), job)
     assert tokens == ref_tokens
     for got, want in zip(logits, ref_logits):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -88,6 +91,11 @@ def test_quantized_experts_under_expert_tp_equal_the_quantized_model(checkpoints
     """Packed whole, then sliced: each rank's rows and columns keep the one-rank model's bytes and
     scales (int4 cut at group boundaries: I / 2 = 64 columns = 2 groups of 32)."""
     assert_same_as_one_rank(checkpoints["mixtral_wide"], {"tp_size": 2}, {"experts": fmt})
+
+
+def test_offloaded_experts_per_rank(checkpoints):
+    """Each rank offloads its own expert slices (2 of 5 resident per layer, prefetch depth 1)."""
+    assert_same_as_one_rank(checkpoints["mixtral"], {"tp_size": 2}, offload={"resident_experts": 2})
 
 
 @pytest.mark.parametrize("seed", [7, None])
