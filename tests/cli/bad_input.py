@@ -225,6 +225,8 @@ CASES: list[Case] = [
     Case("tp-sizes-not-one-mesh", "value", (*G, "-m", "{ck}", "--tp-size", "2", "--expert-tp-size", "4"), 1,
          ("tp_size=2", "expert_tp_size=4", "1 or the group size 4")),
     Case("tp-size-full-qk-norm", "value", (*G, "-m", "{ck6}", "--tp-size", "2"), 1, ("--tp-size 2", "olmoe", "q/k norm")),
+    Case("tp-profile-prompt-too-long", "value", ("profile", "-m", "{ck}", "--tp-size", "2", "--num-requests", "2",
+                                                 "--output-len", "4"), 1, ("exceeds the model's context",)),
     Case("tp-shard-missing", "checkpoint", (*G, "-m", "{d}/ck", "--expert-tp-size", "2"), 1, ("shard", "missing"),
          prep=ck(_index_missing_shard, source="sharded")),
     Case("bench-unknown-reference", "value", ("bench", "--against", "vllm"), 1, ("vllm", "transformers")),

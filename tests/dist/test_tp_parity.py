@@ -98,17 +98,23 @@ def test_offloaded_experts_per_rank(checkpoints):
     assert_same_as_one_rank(checkpoints["mixtral"], {"tp_size": 2}, offload={"resident_experts": 2})
 
 
-@pytest.mark.parametrize("seed", [7, None])
-def test_a_tp_group_samples_one_token(checkpoints, seed):
-    """Every rank of a TP group holds the same gathered logits and keeps rank 0's draw, even when
-    each process's RNG differs (seed None); seeded requests draw what one rank draws."""
+@pytest.mark.parametrize("seed, parallel", [
+    (7, {"tp_size": 2}), (None, {"tp_size": 2}),
+    (None, {"tp_size": 2, "ep_size": 2, "redundant_experts": 1}),  # the TP group is a subgroup of 4 ranks
+])
+def test_a_tp_group_samples_one_token(checkpoints, seed, parallel):
+    """Every rank of a TP group holds the same gathered logits and keeps the group's rank 0's draw,
+    even when each process's RNG differs (seed None); seeded requests draw what one rank draws."""
     path = checkpoints["qwen3_moe"]
-    every = run_ranks(config(path, {"tp_size": 2}), functools.partial(jobs.sampled_on_every_rank, prompts(), seed))
-    assert every[0] == every[1] and len(every[0]) == 3
+    every = run_ranks(config(path, parallel), functools.partial(jobs.sampled_on_every_rank, prompts(), seed))
+    for d in range(0, len(every), 2):  # ranks 2d and 2d + 1 are one TP group
+        assert every[d] == every[d + 1] and every[d]
+    served = {i: tokens for part in every for i, tokens in part.items()}
+    assert sorted(served) == [0, 1, 2]
     if seed is not None:
         gen = build_generator(config(path))
         done = gen.generate(prompts(), SamplingParams(max_tokens=12, temperature=1.3, seed=seed, ignore_eos=True))
-        assert [every[0][i] for i in range(3)] == [c.token_ids for c in done]
+        assert [served[i] for i in range(3)] == [c.token_ids for c in done]
 
 
 def test_each_rank_reads_and_holds_its_share(checkpoints):
