@@ -424,6 +424,8 @@ CASES: list[Case] = [
          ("--hardware this-machine",)),
     Case("simulate-unknown-hardware", "search", ("simulate", "--trace", "{run}", "--hardware", "Z9000"), 1,
          ("Z9000",)),
+    Case("serve-recipe-tp-size", "search", ("serve", "-r", "{d}/r.yaml", "--port", "0"), 1,
+         ("tensor parallelism", "parallel.tp_size=2"), prep=write("r.yaml", "parallel:\n  tp_size: 2\n")),
     Case("search-trace-not-a-run", "search", ("search", "--trace", "{d}", "--hardware", "H100", "--out", "{d}/o"),
          1, ("run directory",)),
     Case("serve-ep-size-not-dividing", "search", ("serve", "-m", "{ck}", "--ep-size", "2", "--port", "0"), 1,
