@@ -26,9 +26,13 @@ class ModelConfig(_Section):
 
 
 class ParallelConfig(_Section):
-    """Expert parallelism (DESIGN §2: R ranks hold P = E + N physical slots, P / R each)."""
+    """Expert parallelism (DESIGN §2: R ranks hold P = E + N physical slots, P / R each) and tensor
+    parallelism (docs/architecture.md §3f): a mesh of ep_size groups × G ranks, G = max(tp_size,
+    expert_tp_size); the G ranks of a group share one token stream."""
 
-    ep_size: int = Field(1, ge=1)  # R: expert-parallel ranks
+    ep_size: int = Field(1, ge=1)  # R: expert-parallel ranks (data-parallel attention groups)
+    tp_size: int = Field(1, ge=1)  # attention, dense MLPs, embedding and LM head split over G ranks (1: whole)
+    expert_tp_size: int | None = Field(None, ge=1)  # each expert's intermediate dim split; None: = tp_size
     ranks_per_node: int = Field(1, ge=1)
     placement: str = "contiguous"  # a policy (contiguous | round_robin) or a placement JSON (moetune placement)
     redundant_experts: int = Field(0, ge=0)  # N extra slots for hot-expert replicas (policy placements)
@@ -36,6 +40,28 @@ class ParallelConfig(_Section):
     capacity_policy: Literal["none", "drop", "reroute"] = "none"  # overflow copies: kept / dropped / next-best
     dispatch_dtype: Literal["auto", "bf16", "fp16"] = "auto"  # all-to-all rows: auto = the model dtype
     timeout_s: float = Field(120.0, gt=0)  # a collective waiting longer fails (a rank died or hangs)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp_size if self.expert_tp_size is None else self.expert_tp_size
+
+    @property
+    def group_size(self) -> int:
+        """G: ranks that share one token stream (a tensor-parallel group)."""
+        return max(self.tp_size, self.expert_tp)
+
+    @property
+    def world(self) -> int:
+        """Processes the mesh runs on: ep_size × G."""
+        return self.ep_size * self.group_size
+
+    @model_validator(mode="after")
+    def _tp_mesh(self) -> "ParallelConfig":
+        G = self.group_size
+        if self.tp_size not in (1, G) or self.expert_tp not in (1, G):
+            raise ValueError(f"parallel.tp_size={self.tp_size} and parallel.expert_tp_size={self.expert_tp} must "
+                             f"each be 1 or the group size {G} (a mesh of ep_size × {G} ranks)")
+        return self
 
     @model_validator(mode="after")
     def _capacity(self) -> "ParallelConfig":

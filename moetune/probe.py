@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 PHASES = ("router", "permute", "dispatch", "experts", "combine", "unpermute")
 OTHER_PHASES = ("attention", "shared_expert", "dense_mlp", "offload_wait", "other")
+TP_PHASES = ("tp_allreduce", "tp_embed", "tp_gather")  # tensor-parallel collectives (model/tp.py)
 
 _NULL = nullcontext()
 

@@ -36,11 +36,24 @@ def test_defaults_are_complete():
     ({"engine": {"max_batch_size": 16}}, "unknown key 'engine.max_batch_size'"),
     ({"engine": {"block_size": 0}}, "engine.block_size"),
     ({"parallel": {"ep_size": 3, "ranks_per_node": 2}}, "do not tile"),
+    ({"parallel": {"tp_size": 0}}, "parallel.tp_size"),
+    ({"parallel": {"tp_size": 2, "expert_tp_size": 4}}, "1 or the group size 4"),
+    ({"parallel": {"tp_size": 4, "expert_tp_size": 2}}, "1 or the group size 4"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(data, fragment):
     with pytest.raises(RecipeError) as info:
         parse_config(data)
     assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("par, group, world", [
+    ({}, 1, 1), ({"tp_size": 2}, 2, 2), ({"expert_tp_size": 2}, 2, 2), ({"tp_size": 2, "expert_tp_size": 1}, 2, 2),
+    ({"tp_size": 2, "ep_size": 3}, 2, 6),
+])
+def test_the_mesh_of_a_parallel_section(par, group, world):
+    p = parse_config({"parallel": par}).parallel
+    assert (p.group_size, p.world) == (group, world)
+    assert p.expert_tp == par.get("expert_tp_size", par.get("tp_size", 1))
 
 
 def test_a_missing_or_malformed_recipe_file(tmp_path):

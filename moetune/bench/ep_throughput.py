@@ -1,10 +1,12 @@
-"""Throughput with R expert-parallel ranks (data-parallel attention): every rank runs the same calls.
+"""Throughput on a mesh of R expert-parallel (data-parallel attention) groups × G tensor-parallel
+ranks: every rank runs the same calls.
 
-prefill tokens/s = R prompts of prefill_len tokens (one per rank) / time of the one lock-step
-decode tokens/s  = batch × steps / time of `steps` lock-steps (the batch spread over the ranks)
+prefill tokens/s = R prompts of prefill_len tokens (one per DP group) / time of the one lock-step
+decode tokens/s  = batch × steps / time of `steps` lock-steps (the batch spread over the DP groups)
 all-to-all share = rank 0's seconds inside dispatch + combine collectives / the timed seconds
 (split-size exchange, i.e. waiting for the slowest rank, included); bytes/step = rank 0's rows that
 left it per lock-step, dispatch + combine over all MoE layers.
+TP share = rank 0's seconds inside the tensor-parallel all-reduces and the LM-head gather / the timed seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class EPBenchRow(BenchRow):
     a2a_share: float = 0.0  # of the timed seconds, in the all-to-alls (rank 0)
     wait_share: float = 0.0  # of which waiting for the slowest rank (split-size exchange)
     bytes_per_step: float = 0.0  # rank 0, dispatch + combine
+    tp_share: float = 0.0  # of the timed seconds, in the tensor-parallel collectives (rank 0)
 
 
 def bench_engine_config(s: BenchSettings, ep_size: int) -> EngineConfig:
@@ -36,13 +39,13 @@ def bench_engine_config(s: BenchSettings, ep_size: int) -> EngineConfig:
 
 def bench_ep(dp, s: BenchSettings) -> list[EPBenchRow] | None:
     """Rows on rank 0, None elsewhere. `dp` is a DPGenerator whose engine uses bench_engine_config."""
-    dev, vocab, R = dp.model.device, dp.model.spec.vocab_size, dp.world
-    tally = _Tally(_dispatcher(dp.model))
+    dev, vocab, R = dp.model.device, dp.model.spec.vocab_size, dp.dp_size
+    tally = _Tally(_dispatcher(dp.model), dp.model.tp)
     prompts = random_prompts(vocab, R, s.prefill_len, s.seed).tolist()
     one = SamplingParams(max_tokens=1, ignore_eos=True)
 
     def prefill() -> None:
-        dp.engine.add_request(prompts[dp.rank], one)
+        dp.engine.add_request(prompts[dp.dp_rank], one)
         dp.step()
 
     rows = [tally.row(f"prefill b={R} len={s.prefill_len}", R * s.prefill_len,
@@ -71,24 +74,26 @@ def bench_ep(dp, s: BenchSettings) -> list[EPBenchRow] | None:
 class _Tally:
     """Rank 0's all-to-all seconds and bytes inside the timed calls (warm-up included)."""
 
-    def __init__(self, dispatcher):
-        self.dispatcher = dispatcher
+    def __init__(self, dispatcher, tp=None):
+        self.dispatcher, self.tp = dispatcher, tp  # tp: the model's TPComm (None without TP)
         self.reset()
 
     def reset(self) -> None:
-        self.seconds = self.a2a = self.wait = 0.0
+        self.seconds = self.a2a = self.wait = self.tp_s = 0.0
         self.bytes = self.steps = 0
 
     def timed(self, fn, steps: int, after=None):
         def run(*args):
             d = self.dispatcher
-            w, t, b = d.wait_s, d.transfer_s, d.bytes_sent
+            w, t, b, c = _stats(d) + (self._tp_seconds(),)
             start = time.perf_counter()
             fn(*args)
             self.seconds += time.perf_counter() - start
-            self.wait += d.wait_s - w
-            self.a2a += d.wait_s - w + d.transfer_s - t
-            self.bytes += d.bytes_sent - b
+            w2, t2, b2 = _stats(d)
+            self.wait += w2 - w
+            self.a2a += w2 - w + t2 - t
+            self.bytes += b2 - b
+            self.tp_s += self._tp_seconds() - c
             self.steps += steps
             if after is not None:
                 after()
@@ -97,9 +102,18 @@ class _Tally:
     def row(self, workload: str, tokens: int, timing) -> EPBenchRow:
         secs = max(self.seconds, 1e-12)
         row = EPBenchRow("moetune", workload, tokens, timing, a2a_share=self.a2a / secs, wait_share=self.wait / secs,
-                         bytes_per_step=self.bytes / max(self.steps, 1))
+                         bytes_per_step=self.bytes / max(self.steps, 1), tp_share=self.tp_s / secs)
         self.reset()
         return row
+
+    def _tp_seconds(self) -> float:
+        return self.tp.seconds if self.tp is not None else 0.0
+
+
+def _stats(dispatcher) -> tuple[float, float, int]:
+    """(wait, transfer seconds, bytes sent) so far; zeros for the local dispatcher (no EP)."""
+    return (getattr(dispatcher, "wait_s", 0.0), getattr(dispatcher, "transfer_s", 0.0),
+            getattr(dispatcher, "bytes_sent", 0))
 
 
 def _drain(dp) -> None:

@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt)
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
+                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt)
 
 
 def bench(
@@ -25,6 +25,8 @@ def bench(
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
     threads: Optional[int] = ThreadsOpt,
+    tp_size: Optional[int] = TpSizeOpt,
+    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
 ) -> None:
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up, with the
     achieved GB/s (decode) and GFLOP/s (prefill) against the machine's limits measured in the same run."""
@@ -36,13 +38,14 @@ def bench(
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
+                         tp_size, expert_tp_size)
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     settings = _settings(prefill_len, decode_steps, runs)
     _check_fits(target, settings, reference=against is not None)
-    if cfg.parallel.ep_size > 1:
+    if cfg.parallel.world > 1:
         if against:
-            raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1")
+            raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1 --tp-size 1")
         return _print_ranks(cfg, settings)
     from moetune.bench.report import bench_table, limits_lines
     from moetune.bench.run import run_bench
@@ -91,11 +94,12 @@ def _print_ranks(cfg, settings) -> None:
     rows = run_bench_ranks(cfg, settings)
     if rows is None:  # a rank other than 0 under torchrun: rank 0 prints
         return
-    table = Table(title=f"{cfg.parallel.ep_size} expert-parallel ranks (data-parallel attention) · rank 0's view")
-    for col in ("workload", "tok/s (min–max)", "all-to-all share", "of which waiting", "bytes/step"):
+    table = Table(title=f"{cfg.parallel.ep_size} expert-parallel ranks (data-parallel attention) × "
+                        f"{cfg.parallel.group_size} tensor-parallel · rank 0's view")
+    for col in ("workload", "tok/s (min–max)", "all-to-all share", "of which waiting", "bytes/step", "TP share"):
         table.add_column(col, justify="left" if col == "workload" else "right")
     for r in rows:
         lo, hi = r.tokens / r.timing.max_s, r.tokens / r.timing.min_s
         table.add_row(r.workload, f"{r.tokens_per_s:,.1f} ({lo:,.0f}–{hi:,.0f})", f"{r.a2a_share:.1%}",
-                      f"{r.wait_share:.1%}", f"{r.bytes_per_step:,.0f}")
+                      f"{r.wait_share:.1%}", f"{r.bytes_per_step:,.0f}", f"{r.tp_share:.1%}")
     Console().print(table)

@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt)
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
+                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt)
 
 
 def generate(
@@ -30,6 +30,8 @@ def generate(
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
     threads: Optional[int] = ThreadsOpt,
+    tp_size: Optional[int] = TpSizeOpt,
+    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
 ) -> None:
     """Generate a completion for one prompt, streamed to stdout."""
     import functools
@@ -43,7 +45,8 @@ def generate(
     checks.text("--prompt", prompt)
     for s in stop:
         checks.text("--stop", s)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
+    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
+                         tp_size, expert_tp_size)
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     limit = target.spec.max_position
     if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too
@@ -59,7 +62,7 @@ def generate(
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=tuple(stop), ignore_eos=ignore_eos)
-    if cfg.parallel.ep_size > 1:
+    if cfg.parallel.world > 1:
         from moetune.engine.distributed import run_ranks
 
         run_ranks(cfg, functools.partial(_stream_rank, prompt, params, chat))

@@ -17,6 +17,11 @@ ThreadsOpt = typer.Option(None, "--threads", min=1, help="CPU threads for torch 
 
 EpSizeOpt = typer.Option(None, "--ep-size", help="Expert-parallel ranks R (default: recipe, else 1); spawns R "
                                                  "processes, or joins torchrun's group.")
+TpSizeOpt = typer.Option(None, "--tp-size", help="Tensor-parallel ranks G: attention, dense MLPs, embedding and LM "
+                                                 "head split G ways (default: recipe, else 1); with --ep-size R runs "
+                                                 "R × G ranks.")
+ExpertTpSizeOpt = typer.Option(None, "--expert-tp-size", help="Split each expert's intermediate dim over the G ranks "
+                                                               "(1 or G; default: recipe, else --tp-size).")
 PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
 RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")
 
@@ -29,7 +34,7 @@ RecalibrateOpt = typer.Option(False, "--recalibrate", help="this-machine: measur
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
                placement: Optional[str] = None, redundant_experts: Optional[int] = None,
-               threads: Optional[int] = None):
+               threads: Optional[int] = None, tp_size: Optional[int] = None, expert_tp_size: Optional[int] = None):
     """Recipe (or defaults) with command-line flags applied on top."""
     from moetune.cli.checks import recipe_file
     from moetune.config import RunConfig, load_recipe, parse_config
@@ -39,7 +44,8 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
     cfg = load_recipe(recipe) if recipe else RunConfig()
     overrides = {"path": model, "dtype": dtype, "device": device, "kernel_backend": kernel_backend, "threads": threads}
     model_section = {**cfg.model.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
-    par = {"ep_size": ep_size, "placement": placement, "redundant_experts": redundant_experts}
+    par = {"ep_size": ep_size, "placement": placement, "redundant_experts": redundant_experts, "tp_size": tp_size,
+           "expert_tp_size": expert_tp_size}
     parallel = {**cfg.parallel.model_dump(), **{k: v for k, v in par.items() if v is not None}}
     return parse_config({**cfg.model_dump(), "model": model_section, "parallel": parallel}, source="command line")
 
@@ -47,11 +53,12 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
 def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                    device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
                    placement: Optional[str] = None, redundant_experts: Optional[int] = None,
-                   threads: Optional[int] = None):
+                   threads: Optional[int] = None, tp_size: Optional[int] = None, expert_tp_size: Optional[int] = None):
     """`run_config` plus the checks a config needs before anything is loaded (a known device)."""
     from moetune.cli import checks
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
+                     tp_size, expert_tp_size)
     checks.device(cfg.model.device)
     checks.quant_formats(cfg.quant)
     return cfg

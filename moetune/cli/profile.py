@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, PlacementOpt, RecipeOpt, RedundantOpt,
-                                 ThreadsOpt)
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
+                                 RedundantOpt, ThreadsOpt, TpSizeOpt)
 
 
 def profile(
@@ -25,6 +25,8 @@ def profile(
     ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="Ranks per node (default: the recipe's; else ranks this command starts share one node, torchrun's LOCAL_WORLD_SIZE, a --what-if 1)."),
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
+    tp_size: Optional[int] = TpSizeOpt,
+    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
     what_if: bool = typer.Option(False, "--what-if", help="Do not start R ranks: compute EP-R traffic from one process."),
     capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help="Count drops over ceil(cf·T·K/E)."),
     trace: bool = typer.Option(False, "--trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
@@ -49,7 +51,8 @@ def profile(
     workload.check()
     checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, placement=placement,
-                         redundant_experts=redundant_experts, threads=threads)
+                         redundant_experts=redundant_experts, threads=threads, tp_size=tp_size,
+                         expert_tp_size=expert_tp_size)
     settings = ProfileSettings(cfg, workload, ep_size, ranks_per_node, capacity_factor, trace,
                                Path(out) if out else None, what_if=what_if)
     if not overhead:
@@ -123,9 +126,11 @@ def _profile(settings, report: bool) -> None:
         _report(result.path)
     console = Console()
     summary = result.summary
+    from moetune.report.ranks.tp import tp_tables
+
     deployment = deployment_table(summary)  # offload hit rate, expert formats, capacity drops: when present
     for table in (*([deployment] if deployment else []), phase_table(summary), imbalance_table(summary),
-                  *rank_tables(summary), rates_table(summary), formulas_table(summary)):
+                  *rank_tables(summary), *tp_tables(summary), rates_table(summary), formulas_table(summary)):
         console.print(rich_table(table))
     console.print(f"run directory: {result.path}")
 

@@ -15,33 +15,38 @@ from moetune.engine.target import DTYPES, resolve_device, resolve_placement  # n
 from moetune.engine.tokenizer import eos_ids, load_tokenizer
 from moetune.errors import MoetuneError
 from moetune.model.loader import load_model
+from moetune.model.tp import TPComm
 from moetune.moe.dispatch import Dispatcher
 from moetune.quant.loads import read_expert_loads
 from moetune.quant.table import PrecisionTable, hot_fraction, read_table, uniform
 from moetune.spec import ModelSpec
 
 def build_generator(target: Target | RunConfig, rank: int = 0, dispatcher: Dispatcher | None = None,
-                    device: torch.device | None = None) -> Generator:
+                    device: torch.device | None = None, tp: TPComm | None = None) -> Generator:
     """One rank's generator: with parallel.ep_size R > 1 (or replicas) the store holds this rank's
-    slots of the placement and `dispatcher` moves token copies between ranks (engine/distributed.py).
+    slots of the placement and `dispatcher` moves token copies between ranks (engine/distributed.py);
+    with `tp` it holds this rank's slices of the weights (model/tp.py).
     `target`: resolved once by the caller (a RunConfig is resolved here, for library callers)."""
     target = as_target(target, device)
-    model = build_model(target, rank, dispatcher)
+    model = build_model(target, rank, dispatcher, tp=tp)
     tokenizer = load_tokenizer(target.model_dir)
     return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), target.config.engine)
 
 
 def build_model(target: Target | RunConfig, rank: int = 0, dispatcher: Dispatcher | None = None,
-                device: torch.device | None = None):
+                device: torch.device | None = None, tp: TPComm | None = None):
     """The model as the recipe deploys it: placement, expert precision (quant), offloading, capacity."""
     target = as_target(target, device)
     cfg, spec, placement, device = target.config, target.spec, target.placement, target.device
     if placement is not None and placement.ep_size > 1 and dispatcher is None:
         raise MoetuneError(f"parallel.ep_size={placement.ep_size} runs on {placement.ep_size} ranks: start it through "
                            "moetune.engine.distributed.run_ranks (generate, bench and profile do), not build_generator")
+    if cfg.parallel.group_size > 1 and tp is None:
+        raise MoetuneError(f"parallel.tp_size={cfg.parallel.tp_size} / expert_tp_size={cfg.parallel.expert_tp} run on "
+                           f"{cfg.parallel.world} ranks: start it through moetune.engine.distributed.run_ranks")
     model = load_model(target.checkpoint, target.dtype, device, cfg.model.kernel_backend,
                        placement, rank, dispatcher, precision_table(cfg.quant, spec),
-                       offload_factory(cfg.offload, spec, device))
+                       offload_factory(cfg.offload, spec, device), tp)
     if cfg.parallel.capacity_policy != "none":
         set_capacity(model, cfg.parallel.capacity_factor, cfg.parallel.capacity_policy)
     return model

@@ -1,5 +1,7 @@
 """Data-parallel attention with expert parallelism: each rank runs its own Engine over its share of
-the requests (request i on rank i mod R), and all ranks step together.
+the requests (request i on rank i mod R), and all ranks step together. With tensor parallelism
+(engine/mesh.py) the G ranks of one DP group serve the same requests as one stream, each holding
+its slices of the weights: request i goes to DP group i mod ep_size.
 
 One lock-step = an all-reduce of "anything left?" (all ranks stop together), then a forward on
 every rank: the engine's step where it has work, an empty forward (`idle_forward`, T = 0)
@@ -19,12 +21,15 @@ from moetune.config import RunConfig
 from moetune.engine.build import build_generator
 from moetune.engine.target import DTYPES, resolve_device, resolve_placement, resolve_target
 from moetune.engine.engine import Engine, RequestOutput
-from moetune.engine.ep_launch import RankContext, launch
+from moetune.engine.ep_launch import RankContext, launch, under_torchrun
 from moetune.engine.generate import Completion, Generator
+from moetune.engine.mesh import Mesh, MeshGroups, join_mesh
 from moetune.engine.sampling import SamplingParams
 from moetune.errors import MoetuneError, RequestError
 from moetune.model.loader import read_spec
 from moetune.model.registry import resolve_model
+from moetune.model.tp import TPComm, plan_of
+from moetune.model.tp_check import check_tp
 from moetune.moe.all_to_all import AllToAllDispatcher
 
 T = TypeVar("T")
@@ -43,9 +48,13 @@ class LockStepObserver(Protocol):
 class DPGenerator:
     """One rank's generator in a group of R; every rank calls the same methods with the same arguments."""
 
-    def __init__(self, generator: Generator, ctx: RankContext):
+    def __init__(self, generator: Generator, ctx: RankContext, groups: MeshGroups | None = None):
         self.generator, self.ctx = generator, ctx
         self.rank, self.world = ctx.rank, ctx.world
+        self.groups = groups
+        # requests go to DP groups; the G ranks of a group serve the same ones (G = 1 without TP)
+        self.dp_rank, self.dp_size = (groups.dp_rank, groups.mesh.ep) if groups else (ctx.rank, ctx.world)
+        self.tp_rank = groups.tp_rank if groups else 0
         self.steps = 0  # lock-steps taken (idle ones included)
         self.idle_steps = 0  # of which this rank ran the empty forward
         self.observer: LockStepObserver | None = None
@@ -59,8 +68,8 @@ class DPGenerator:
         return self.generator.model
 
     def mine(self, n: int) -> list[int]:
-        """Indices of the n requests this rank serves."""
-        return list(range(self.rank, n, self.world))
+        """Indices of the n requests this rank serves (its DP group's)."""
+        return list(range(self.dp_rank, n, self.dp_size))
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams]) -> list[Completion] | None:
         """Completions in prompt order on rank 0; None on the other ranks."""
@@ -71,7 +80,7 @@ class DPGenerator:
         while self.step() is not None:
             pass
         done = [(i, Completion(s.prompt_ids, s.output_ids, s.text, s.finish_reason or "length"))
-                for i, s in zip(mine, seqs)]
+                for i, s in zip(mine, seqs) if self.tp_rank == 0]  # one answer per DP group
         gathered: list = [None] * self.world
         dist.all_gather_object(gathered, done, group=self.ctx.group)
         if self.rank != 0:
@@ -80,7 +89,7 @@ class DPGenerator:
 
     def stream(self, prompt, params: SamplingParams) -> Iterator[str]:
         """The completion of one prompt (served by rank 0), piece by piece on rank 0; nothing elsewhere."""
-        rids = self._add([self.generator.encode(prompt)] if self.rank == 0 else [], [params], [0])
+        rids = self._add([self.generator.encode(prompt)] if self.dp_rank == 0 else [], [params], [0])
         while (outputs := self.step()) is not None:
             for out in outputs:
                 if rids and out.request_id == rids[0] and out.text_delta:
@@ -98,7 +107,7 @@ class DPGenerator:
             self.model.idle_forward()
             rows = []
         gathered: list = [None] * self.world
-        dist.all_gather_object(gathered, list(zip(mine, rows)), group=self.ctx.group)
+        dist.all_gather_object(gathered, list(zip(mine, rows)) if self.tp_rank == 0 else [], group=self.ctx.group)
         if self.rank != 0:
             return None
         return [t for _, t in sorted((pair for part in gathered for pair in part), key=lambda p: p[0])]
@@ -152,15 +161,26 @@ class DPGenerator:
 
 def check_parallel(cfg: RunConfig) -> None:
     """Every user mistake in `parallel` raised before any rank starts (placement, sizes, files)."""
-    resolve_placement(cfg.parallel, read_spec(resolve_model(cfg.model.path)))
+    spec = read_spec(resolve_model(cfg.model.path))
+    resolve_placement(cfg.parallel, spec)
+    check_tp(spec, cfg.parallel.tp_size, cfg.parallel.expert_tp)
 
 
 def run_ranks(cfg: RunConfig, job: Callable[[DPGenerator], T]) -> T | None:
-    """Build a DPGenerator on each of parallel.ep_size ranks and call `job` on each (a picklable
-    callable: spawned ranks receive it); rank 0's result, None in other ranks' processes."""
+    """Build a DPGenerator on each rank of the mesh (parallel.ep_size × G ranks) and call `job` on
+    each (a picklable callable: spawned ranks receive it); rank 0's result, None in other ranks' processes."""
     check_parallel(cfg)
     device = resolve_device(cfg.model.device)
-    return launch(functools.partial(_rank_main, cfg, job), cfg.parallel.ep_size, device, cfg.parallel.timeout_s)
+    world = cfg.parallel.world
+    if device.type == "cuda" and world > torch.cuda.device_count() and not under_torchrun():
+        raise MoetuneError(f"the mesh of {describe_mesh(cfg)} = {world} ranks needs {world} GPUs; this machine has "
+                           f"{torch.cuda.device_count()} (start it with torchrun across machines)")
+    return launch(functools.partial(_rank_main, cfg, job), world, device, cfg.parallel.timeout_s)
+
+
+def describe_mesh(cfg: RunConfig) -> str:
+    p = cfg.parallel
+    return f"ep_size {p.ep_size} × tp group {p.group_size} (tp_size {p.tp_size}, expert_tp_size {p.expert_tp})"
 
 
 def _rank_main(cfg: RunConfig, job: Callable[[DPGenerator], T], ctx: RankContext) -> T:
@@ -168,9 +188,17 @@ def _rank_main(cfg: RunConfig, job: Callable[[DPGenerator], T], ctx: RankContext
 
 
 def build_rank(cfg: RunConfig, ctx: RankContext) -> DPGenerator:
+    """This rank of the mesh: its process groups, its expert slots (EP) and weight slices (TP)."""
+    par = cfg.parallel
+    if par.world == 1:
+        raise MoetuneError("a mesh of one rank: set parallel.ep_size or parallel.tp_size above 1")
+    groups = join_mesh(Mesh.of(par), ctx.rank)
     target = resolve_target(cfg)  # once in this rank's process
-    if target.placement is None:
-        raise MoetuneError("expert parallelism needs parallel.ep_size > 1")
-    wire = None if cfg.parallel.dispatch_dtype == "auto" else DTYPES[cfg.parallel.dispatch_dtype]
-    dispatcher = AllToAllDispatcher(ctx.world, ctx.rank, target.placement.slots_per_rank, ctx.group, wire)
-    return DPGenerator(build_generator(target, ctx.rank, dispatcher, ctx.device), ctx)
+    dispatcher = None
+    if target.placement is not None and par.ep_size > 1:
+        wire = None if par.dispatch_dtype == "auto" else DTYPES[par.dispatch_dtype]
+        dispatcher = AllToAllDispatcher(par.ep_size, groups.dp_rank, target.placement.slots_per_rank,
+                                        groups.ep_group, wire)
+    plan = plan_of(par.tp_size, par.expert_tp, groups.tp_rank)
+    tp = None if plan is None else TPComm(plan, groups.tp_group, ctx.device)
+    return DPGenerator(build_generator(target, groups.dp_rank, dispatcher, ctx.device, tp), ctx, groups)

@@ -71,7 +71,8 @@ def launch(job: Callable[[RankContext], T], world: int, device: torch.device, ti
     if under_torchrun():
         got = int(os.environ["WORLD_SIZE"])
         if got != world:
-            raise MoetuneError(f"torchrun started {got} processes but --ep-size is {world}; make them equal")
+            raise MoetuneError(f"torchrun started {got} processes but the mesh (--ep-size × --tp-size) needs {world}; "
+                               "make them equal")
         rv = _Rendezvous(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500)),
                          world, kind, timeout_s, True)
         return _run_rank(job, int(os.environ["RANK"]), rv)

@@ -120,7 +120,8 @@ class ModelRunner:
         self.failures = {}
         if all(s.params.greedy for s in seqs):
             return greedy_tokens(logits)
-        return [self._sample_one(row, s) for row, s in zip(logits, seqs)]
+        tokens = [self._sample_one(row, s) for row, s in zip(logits, seqs)]
+        return tokens if self.model.tp is None else self.model.tp.agree(tokens)  # one draw per TP group
 
     def _sample_one(self, row: torch.Tensor, seq) -> int | None:
         try:

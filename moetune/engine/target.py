@@ -13,6 +13,7 @@ import torch
 from moetune.config import ParallelConfig, RunConfig
 from moetune.errors import MoetuneError
 from moetune.model.checkpoint import Checkpoint, open_checkpoint
+from moetune.model.tp_check import check_tp
 from moetune.moe.placement import Placement, PlacementError, check_ep, make_placement, read_placement
 from moetune.spec import ModelSpec
 
@@ -50,6 +51,7 @@ def resolve_target(cfg: RunConfig, checkpoint: Checkpoint | None = None) -> Targ
     """Checkpoint mistakes first (no torch work), then the placement, then the device."""
     checkpoint = checkpoint or open_checkpoint(cfg.model.path)
     placement = resolve_placement(cfg.parallel, checkpoint.spec)
+    check_tp(checkpoint.spec, cfg.parallel.tp_size, cfg.parallel.expert_tp)  # a split this model cannot take
     device = resolve_device(cfg.model.device)
     return Target(cfg, checkpoint, placement, device, resolve_dtype(cfg.model.dtype, device))
 

@@ -26,6 +26,9 @@ from moetune.model.expert_tensors import read_experts, read_packed_layer
 from moetune.experts.mixed import quantized_layer, quantized_slots
 from moetune.quant.names import QuantError, check_backend, parse_name
 from moetune.quant.table import PrecisionTable
+from moetune.model.tp import TPComm, local_spec
+from moetune.model.tp_experts import check_groups, shard_experts
+from moetune.model.tp_shards import ShardedSource
 from moetune.model.weights import WeightSource
 from moetune.moe.backend import resolve_backend
 from moetune.moe.dispatch import Dispatcher
@@ -43,6 +46,7 @@ def load_model(
     dispatcher: Dispatcher | None = None,
     precision: PrecisionTable | None = None,
     store_factory=None,
+    tp: TPComm | None = None,
 ) -> MoETransformer:
     """With a `placement`, this process is expert-parallel rank `rank`: its store holds only the
     rank's physical slots (a replica is a copy of its logical expert's weights) and every MoE layer
@@ -59,25 +63,32 @@ def load_model(
     small_m = SMALL_M if backend.name == "cpu" and dtype == torch.float32 else 0  # CPU decode kernels
     if placement is not None:
         placement.check_for(spec.moe.num_experts, spec.moe_layers, placement.ep_size, spec.model_type)
-    source = WeightSource(model_dir, device, dtype)
+    whole = WeightSource(model_dir, device, dtype)
+    plan = tp.plan if tp is not None else None
+    source = whole if plan is None else ShardedSource(whole, spec, plan)
     names = TensorNames(spec.model_type)
     stored = read_quantization(model_dir, spec)
     table = check_precision(stored, precision, spec, backend.name)
     if placement is not None and table is not None:  # a rank's slots of one format: one contiguous group
         placement = placement.by_format(table.formats)
-    layers = {i: _layer_experts(source, names, spec, i, placement, rank, stored, table) for i in spec.moe_layers}
+    full, spec = spec, local_spec(spec, plan)  # `spec` from here on: the shapes this rank computes
+    if plan is not None and plan.experts and table is not None:
+        check_groups(table.names(), full.moe.intermediate_size, plan.size)
+    layers = {i: _rank_experts(whole, source, names, full, spec, i, placement, rank, stored, table, plan)
+              for i in spec.moe_layers}
     experts = store_factory(layers, spec) if store_factory is not None else ResidentExpertStore(layers)
     rotary = Rotary(spec.rope, torch.device(device), kernel=small_m > 0)
-    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m)
+    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m, tp)
               for i in range(spec.num_layers)]
     experts.bind_routers(  # an offloading store predicts later layers' experts with their routers
         {layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
     embed = source.get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)
-    model = MoETransformer(spec, embed, layers, norm, lm_head, rotary, experts, small_m,
-                           fused=FusedDecode() if small_m else None)
+    model = MoETransformer(full, embed, layers, norm, lm_head, rotary, experts, small_m,
+                           fused=FusedDecode() if small_m and tp is None else None, tp=tp, local=spec)
     model.precision = table  # the routed experts' formats (None: the load dtype), for the profile summary
+    model.bytes_read = whole.bytes_read  # checkpoint bytes this process read (its slices under TP)
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
         to_huge_pages(model.dense_tensors() + resident)
@@ -163,6 +174,16 @@ def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None,
     return table
 
 
+def _rank_experts(whole: WeightSource, source, names: TensorNames, full: ModelSpec, spec: ModelSpec, i: int,
+                  placement, rank: int, stored: PrecisionTable | None, table: PrecisionTable | None,
+                  plan) -> ExpertWeights:
+    """Layer i's experts on this rank. Split plain experts are read slice by slice (`source`);
+    quantized ones are packed whole from `whole` and then sliced, keeping the one-rank scales."""
+    if plan is None or not plan.experts or (stored is None and table is None):
+        return _layer_experts(source, names, spec, i, placement, rank, stored, table)
+    return shard_experts(_layer_experts(whole, names, full, i, placement, rank, stored, table), plan)
+
+
 def _layer_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, placement, rank: int,
                    stored: PrecisionTable | None, table: PrecisionTable | None) -> ExpertWeights:
     """Layer i's experts on this rank: under a placement (sorted by format when quantized) its slots."""
@@ -191,7 +212,7 @@ def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, expe
 
 
 def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: Rotary, experts, backend,
-                   dispatcher=None, small_m: int = 0) -> DecoderLayer:
+                   dispatcher=None, small_m: int = 0, tp: TPComm | None = None) -> DecoderLayer:
     p = names.layer(i)
     if spec.layers[i].is_moe:
         mlp = _moe(source, names, spec, i, experts, backend, dispatcher, small_m)
@@ -203,4 +224,5 @@ def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: 
         attention=_attention(source, spec, i, rotary, small_m),
         mlp_norm=_norm(source, p + "post_attention_layernorm.weight", spec.rms_norm_eps, small_m > 0),
         mlp=mlp,
+        tp=tp,
     )

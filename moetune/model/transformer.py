@@ -16,6 +16,7 @@ from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.norm import RMSNorm
 from moetune.model.rope import Rotary
+from moetune.model.tp import TPComm
 from moetune.spec import ModelSpec
 from moetune.moe.layer import MoELayer
 from moetune.probe import Probe, phase_scope, times_phases
@@ -29,17 +30,27 @@ class DecoderLayer:
     attention: GQAAttention | MLAttention
     mlp_norm: RMSNorm
     mlp: GatedMLP | MoELayer
+    tp: TPComm | None = None  # tensor parallelism: partial outputs of split parts are all-reduced
 
     def tensors(self) -> list[torch.Tensor]:
         return self.attn_norm.tensors() + self.attention.tensors() + self.mlp_norm.tensors() + self.mlp.tensors()
 
     def __call__(self, h, batch: StepBatch, cache: PagedKVCache, cos, sin, probe: Probe | None):
+        tp = self.tp
         with phase_scope(probe, self.index, "attention"):
-            h = h + self.attention(self.attn_norm(h), batch, cache, cos, sin)
+            a = self.attention(self.attn_norm(h), batch, cache, cos, sin)  # [T, D]
+        h = h + (a if tp is None or not tp.plan.attention else self._reduce(a, probe))
         if isinstance(self.mlp, MoELayer):
-            return h + self.mlp(self.mlp_norm(h))
+            m = self.mlp(self.mlp_norm(h))
+            return h + (m if tp is None or not tp.plan.experts else self._reduce(m, probe))
         with phase_scope(probe, self.index, "dense_mlp"):
-            return h + self.mlp(self.mlp_norm(h))
+            m = self.mlp(self.mlp_norm(h))
+        return h + (m if tp is None or not tp.plan.attention else self._reduce(m, probe))
+
+    def _reduce(self, x: torch.Tensor, probe: Probe | None) -> torch.Tensor:
+        """The sum over the tensor-parallel group of this rank's partial output x [T, D]."""
+        with phase_scope(probe, self.index, "tp_allreduce"):
+            return self.tp.all_reduce(x, self.index)
 
 
 class MoETransformer:
@@ -47,9 +58,11 @@ class MoETransformer:
 
     def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
                  lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore, small_m: int = 0,
-                 fused: FusedDecode | None = None):
-        self.spec = spec
-        self.embed = embed  # [V, D]
+                 fused: FusedDecode | None = None, tp: TPComm | None = None, local: ModelSpec | None = None):
+        self.spec = spec  # the checkpoint's model
+        self.local = local or spec  # the shapes this rank computes (its heads and slices under tensor parallelism)
+        self.tp = tp
+        self.embed = embed  # [V, D] ([V/G, D]: this rank's vocab rows when the embedding is split)
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head  # [V, D] (the embedding itself when tied)
@@ -57,6 +70,7 @@ class MoETransformer:
         self.experts = experts
         self.small_m = small_m  # rows up to which projections run the CPU decode kernel (model/linear.py)
         self.probe: Probe | None = None
+        self.bytes_read = 0  # checkpoint bytes read to build this model (set by the loader)
         self.fused = fused  # decode steps through the fused CPU layer kernels (model/fused_decode.py)
 
     @property
@@ -76,13 +90,20 @@ class MoETransformer:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """Hidden states after the final norm for every token of the step: [T, D]."""
-        h = self.embed[batch.input_ids]  # [T, D]
+        h = self.embed_tokens(batch.input_ids)  # [T, D]
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype, max(batch.context_lens, default=0))  # [T, rot_dim] each
         if self.fused is not None and not times_phases(self.probe) and self.fused.takes(batch):
             return self.norm(self.fused.run(self.layers, h, batch, cache, cos, sin, self.probe))
         for layer in self.layers:
             h = layer(h, batch, cache, cos, sin, self.probe)
         return self.norm(h)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] → [T, D] (a vocab-parallel lookup, all-reduced, when the embedding is split)."""
+        if self.tp is None or not self.tp.plan.attention:
+            return self.embed[ids]
+        with phase_scope(self.probe, -1, "tp_embed"):
+            return self.tp.embed(self.embed, ids)
 
     @torch.inference_mode()
     def idle_forward(self) -> None:
@@ -95,11 +116,16 @@ class MoETransformer:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] of the rows that sample → [N, V] fp32."""
-        return project(hidden, self.lm_head, small_m=self.small_m).float()  # [N, V]
+        """hidden [N, D] of the rows that sample → [N, V] fp32 (each rank's vocab slice gathered
+        when the LM head is split: every rank of the group samples from the same rows)."""
+        out = project(hidden, self.lm_head, small_m=self.small_m)  # [N, V] ([N, V/G] split)
+        if self.tp is not None and self.tp.plan.attention:
+            with phase_scope(self.probe, -1, "tp_gather"):
+                out = self.tp.gather_vocab(out)  # [N, V]
+        return out.float()
 
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        return PagedKVCache(self.spec, num_blocks, block_size, self.device, self.dtype)
+        return PagedKVCache(self.local, num_blocks, block_size, self.device, self.dtype)
 
     def weight_bytes(self) -> dict[str, int]:
         """Resident weight bytes: routed experts (the ExpertStore) and everything else."""

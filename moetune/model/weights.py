@@ -26,6 +26,7 @@ class WeightSource:
         self.dtype = dtype
         self._file_of = _index(self.model_dir)  # tensor name -> file name
         self._handles: dict[str, object] = {}
+        self.bytes_read = 0  # bytes of tensor data read from the files (as stored)
 
     def names(self) -> list[str]:
         return sorted(self._file_of)
@@ -38,13 +39,25 @@ class WeightSource:
         if name not in self._file_of:
             raise CheckpointError(f"tensor '{name}' is missing from the checkpoint in {self.model_dir}")
         tensor = self._handle(self._file_of[name]).get_tensor(name)
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor.to(device=self.device, dtype=dtype or self.dtype)
+
+    def part(self, name: str, index: tuple[slice, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """tensor[index] on the target device: only that slice is read from the mmap'd file
+        (a tensor-parallel rank's share, model/tp_shards.py)."""
+        if name not in self._file_of:
+            raise CheckpointError(f"tensor '{name}' is missing from the checkpoint in {self.model_dir}")
+        tensor = self._handle(self._file_of[name]).get_slice(name)[index]
+        self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor.to(device=self.device, dtype=dtype or self.dtype)
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor as stored (its own dtype, on the CPU): packed weights, copies between checkpoints."""
         if name not in self._file_of:
             raise CheckpointError(f"tensor '{name}' is missing from the checkpoint in {self.model_dir}")
-        return self._handle(self._file_of[name]).get_tensor(name)
+        tensor = self._handle(self._file_of[name]).get_tensor(name)
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
 
     def get_optional(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         return self.get(name, dtype) if self.has(name) else None

@@ -33,7 +33,17 @@ class Dispatcher(Protocol):
 
 
 class LocalDispatcher:
-    """R = 1: every slot is local; both phases are identities."""
+    """R = 1: every slot is local; both phases are identities (its counters, the all-to-all
+    dispatcher's, stay zero: a profile of a tensor-parallel mesh without EP reads them alike)."""
+
+    wire_dtype = None
+
+    def __init__(self):
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.wait_s = self.transfer_s = 0.0
+        self.bytes_sent = self.calls = 0
 
     def dispatch(self, perm: PermuteOutput) -> DispatchOutput:
         return DispatchOutput(perm.x_sorted, perm.offsets, 0)

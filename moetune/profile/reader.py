@@ -29,6 +29,8 @@ TABLE_COLUMNS = {
     "rank_moe": ("step", "kind", "layer", "rank", "tokens", "copies_sent", "copies_in", "dispatch_seconds",
                  "combine_seconds", "moe_seconds", "wait_seconds", "transfer_seconds", "dispatch_bytes",
                  "combine_bytes", "same_rank_bytes", "intra_node_bytes", "inter_node_bytes"),
+    "rank_tp": ("step", "kind", "layer", "rank", "dp_rank", "tp_rank", "phase", "tokens", "batch", "calls", "seconds",
+                "bytes"),  # only in runs on a tensor-parallel mesh
 }
 SUMMARY_KEYS = ("kinds", "model", "workload", "parallel", "memory", "nvml")
 

@@ -37,7 +37,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     target = target.with_config(cfg)  # the same checkpoint; the placement of the run's parallel
     layout = placement_layout(target.placement, spec.moe.num_experts, ep, rpn)
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if ep > 1 and not settings.what_if:
+    if (ep > 1 and not settings.what_if) or cfg.parallel.group_size > 1:  # TP always runs its ranks
         from moetune.profile.ranks.run import run_rank_profile
 
         return run_rank_profile(settings, cfg, texts, writer, write_run, on_start, on_step)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moetune.profile.trace import KINDS
 from moetune.report.ranks.tables import rank_tables
+from moetune.report.ranks.tp import tp_tables
 from moetune.report.table import Table, mb, num
 
 
@@ -19,6 +20,10 @@ def overview_table(summary: dict) -> Table:
             ["workload", f"{w['num_requests']} requests, batch {w['batch_size']}, input_len {w['input_len'] or 'as is'}, "
                          f"output_len {w['output_len']}, warm-up {w['warmup_steps']} steps (excluded)"],
             ["expert parallel", _parallel_line(p)]]
+    mesh = p.get("mesh")
+    if mesh and mesh["tp_group"] > 1:
+        rows.append(["tensor parallel", f"{mesh['tp_group']} ranks per DP group (tp_size {mesh['tp_size']}, "
+                                        f"expert_tp_size {mesh['expert_tp_size']}); {mesh['world']} ranks in all"])
     for kind in _kinds(summary):
         k = summary["kinds"][kind]
         rows.append([kind, f"{k['steps']} steps, {k['tokens']} tokens, {k['tokens_per_s']:.0f} tok/s, "
@@ -207,7 +212,8 @@ def all_tables(summary: dict) -> list[Table]:
     ranks = summary["parallel"]["ep_size"] > 1  # at R = 1 the per-rank and locality tables say nothing
     tables = [overview_table(summary), *([deployment] if deployment else []), phase_table(summary),
               imbalance_table(summary), hottest_table(summary),
-              gemm_table(summary), *rank_tables(summary), *([ep_table(summary), locality_table(summary)] if ranks else []),
+              gemm_table(summary), *rank_tables(summary), *tp_tables(summary),
+              *([ep_table(summary), locality_table(summary)] if ranks else []),
               rates_table(summary), formulas_table(summary), memory_table(summary)]
     if summary.get("offload", {}).get("enabled"):
         tables.append(offload_table(summary))

@@ -64,3 +64,31 @@ def logits_and_bytes(prompts: list[list[int]], dp):
     sent = torch.tensor([dispatcher.bytes_sent])
     dist.all_reduce(sent)
     return None if dp.rank != 0 else (logits, int(sent.item()))
+
+
+def sampled_on_every_rank(prompts: list[list[int]], seed: int | None, dp):
+    """Temperature sampling (seeded per request, or from each process's RNG, set differently on
+    every rank): the tokens every rank's engine produced, by rank (rank 0 returns them)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(1000 + dp.rank)  # each process's own RNG differs
+    params = SamplingParams(max_tokens=12, temperature=1.3, seed=seed, ignore_eos=True)
+    mine = dp.mine(len(prompts))
+    rids = dp._add([prompts[i] for i in mine], [params] * len(mine), mine)
+    seqs = [dp.engine.sequence(r) for r in rids]
+    while dp.step() is not None:
+        pass
+    every: list = [None] * dp.world
+    dist.all_gather_object(every, {i: s.output_ids for i, s in zip(mine, seqs)})
+    return every if dp.rank == 0 else None
+
+
+def loaded(dp):
+    """(bytes of checkpoint tensors this rank read, its resident weight bytes) of every rank."""
+    import torch.distributed as dist
+
+    mine = (dp.model.bytes_read, sum(dp.model.weight_bytes().values()))
+    every: list = [None] * dp.world
+    dist.all_gather_object(every, mine)
+    return every if dp.rank == 0 else None

@@ -34,6 +34,7 @@ class LockStep:
     counts: np.ndarray  # [Lm, P] copies this rank sent to each physical slot (all ranks' slots)
     block_m: list[int]  # [Lm] the experts kernel's row block
     io: np.ndarray  # [Lm, 4] wait seconds, transfer seconds, dispatch bytes, combine bytes
+    tp_bytes: dict = field(default_factory=dict)  # (layer, phase) → [bytes, calls] of this rank's TP collectives
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RankRecord:
     row_bytes: int  # bytes of one dispatched row on the wire (D · wire dtype bytes)
     counters: dict  # the dispatcher's own totals over the measured lock-steps
     lock_steps: list[LockStep] = field(default_factory=list)
+    coords: tuple[int, int] = (0, 0)  # (DP group, TP rank) in the mesh (engine/mesh.py); (rank, 0) without TP
 
 
 class RankProfiler(Profiler):
@@ -80,6 +82,8 @@ class RankProfiler(Profiler):
         self._step_ids, self._step_moe, self._io = {}, {}, {}
         self._kind, self._batch = None, None
         self._mark = (self.dispatcher.wait_s, self.dispatcher.transfer_s)
+        if self.model.tp is not None:
+            self.model.tp.take()  # bytes of earlier calls (warm-up, logits checks) are not this lock-step's
         self.timer.sync()
         self._start = time.perf_counter()
 
@@ -138,4 +142,5 @@ class RankProfiler(Profiler):
             ids=ids, counts=np.stack([self._step_moe[i][0] for i in layers]),
             block_m=[int(self._step_moe[i][1]) for i in layers],
             io=np.array([self._io[i] for i in layers], dtype=np.float64),
+            tp_bytes=self.model.tp.take() if self.model.tp is not None else {},
         )

@@ -59,6 +59,7 @@ class RankJob:
         with NvmlSampler(cuda_index(dp.model.device)) as nvml:
             profiler = self._run(dp)
         record = profiler.record(wire_row_bytes(profiler.dispatcher, dp.model))
+        record.coords = (dp.dp_rank, dp.tp_rank)
         gathered: list | None = [None] * dp.world if dp.rank == 0 else None
         dist.gather_object(record, gathered, dst=0, group=dp.ctx.group)
         if dp.rank != 0:
@@ -104,23 +105,31 @@ def wire_row_bytes(dispatcher, model) -> int:
 def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks: list, dp, nvml,
                     write: WriteRun) -> dict:
     """Rank 0: merge every rank's record, compute the what-if for the run's placement, write the run dir."""
+    from moetune.engine.mesh import Mesh
     from moetune.engine.target import resolve_placement
     from moetune.model.registry import resolve_model
     from moetune.profile.ep import placement_layout
     from moetune.profile.ranks.merge import merge_records, merged_trace
     from moetune.profile.ranks.tables import rank_moe_table, rank_steps_table
+    from moetune.profile.ranks.tp import leaders, rank_tp_table, tp_summary
     from moetune.profile.rates import model_dims
     from moetune.profile.tables import build_tables
 
     model, par = dp.model, cfg.parallel
     moe_layers, E = list(model.spec.moe_layers), model.spec.moe.num_experts
     layout = placement_layout(resolve_placement(par, model.spec), E, par.ep_size, par.ranks_per_node)
-    rec = merge_records(ranks, moe_layers, E)
-    trace = merged_trace(ranks, rec, moe_layers, E)
+    streams = leaders(ranks)  # one rank per DP group: the G ranks of a TP group share its tokens
+    rec = merge_records(streams, moe_layers, E)
+    trace = merged_trace(streams, rec, moe_layers, E)
     dims = model_dims(model).as_dict()
     tables = build_tables(rec, trace, layout, dims["D"] * dims["b_a"], nvml.table(), rank_steps_table(ranks),
-                          rank_moe_table(ranks, layout, moe_layers))
+                          rank_moe_table(streams, layout, moe_layers))
     measured = {"dispatch_dtype": par.dispatch_dtype, "wire_row_bytes": ranks[0].row_bytes,
-                "dispatcher_counters": [{"rank": r.rank, **r.counters} for r in ranks]}
+                "dispatcher_counters": [{"rank": r.rank, **r.counters} for r in ranks],
+                "mesh": Mesh.of(par).describe()}
+    tp_table = rank_tp_table(ranks) if par.group_size > 1 else None
+    if tp_table is not None:
+        measured["tp"] = tp_summary(tp_table, ranks)
+        tp_table.to_parquet(tmp / "rank_tp.parquet", index=False)
     parts = RunParts(model, tables, trace, layout, nvml.summary(), dp.engine.runner.cache.nbytes(), measured)
     return write(tmp, settings, cfg, parts, resolve_model(cfg.model.path))

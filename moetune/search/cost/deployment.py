@@ -21,6 +21,8 @@ class Deployment:
     offload_resident_fraction: float = 1.0
     offload_prefetch_depth: int = 0
     offload_eviction: str = "lru"
+    tp_size: int = 1  # tensor parallelism inside each EP group (docs/architecture.md §3d): 1 or G
+    expert_tp_size: int = 1  # each expert's intermediate dim split over the G ranks: 1 or G
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -33,6 +35,8 @@ class Deployment:
         if self.offload_resident_fraction < 1:
             parts.append(f"resident={self.offload_resident_fraction:g}/pf={self.offload_prefetch_depth}"
                          f"/{self.offload_eviction}")
+        if max(self.tp_size, self.expert_tp_size) > 1:
+            parts.append(f"TP={self.tp_size}/eTP={self.expert_tp_size}")
         return " ".join(parts)
 
 

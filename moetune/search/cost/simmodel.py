@@ -29,6 +29,7 @@ class SimModel:
     kv_elems: int  # cached elements per token per layer
     pair_flops: int  # per (query, key) pair per layer
     tied: bool
+    kv_heads: int = 0  # GQA's KV heads (split by tensor parallelism); 0: MLA's latent, whole on every rank
 
     @property
     def Lm(self) -> int:
@@ -62,4 +63,5 @@ def sim_model(spec: ModelSpec, name: str = "") -> SimModel:
     dense = tuple(l.dense_intermediate for l in spec.layers if not l.is_moe)
     return SimModel(name or spec.model_type, D, spec.moe.num_experts, spec.moe.router.top_k, spec.moe.intermediate_size,
                     spec.moe.shared_intermediate_size, spec.num_layers, tuple(spec.moe_layers), dense,
-                    spec.vocab_size, weights, kv, pair, spec.tie_word_embeddings)
+                    spec.vocab_size, weights, kv, pair, spec.tie_word_embeddings,
+                    att.num_kv_heads if isinstance(att, GQASpec) else 0)

@@ -19,6 +19,9 @@ cycling), so per-layer skew and co-selection are the recorded ones. Then, per ra
                + combine + max_r(unpermute + shared)
   straggler wait = layer time − the mean rank's busy time − all-to-all time
 
+With tensor parallelism (tp.py) every piece is priced on one rank's shapes (heads, intermediate
+and vocab split) and the step adds the engine's TP collectives (tp_allreduce, tp_embed, tp_gather).
+
 A replicated expert's copies split evenly over its replicas (token-index splitting gives that on
 average); replica j of an expert is active when the expert has more than j copies.
 
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moetune.search.cost import phase_costs as costs
+from moetune.search.cost import tp as tp_costs
 from moetune.search.cost.deployment import Deployment, resident_slots
 from moetune.search.cost.formats import expert_bytes
 from moetune.search.cost.hardware import Hardware
@@ -73,18 +77,20 @@ class Simulator:
         self.b = hardware.act_bytes
         self._schedules: dict = {}
         self._link_measured = False
+        self._allreduce_s: dict[int, float] = {}  # this-machine: measured all-reduce latency per TP group size
         self._kind = "decode"  # the kind of the step being priced (picks the fitted multipliers)
+        self.group = 1  # processes per priced rank: G in a TP view (they share this-machine's cores too)
 
     # ---- public -------------------------------------------------------------------------------
 
     def memory(self, d: Deployment) -> RankMemory:
-        m = self.src.model
+        m = tp_costs.tp_model(self.src.model, d)  # one rank's share under tensor parallelism
         per_expert = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format,
                                   d.quant_hot_fraction, m.D).mean()
         return rank_memory(m, d, self.src.workload, self.b, float(per_expert))
 
     def memory_reason(self, d: Deployment) -> str | None:
-        return memory_reason(self.memory(d), self.hw, d.ep_size)
+        return memory_reason(self.memory(d), self.hw, d.ep_size * tp_costs.group_size(d))
 
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         w = workload or self.src.workload
@@ -141,7 +147,7 @@ class Simulator:
 
     def roof(self, flops, nbytes, calls, ranks: int, phase: str):
         """Roofline + call overhead, slowed by CPU sharing when more ranks than cores run here."""
-        hw = self.hw
+        hw, ranks = self.hw, ranks * self.group
         share = max(1.0, ranks / hw.ranks_per_node) if hw.name == "this-machine" else 1.0
         k = self.k.get(f"{phase}/{self._kind}", self.k.get(phase, 1.0))
         compute = flops / (hw.rank_flops(ranks) * hw.gemm_eff)
@@ -171,39 +177,66 @@ class Simulator:
                           source=self.hw.source + f"; gloo all-to-all latency measured: {lat * 1e6:.0f} µs")
         self._link_measured = True
 
+    def rank_view(self, d: Deployment) -> "Simulator":
+        """This simulator pricing one rank's shapes under d's tensor parallelism (itself without TP)."""
+        if tp_costs.group_size(d) == 1:
+            return self
+        from copy import copy
+        from dataclasses import replace
+
+        view = copy(self)
+        view.src = replace(self.src, model=tp_costs.tp_model(self.src.model, d))
+        view.group = tp_costs.group_size(d)
+        return view
+
+    def tp_latency(self, d: Deployment) -> float:
+        """One small all-reduce in a TP group: measured among G local gloo ranks on this-machine
+        (once per G), the hardware's intra-node collective latency elsewhere."""
+        G = tp_costs.group_size(d)
+        if self.hw.name != "this-machine":
+            return self.hw.intra_latency_s
+        if G not in self._allreduce_s:
+            self._allreduce_s[G] = tp_costs.allreduce_latency(G)
+        return self._allreduce_s[G]
+
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
-        """Every lock-step priced piece by piece (phase_costs.py), then added up (`_add_step`)."""
+        """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
+        then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
         if d.ep_size > 1:
             self._measure_link(d.ep_size)
-        m, R = self.src.model, d.ep_size
-        totals = Totals.empty(s.num_steps, m.Lm, R)
+        sim, m, R = self.rank_view(d), self.src.model, d.ep_size
+        totals = Totals.empty(s.num_steps, m.Lm, R, tp_costs.group_size(d) > 1)
+        tp_lat = self.tp_latency(d) if tp_costs.group_size(d) > 1 else 0.0
         trace = TraceRows(self.src)
         offload = (OffloadState(max(1, resident_slots(d, m.E)),
                    d.offload_eviction, d.offload_prefetch_depth) if d.offload_resident_fraction < 1 else None)
         links = costs.Links.of(self.hw, R)
         for t in range(s.num_steps):
-            self._kind = "prefill" if s.prefill[t].any() else "decode"
+            sim._kind = "prefill" if s.prefill[t].any() else "decode"
             counts = trace.counts(s, t, m)  # [R, Lm, E]
             st = costs.StepRows.of(s, t, self.hw.grouped_experts)
-            per_rank = {phase: cost(self, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
+            per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
             slots = costs.SlotRows.of(counts, prep, R)
-            expert_s = costs.experts(self, st, slots)  # [Lm, R]
+            expert_s = costs.experts(sim, st, slots)  # [Lm, R]
             totals.add_slots(slots, prep)
-            stall = costs.offload_stall(self, offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
-            a2a = costs.all_to_all(self, counts, prep, links)
+            stall = costs.offload_stall(sim, offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
+            a2a = costs.all_to_all(sim, counts, prep, links)
             totals.a2a_bytes += a2a.bytes
             totals.inter_bytes += a2a.inter_node_bytes
-            _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(self, st),
-                      costs.other(self, st, links.latency_s), len(m.dense_I))
-            if self.cal is not None:  # the deployment's path (fused or not, no clocks) over the probed one
-                totals.scale_step(t, self.cal.path_factor(self._kind, R))
+            _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
+                      costs.other(sim, st, links.latency_s), len(m.dense_I))
+            if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
+                totals.scale_step(t, self.cal.path_factor(sim._kind, R * tp_costs.group_size(d)))
+            if tp_lat:
+                totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
+                                                         self.hw.intra_bw * self.hw.link_eff, tp_lat, self.b))
         return totals.step_s, totals.phases, totals.detail(R, offload)
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict) -> Metrics:
         mem = self.memory(d)
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps)}
-        return summarize_steps(True, d.ep_size, w, s.prefill.sum(1), s.decode.sum(1), s.sampled.sum(1),
+        return summarize_steps(True, d.ep_size * tp_costs.group_size(d), w, s.prefill.sum(1), s.decode.sum(1), s.sampled.sum(1),
                                step_s, s.first_step, s.last_step, mem.total, phases, detail)
 
 
@@ -278,8 +311,15 @@ class Totals:
     all_copies: float = 0.0
 
     @classmethod
-    def empty(cls, S: int, Lm: int, R: int) -> "Totals":
-        return cls(np.zeros(S), {k: np.zeros(S) for k in PHASES}, np.zeros((Lm, R)))
+    def empty(cls, S: int, Lm: int, R: int, tp: bool = False) -> "Totals":
+        names = PHASES + (tp_costs.TP_PHASES if tp else ())  # the TP lines only where TP runs
+        return cls(np.zeros(S), {k: np.zeros(S) for k in names}, np.zeros((Lm, R)))
+
+    def add_tp(self, t: int, seconds: dict[str, float]) -> None:
+        """Step t's tensor-parallel collectives: each its own phase line, all on the step's critical path."""
+        for phase, value in seconds.items():
+            self.phases[phase][t] = value
+            self.step_s[t] += value
 
     def scale_step(self, t: int, factor: float) -> None:
         """Step t and each of its phase lines × factor (this-machine's calibrated path factor)."""

@@ -1,7 +1,7 @@
 """The `measure` evaluator: run the engine with a trial's recipe on this machine, on the profile's
 workload (its prompts cut or padded to the same lengths, all requests at once), and time every
-lock-step. R = 1 runs in this process; R > 1 through `run_ranks` (R processes, data-parallel
-attention + all-to-all over gloo / NCCL). Returns the same `Metrics` as `simulate`, measured.
+lock-step. R = 1 runs in this process; R > 1 (or a TP mesh) through `run_ranks` (R × G processes,
+data-parallel attention + all-to-all over gloo / NCCL; a TP group's G ranks counted once). Returns the same `Metrics` as `simulate`, measured.
 
 Memory per rank = weight bytes + the KV pool the engine allocated (+ the activation estimate of
 profile/memory.py); the largest rank is reported.
@@ -58,7 +58,8 @@ class MeasureJob:
             step += 1
         weights = dp.model.weight_bytes()
         mine_result = {"log": log, "first": first, "last": last, "step_s": step_s,
-                       "memory": weights["dense"] + weights["experts"] + dp.engine.runner.cache.nbytes()}
+                       "memory": weights["dense"] + weights["experts"] + dp.engine.runner.cache.nbytes(),
+                       "tp_rank": getattr(dp, "tp_rank", 0)}
         return _gather(dp, mine_result)
 
 
@@ -84,7 +85,8 @@ def _gather(dp, result: dict) -> dict | None:
 
     parts: list = [None] * dp.world
     dist.all_gather_object(parts, result, group=dp.ctx.group)
-    return {"ranks": parts} if dp.rank == 0 else None
+    # one part per DP group: the G ranks of a tensor-parallel group log the same steps and tokens
+    return {"ranks": [p for p in parts if p["tp_rank"] == 0]} if dp.rank == 0 else None
 
 
 class LocalRank:
@@ -134,7 +136,7 @@ def measure(cfg: RunConfig, prompts: tuple[tuple[int, ...], ...], w: SimWorkload
 
     job = MeasureJob(prompts, w.output_len)
     cfg = _sized(cfg, w, engine_extra)
-    if cfg.parallel.ep_size > 1:
+    if cfg.parallel.world > 1:  # EP and/or TP ranks
         from moetune.engine.distributed import run_ranks
 
         result = run_ranks(cfg, job)
@@ -142,7 +144,7 @@ def measure(cfg: RunConfig, prompts: tuple[tuple[int, ...], ...], w: SimWorkload
         from moetune.engine.build import build_generator
 
         result = job(LocalRank(build_generator(parse_config(cfg.model_dump()))))
-    return _to_metrics(result, w, cfg.parallel.ep_size, act_bytes_estimate)
+    return _to_metrics(result, w, cfg.parallel.world, act_bytes_estimate)
 
 
 def _sized(cfg: RunConfig, w: SimWorkload, extra: dict | None) -> RunConfig:

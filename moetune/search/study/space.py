@@ -286,7 +286,8 @@ def from_config(cfg: RunConfig, **what_if) -> Deployment:
 
         redundant = read_placement(p.placement).redundant
     names = {f.name for f in fields(Deployment)}
-    extra = {**_sections_as_knobs(cfg, redundant), **{k: v for k, v in what_if.items() if k in names and v is not None}}
+    extra = {**_sections_as_knobs(cfg, redundant), "tp_size": p.tp_size, "expert_tp_size": p.expert_tp,
+             **{k: v for k, v in what_if.items() if k in names and v is not None}}
     return Deployment(p.ep_size, redundant, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)
 
 

@@ -8,7 +8,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.study.optuna_study import TrialRow
 
 PHASE_ORDER = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
-               "shared_expert", "dense_mlp", "other", "straggler_wait")
+               "shared_expert", "dense_mlp", "tp_allreduce", "tp_embed", "tp_gather", "other", "straggler_wait")
 
 
 def _tag(m: dict | Metrics | None) -> str:
