@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from moetune.cli.options import ArrivalSeedOpt, ConcurrencyOpt, RateOpt, SloTpotOpt, SloTtftOpt, WarmupOpt
+
 
 def simulate(
     trace: str = typer.Option(..., "--trace", "-t", help="Run directory of `moetune profile` (its routing trace)."),
@@ -21,6 +23,12 @@ def simulate(
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens (default: the run's)."),
     serve: bool = typer.Option(False, "--serve", help="Price the recipe's engine knobs with all requests at once "
                                                       "(default: batches as `moetune profile` runs them)."),
+    concurrency: Optional[int] = ConcurrencyOpt,
+    request_rate: Optional[float] = RateOpt,
+    warmup_requests: Optional[int] = WarmupOpt,
+    arrival_seed: int = ArrivalSeedOpt,
+    slo_ttft_ms: Optional[float] = SloTtftOpt,
+    slo_tpot_ms: Optional[float] = SloTpotOpt,
     low_format: Optional[str] = typer.Option(None, "--quant-low-format", help="What-if: none | fp8 | int8 | int4."),
     hot_fraction: Optional[float] = typer.Option(None, "--quant-hot-fraction", help="What-if: experts kept full."),
     resident: Optional[float] = typer.Option(None, "--offload-resident-fraction", help="What-if: slots resident."),
@@ -41,10 +49,11 @@ def simulate(
         raise UsageError(f"--quant-low-format {low_format!r} is not one of none, fp8, int8, int4")
     what_if = {"quant_low_format": low_format, "quant_hot_fraction": hot_fraction,
                "offload_resident_fraction": resident, "offload_prefetch_depth": prefetch, "offload_eviction": eviction}
-    inp = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len)
+    inp = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len, concurrency,
+                 request_rate, warmup_requests, arrival_seed, slo_ttft_ms, slo_tpot_ms)
     setup, d, m = simulate_recipe(inp, as_profile=not serve, what_if=what_if)
     console = Console()
     console.print(f"[bold]{setup.source.model.name}[/] on {setup.hardware.name} "
-                  f"({setup.hardware.max_ranks} ranks available): {d.label()} — all figures estimated")
+                  f"({setup.hardware.max_ranks} ranks available): {d.label()}, {m.workload} — all figures estimated")
     console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
     console.print(rich_table(metrics_table("Totals (estimated)", m)))

@@ -156,7 +156,7 @@ class Limits:
     num_experts: int
     top_k: int
     max_ranks: int
-    requests: int  # requests in the workload (all ranks)
+    requests: int  # the most requests in flight at once (all ranks; the workload's most_in_flight)
 
 
 def prune(d: Deployment, lim: Limits) -> str | None:
