@@ -23,7 +23,7 @@ def search(
     sampler: Optional[str] = typer.Option(None, "--sampler", help="tpe | nsga2 | grid | random (default: tpe, "
                                                                   "nsga2 with two objectives)."),
     objective: str = typer.Option("throughput", "--objective", help="Comma-separated: throughput, "
-                                                                    "throughput_per_rank, tpot, ttft, memory, "
+                                                                    "throughput_per_rank, throughput_per_gpu, tpot, ttft, memory, "
                                                                     "goodput (needs --slo-ttft-ms and --slo-tpot-ms)."),
     n_trials: int = typer.Option(40, "--n-trials", help="Trials in the study in total (all workers)."),
     seed: Optional[int] = typer.Option(0, "--seed", help="Sampler seed."),

@@ -79,7 +79,7 @@ def test_estimates_are_the_recorded_ones():
     golden = json.loads(GOLDEN.read_text())
     now = estimates()
     assert sorted(now) == sorted(golden)
-    added = {"workload", "latency_ms", "request_s", "goodput_rps"}
+    added = {"workload", "latency_ms", "request_s", "goodput_rps", "replicas", "output_tok_s_per_gpu"}
     for name in golden:
         metrics = now[name]["metrics"]
         assert set(metrics) - set(golden[name]["metrics"]) <= added, name

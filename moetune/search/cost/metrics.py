@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 OBJECTIVES = {  # name → (metric attribute, direction)
     "throughput": ("output_tok_s", "maximize"),
     "throughput_per_rank": ("output_tok_s_per_rank", "maximize"),
+    "throughput_per_gpu": ("output_tok_s_per_gpu", "maximize"),  # all replicas over all the hardware's GPUs
     "tpot": ("tpot_ms", "minimize"),
     "ttft": ("ttft_ms", "minimize"),
     "memory": ("peak_mem_gb", "minimize"),
@@ -41,6 +42,8 @@ class Metrics:
     latency_ms: dict = field(default_factory=dict)  # ttft | tpot | e2e → p50 | p90 | p99
     request_s: float = 0.0  # requests finished per second (steady-state window; the whole run for a burst)
     goodput_rps: float = 0.0  # of which meeting both SLOs
+    replicas: int = 1  # copies of the deployment (output_tok_s, request_s and goodput are over all of them)
+    output_tok_s_per_gpu: float = 0.0  # over every GPU of the hardware (replicas.py)
 
     def value(self, objective: str) -> float:
         return float(getattr(self, OBJECTIVES[objective][0]))

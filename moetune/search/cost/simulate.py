@@ -40,6 +40,7 @@ from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.offload import OffloadState
+from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
@@ -83,7 +84,12 @@ class Simulator:
         return memory_reason(self.memory(d), self.hw, d.ep_size)
 
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
-        w = workload or self.src.workload
+        """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
+        total = workload or self.src.workload
+        return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
+                             self.hw.max_ranks)
+
+    def _evaluate_replica(self, d: Deployment, w: SimWorkload) -> Metrics:
         prep = self.prepare(d)
         if w.mode == "rate":  # arrivals by the clock: scheduled and priced step by step
             sched, step_s, phases, detail = self._price_open(d, w, prep)

@@ -25,10 +25,11 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
         text += "".join(f"#   {k}: {v}\n" for k, v in extra.items())
     if metrics:
         tag = "estimated" if metrics.get("estimated") else "measured"
-        text += f"# figures ({tag}):\n"
-        for k in ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
-                  "peak_mem_gb"):
-            text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
+        text += f"# figures ({tag}; workload: {metrics.get('workload', 'burst')}):\n"
+        for k in ("output_tok_s", "output_tok_s_per_rank", "output_tok_s_per_gpu", "prefill_tok_s", "decode_tok_s",
+                  "ttft_ms", "tpot_ms", "request_s", "goodput_rps", "peak_mem_gb"):
+            if k in metrics:
+                text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
     return text
 
 
@@ -85,7 +86,7 @@ def write_placement_files(d: Deployment, model, loads, path: Path) -> tuple[Path
 def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> None:
     keys = sorted({k for r in rows for k in r.params})
     metric_keys = ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
-                   "request_s", "goodput_rps", "peak_mem_gb")
+                   "output_tok_s_per_gpu", "request_s", "goodput_rps", "peak_mem_gb")
     tails = ("ttft", "tpot", "e2e")  # P99 ms of each (steady.py)
     with path.open("w", newline="") as f:
         w = csv.writer(f)

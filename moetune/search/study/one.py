@@ -25,8 +25,7 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
         batch = min(setup.source.batch_size, setup.workload.num_requests)
         tokens = max(d.max_num_batched_tokens, batch * max(setup.workload.prompt_lens))
         d = replace(d, max_num_seqs=batch, max_num_batched_tokens=tokens)
-    m = setup.source.model
-    reason = _invalid(d, Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.most_in_flight))
+    reason = _invalid(d, setup.limits())
     reason = reason or setup.sim.memory_reason(d)
     if reason:
         raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")

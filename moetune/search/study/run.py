@@ -12,7 +12,7 @@ from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateE
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
-from moetune.search.study.space import Limits, build_space, canonical, from_config, read_space_file
+from moetune.search.study.space import build_space, canonical, from_config, read_space_file
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -70,7 +70,7 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides)
-    limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.most_in_flight)
+    limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
     created = not settings.out.exists()
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -109,9 +109,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
         extra.append(remeasure_table(result.remeasured))
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
-    m = setup.source.model
-    limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.most_in_flight)
-    chosen, _ = canonical(winner.deployment, limits)  # the point as run: moot knobs at their twin's values
+    chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, setup.base, chosen, winner.metrics, how, setup.source.model,
                                 setup.source.loads, setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
@@ -130,8 +128,7 @@ def baseline(setup: Setup, evaluator: Evaluator):
 
     from moetune.search.study.space import prune
 
-    m = setup.source.model
-    lim = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.most_in_flight)
+    lim = setup.limits()
     d = from_config(setup.base)
     for r in [d.ep_size] + [r for r in range(1, setup.hardware.max_ranks + 1) if r != d.ep_size]:
         cand = replace(d, ep_size=r, redundant_experts=0 if r == 1 else d.redundant_experts,

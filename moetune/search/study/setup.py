@@ -12,6 +12,7 @@ from moetune.search.cost.hardware import Hardware, get_hardware
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator
 from moetune.search.cost.source import TraceSource, load_source
+from moetune.search.study.space import Limits
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class Setup:
     workload: SimWorkload
     base: RunConfig
     sim: Simulator
+
+    def limits(self) -> Limits:
+        """What the pruning rules need (the most requests in flight: each replica's in a steady state)."""
+        m = self.source.model
+        return Limits(m.E, m.K, self.hardware.max_ranks, self.workload.most_in_flight, self.workload.mode != "burst")
 
 
 def prepare(inp: Inputs) -> Setup:
