@@ -69,7 +69,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     setup = prepare(settings.inputs)
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
-    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides)
+    cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
+    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster)
     limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
     created = not settings.out.exists()

@@ -109,10 +109,12 @@ class Space:
         return [Deployment(**dict(zip(names, combo))) for combo in itertools.product(*(k.values for k in self.knobs))]
 
 
-def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrides: dict | None = None) -> Space:
-    """The knobs RunConfig accepts (plus the what-if ones when asked), narrowed by `overrides`
-    ({knob: [values]} or {knob: value})."""
-    knobs = [k for k in default_knobs(num_experts, max_ranks) if what_if or recipe_accepts(k.key) or k.name in PRICED_ONLY]
+def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrides: dict | None = None,
+                priced: bool = True) -> Space:
+    """The knobs RunConfig accepts (plus the what-if ones when asked, and PRICED_ONLY when a simulator
+    prices the trials: `priced`), narrowed by `overrides` ({knob: [values]} or {knob: value})."""
+    knobs = [k for k in default_knobs(num_experts, max_ranks)
+             if what_if or recipe_accepts(k.key) or (priced and k.name in PRICED_ONLY)]
     overrides = dict(overrides or {})
     by_name = {k.name: k for k in default_knobs(num_experts, max_ranks)}
     unknown = sorted(set(overrides) - set(by_name))
