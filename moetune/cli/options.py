@@ -29,6 +29,16 @@ CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-ma
                               "cached per machine) | trace (the trace's own phase times).")
 RecalibrateOpt = typer.Option(False, "--recalibrate", help="this-machine: measure the microbenchmarks again even "
                                                            "when cached.")
+# the workload of `simulate` and `search` (search/cost/schedule.py, steady.py); default: a burst
+ConcurrencyOpt = typer.Option(None, "--concurrency", help="Steady state, closed loop: C requests in flight per "
+                                                          "deployment replica (a finished one is replaced at once).")
+RateOpt = typer.Option(None, "--request-rate", help="Steady state, open loop: Poisson arrivals at R requests/s per "
+                                                   "deployment replica (seeded by --arrival-seed).")
+WarmupOpt = typer.Option(None, "--warmup-requests", help="Requests excluded from the steady-state figures at each "
+                                                         "end (default: C, or a fifth at a rate).")
+ArrivalSeedOpt = typer.Option(0, "--arrival-seed", help="Seed of the Poisson arrivals.")
+SloTtftOpt = typer.Option(None, "--slo-ttft-ms", help="Goodput: a request's TTFT limit (ms).")
+SloTpotOpt = typer.Option(None, "--slo-tpot-ms", help="Goodput: a request's TPOT limit (ms).")
 
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,

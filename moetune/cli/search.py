@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import CalibrateOnOpt, RecalibrateOpt
+from moetune.cli.options import (ArrivalSeedOpt, CalibrateOnOpt, ConcurrencyOpt, RateOpt, RecalibrateOpt, SloTpotOpt,
+                                  SloTtftOpt, WarmupOpt)
 
 
 def search(
@@ -23,7 +24,8 @@ def search(
     sampler: Optional[str] = typer.Option(None, "--sampler", help="tpe | nsga2 | grid | random (default: tpe, "
                                                                   "nsga2 with two objectives)."),
     objective: str = typer.Option("throughput", "--objective", help="Comma-separated: throughput, "
-                                                                    "throughput_per_rank, tpot, ttft, memory."),
+                                                                    "throughput_per_rank, throughput_per_gpu, tpot, ttft, memory, "
+                                                                    "goodput (needs --slo-ttft-ms and --slo-tpot-ms)."),
     n_trials: int = typer.Option(40, "--n-trials", help="Trials in the study in total (all workers)."),
     seed: Optional[int] = typer.Option(0, "--seed", help="Sampler seed."),
     space: Optional[str] = typer.Option(None, "--space", help="YAML: knob → value or list (narrow or fix)."),
@@ -37,6 +39,12 @@ def search(
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests (default: the run's)."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's)."),
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens (default: the run's)."),
+    concurrency: Optional[int] = ConcurrencyOpt,
+    request_rate: Optional[float] = RateOpt,
+    warmup_requests: Optional[int] = WarmupOpt,
+    arrival_seed: int = ArrivalSeedOpt,
+    slo_ttft_ms: Optional[float] = SloTtftOpt,
+    slo_tpot_ms: Optional[float] = SloTpotOpt,
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
                                                     "failed and re-queued (after a crash)."),
     remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
@@ -61,6 +69,10 @@ def search(
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
     objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
+    if "goodput" in objectives and (slo_ttft_ms is None or slo_tpot_ms is None):
+        from moetune.errors import UsageError
+
+        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
                                    n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share),
@@ -68,9 +80,9 @@ def search(
                                    allow_changed_inputs=allow_changed_inputs)
     from moetune.search.study.run import SearchSettings
 
-    settings = SearchSettings(Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len,
-                                     calibrate_on, recalibrate),
-                              study_settings, out_dir, evaluator, space, what_if, remeasure)
+    inputs = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len, calibrate_on,
+                    recalibrate, concurrency, request_rate, warmup_requests, arrival_seed, slo_ttft_ms, slo_tpot_ms)
+    settings = SearchSettings(inputs, study_settings, out_dir, evaluator, space, what_if, remeasure)
     _run(settings)
 
 
@@ -79,6 +91,7 @@ def _run(settings) -> None:
 
     from moetune.cli.progress import progress
     from moetune.report.terminal import rich_table
+    from moetune.search.cost.metrics import OBJECTIVES
     from moetune.search.study.run import run_search
     from moetune.search.study.tables import trials_table, states_table
 
@@ -91,7 +104,7 @@ def _run(settings) -> None:
         def on_trial(row, done: int) -> None:
             if row.state == "COMPLETE" and row.values and row.feasible:
                 v = row.values[0]
-                if not best or (v > best["v"]) == (objective.startswith("throughput")):
+                if not best or (v > best["v"]) == (OBJECTIVES[objective][1] == "maximize"):
                     best.update(v=v, label=row.deployment.label())
             text = f"best {objective} {best['v']:,.4g} ({tag}) {best['label']}" if best else "no feasible trial yet"
             bar.update(done=done, note=text)

@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import CalibrateOnOpt, RecalibrateOpt
+from moetune.cli.options import (ArrivalSeedOpt, CalibrateOnOpt, ConcurrencyOpt, RateOpt, RecalibrateOpt, SloTpotOpt,
+                                  SloTtftOpt, WarmupOpt)
 
 
 def simulate(
@@ -23,6 +24,12 @@ def simulate(
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens (default: the run's)."),
     serve: bool = typer.Option(False, "--serve", help="Price the recipe's engine knobs with all requests at once "
                                                       "(default: batches as `moetune profile` runs them)."),
+    concurrency: Optional[int] = ConcurrencyOpt,
+    request_rate: Optional[float] = RateOpt,
+    warmup_requests: Optional[int] = WarmupOpt,
+    arrival_seed: int = ArrivalSeedOpt,
+    slo_ttft_ms: Optional[float] = SloTtftOpt,
+    slo_tpot_ms: Optional[float] = SloTpotOpt,
     low_format: Optional[str] = typer.Option(None, "--quant-low-format", help="What-if: none | fp8 | int8 | int4."),
     hot_fraction: Optional[float] = typer.Option(None, "--quant-hot-fraction", help="What-if: experts kept full."),
     resident: Optional[float] = typer.Option(None, "--offload-resident-fraction", help="What-if: slots resident."),
@@ -48,11 +55,11 @@ def simulate(
     what_if = {"quant_low_format": low_format, "quant_hot_fraction": hot_fraction,
                "offload_resident_fraction": resident, "offload_prefetch_depth": prefetch, "offload_eviction": eviction}
     inp = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len, calibrate_on,
-                 recalibrate)
+                 recalibrate, concurrency, request_rate, warmup_requests, arrival_seed, slo_ttft_ms, slo_tpot_ms)
     setup, d, m = simulate_recipe(inp, as_profile=not serve, what_if=what_if, explain=explain)
     console = Console()
     console.print(f"[bold]{setup.source.model.name}[/] on {setup.hardware.name} "
-                  f"({setup.hardware.max_ranks} ranks available): {d.label()} — all figures estimated")
+                  f"({setup.hardware.max_ranks} ranks available): {d.label()}, {m.workload} — all figures estimated")
     console.print(setup.calibrated_on(), highlight=False)
     console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
     console.print(rich_table(metrics_table("Totals (estimated)", m)))

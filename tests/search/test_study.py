@@ -20,7 +20,7 @@ from tests.cli_run import assert_one_line_error, moetune
 
 
 NEUTRAL = ("quant_low_format: none\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
-           "offload_prefetch_depth: 0\noffload_eviction: lru\n")  # quant and offload knobs fixed
+           "offload_prefetch_depth: 0\noffload_eviction: lru\nreplicas: 1\n")  # quant, offload, replicas fixed
 
 
 def settings(run_dir, out: Path, hw="H200", sampler="tpe", n=12, objectives=("throughput",), space=None,
@@ -189,7 +189,9 @@ def test_a_worker_that_died_before_its_first_heartbeat_does_not_hold_the_study(r
     import optuna
 
     out = tmp_path / "silent"
-    first = settings(run_dir, out, n=3)
+    space = tmp_path / "space.yaml"
+    space.write_text("replicas: 1\n")  # three trials: none lost to an invalid replicas × ep_size pair
+    first = settings(run_dir, out, n=3, space=str(space))
     run_search(first)
     study = load(out)
     point = next(t.params for t in study.get_trials() if t.state.name == "COMPLETE")
@@ -198,7 +200,7 @@ def test_a_worker_that_died_before_its_first_heartbeat_does_not_hold_the_study(r
     queued = study.ask()  # a queued point that died before suggesting it: failed and re-queued
     assert queued.number > empty.number and not study.trials[queued.number].params
     time.sleep(1.2)
-    again = settings(run_dir, out, n=6)
+    again = settings(run_dir, out, n=6, space=str(space))
     again = replace(again, study=replace(again.study, heartbeat_s=1, grace_s=1))
     run_search(again)
     trials = load(out).get_trials(deepcopy=False)

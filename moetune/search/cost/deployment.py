@@ -23,6 +23,7 @@ class Deployment:
     offload_eviction: str = "lru"
     tp_size: int = 1  # tensor parallelism inside each EP group (docs/architecture.md §3d): 1 or G
     expert_tp_size: int = 1  # each expert's intermediate dim split over the G ranks: 1 or G
+    replicas: int = 1  # copies of the deployment, each on its own ep_size GPUs, each with its share of the load
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -30,6 +31,8 @@ class Deployment:
     def label(self) -> str:
         parts = [f"R={self.ep_size}", f"N={self.redundant_experts}", self.placement,
                  f"seqs={self.max_num_seqs}", f"tok={self.max_num_batched_tokens}"]
+        if self.replicas > 1:
+            parts.insert(0, f"{self.replicas} replicas ×")
         if self.quant_low_format != "none":
             parts.append(f"{self.quant_low_format}/hot={self.quant_hot_fraction:g}")
         if self.offload_resident_fraction < 1:

@@ -35,7 +35,7 @@ without the profiler's clocks) over the probed phases they were fitted on: each 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,8 +47,10 @@ from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.offload import OffloadState
-from moetune.search.cost.schedule import Schedule, SimWorkload, simulate_schedule
+from moetune.search.cost.replicas import over_replicas, replica_workload
+from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.source import TraceSource
+from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
 
 PHASES = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
           "shared_expert", "dense_mlp", "other", "straggler_wait")
@@ -93,11 +95,22 @@ class Simulator:
         return memory_reason(self.memory(d), self.hw, d.ep_size * tp_costs.group_size(d))
 
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
-        w = workload or self.src.workload
-        sched = self.schedule(d, w)
+        """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
+        total = workload or self.src.workload
+        return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
+                             self.hw.max_ranks)
+
+    def _evaluate_replica(self, d: Deployment, w: SimWorkload) -> Metrics:
         prep = self.prepare(d)
-        step_s, phases, detail = self._price(d, sched, prep)
-        return self._metrics(d, w, sched, step_s, phases, detail)
+        if w.mode == "rate":  # arrivals by the clock: scheduled and priced step by step
+            sched, step_s, phases, detail = self._price_open(d, w, prep)
+            arrival = poisson_arrivals(w.num_requests, w.rate, w.seed)
+        else:
+            sched = self.schedule(d, w)
+            step_s, phases, detail = self._price(d, sched, prep)
+            starts = np.cumsum(step_s) - step_s  # [S] each step's start
+            arrival = None if w.mode == "burst" else starts[sched.arrive_step]
+        return self._metrics(d, w, sched, step_s, phases, detail, arrival)
 
     def schedule(self, d: Deployment, w: SimWorkload) -> Schedule:
         key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w)
@@ -165,8 +178,6 @@ class Simulator:
     def _measure_link(self, ranks: int) -> None:
         """this-machine's collective latency, measured the first time a multi-rank deployment is priced
         (local gloo processes: a few seconds; it depends on how busy the machine is, so it is not assumed)."""
-        from dataclasses import replace
-
         from moetune.search.cost.hardware import collective_latency
 
         if self.hw.name != "this-machine" or self._link_measured:
@@ -202,47 +213,82 @@ class Simulator:
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
         """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
         then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
+        ctx = self._pricing(d)
+        totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0)
+        for t in range(s.num_steps):
+            self._price_step(d, s, t, prep, totals, ctx)
+        return totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
+
+    def _price_open(self, d: Deployment, w: SimWorkload, prep: Prepared):
+        """A `rate` workload: requests join when the clock passes their Poisson arrival; a gap with no
+        work is an idle step (no tokens, its seconds only)."""
+        arrivals = poisson_arrivals(w.num_requests, w.rate, w.seed)  # [n]
+        rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked)
+        ctx = self._pricing(d)
+        one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0)  # step t priced into row 0, then copied out
+        names = tuple(one.phases)
+        step_s, lines, clock, n = [], {p: [] for p in names}, 0.0, w.num_requests
+        while rp.arrived < n or rp.has_work():
+            while rp.arrived < n and arrivals[rp.arrived] <= clock:
+                rp.arrive(rp.arrived)
+            if not rp.has_work():
+                rp.idle()
+                step_s.append(float(arrivals[rp.arrived]) - clock)
+                for p in names:
+                    lines[p].append(0.0)
+            else:
+                row, _ = rp.step()  # [R, 6]
+                self._price_step(d, _one_step(row), 0, prep, one, ctx)
+                step_s.append(float(one.step_s[0]))
+                for p in names:
+                    lines[p].append(float(one.phases[p][0]))
+            clock += step_s[-1]
+        totals = replace(one, step_s=np.array(step_s), phases={p: np.array(v) for p, v in lines.items()})
+        return rp.schedule(), totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
+
+    def _pricing(self, d: Deployment) -> "Pricing":
         if d.ep_size > 1:
             self._measure_link(d.ep_size)
-        sim, m, R = self.rank_view(d), self.src.model, d.ep_size
-        totals = Totals.empty(s.num_steps, m.Lm, R, tp_costs.group_size(d) > 1)
-        tp_lat = self.tp_latency(d) if tp_costs.group_size(d) > 1 else 0.0
-        trace = TraceRows(self.src)
+        m = self.src.model
         offload = (OffloadState(max(1, resident_slots(d, m.E)),
                    d.offload_eviction, d.offload_prefetch_depth) if d.offload_resident_fraction < 1 else None)
-        links = costs.Links.of(self.hw, R)
-        for t in range(s.num_steps):
-            sim._kind = "prefill" if s.prefill[t].any() else "decode"
-            counts = trace.counts(s, t, m)  # [R, Lm, E]
-            st = costs.StepRows.of(s, t, self.hw.grouped_experts)
-            per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
-            slots = costs.SlotRows.of(counts, prep, R)
-            expert_s = costs.experts(sim, st, slots)  # [Lm, R]
-            totals.add_slots(slots, prep)
-            stall = costs.offload_stall(sim, offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
-            a2a = costs.all_to_all(sim, counts, prep, links)
-            totals.a2a_bytes += a2a.bytes
-            totals.inter_bytes += a2a.inter_node_bytes
-            _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
-                      costs.other(sim, st, links.latency_s), len(m.dense_I))
-            if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
-                totals.scale_step(t, self.cal.path_factor(sim._kind, R * tp_costs.group_size(d)))
-            if tp_lat:
-                totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
-                                                         self.hw.intra_bw * self.hw.link_eff, tp_lat, self.b))
-        return totals.step_s, totals.phases, totals.detail(R, offload)
+        tp_lat = self.tp_latency(d) if tp_costs.group_size(d) > 1 else 0.0
+        return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), self.rank_view(d), tp_lat)
+
+    def _price_step(self, d: Deployment, s: Schedule, t: int, prep: Prepared, totals: "Totals",
+                    ctx: "Pricing") -> None:
+        sim, m, R = ctx.sim, self.src.model, d.ep_size
+        sim._kind = "prefill" if s.prefill[t].any() else "decode"
+        counts = ctx.trace.counts(s, t, m)  # [R, Lm, E]
+        st = costs.StepRows.of(s, t, self.hw.grouped_experts)
+        per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
+        slots = costs.SlotRows.of(counts, prep, R)
+        expert_s = costs.experts(sim, st, slots)  # [Lm, R]
+        totals.add_slots(slots, prep)
+        stall = costs.offload_stall(sim, ctx.offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
+        a2a = costs.all_to_all(sim, counts, prep, ctx.links)
+        totals.a2a_bytes += a2a.bytes
+        totals.inter_bytes += a2a.inter_node_bytes
+        _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
+                  costs.other(sim, st, ctx.links.latency_s), len(m.dense_I))
+        if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
+            totals.scale_step(t, self.cal.path_factor(sim._kind, R * tp_costs.group_size(d)))
+        if ctx.tp_lat:
+            totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
+                                                     self.hw.intra_bw * self.hw.link_eff, ctx.tp_lat, self.b))
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
-                 detail: dict) -> Metrics:
+                 detail: dict, arrival_s: np.ndarray | None) -> Metrics:
         mem = self.memory(d)
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps)}
-        return summarize_steps(True, d.ep_size * tp_costs.group_size(d), w, s.prefill.sum(1), s.decode.sum(1), s.sampled.sum(1),
-                               step_s, s.first_step, s.last_step, mem.total, phases, detail)
+        return summarize_steps(True, d.ep_size * tp_costs.group_size(d), w, s.prefill.sum(1), s.decode.sum(1),
+                               s.sampled.sum(1), step_s, s.first_step, s.last_step, mem.total, phases, detail, arrival_s)
 
 
 def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode, sampled, step_s, first, last,
-                    peak_bytes: float, phases: dict | None, detail: dict) -> Metrics:
-    """Shared by both evaluators: per-step token counts and seconds → Metrics (module docstring of metrics.py)."""
+                    peak_bytes: float, phases: dict | None, detail: dict, arrival_s=None) -> Metrics:
+    """Shared by both evaluators: per-step token counts and seconds → Metrics (module docstring of
+    metrics.py; arrival_s [n]: None for a burst, every request at 0)."""
     prefill, decode, sampled, step_s = (np.asarray(x, dtype=np.float64) for x in (prefill, decode, sampled, step_s))
     end = np.cumsum(step_s)
     has_prefill = prefill > 0
@@ -252,7 +298,23 @@ def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode
     ttft = end[np.asarray(first)] if len(first) else np.zeros(1)
     tpot = ((end[np.asarray(last)] - ttft) / max(w.output_len - 1, 1)) if len(last) else np.zeros(1)
     generated = float(sampled.sum())
-    kinds = {"prefill": has_prefill & (decode == 0), "decode": decode_only, "mixed": has_prefill & (decode > 0)}
+    m = Metrics(
+        estimated=estimated,
+        prefill_tok_s=float(prefill.sum() / pre_s) if pre_s > 0 else 0.0,
+        decode_tok_s=float(decode[decode_only].sum() / dec_s) if dec_s > 0 else 0.0,
+        output_tok_s=generated / makespan if makespan > 0 else 0.0,
+        output_tok_s_per_rank=generated / makespan / ranks if makespan > 0 else 0.0,
+        ttft_ms=float(1e3 * np.median(ttft)), tpot_ms=float(1e3 * np.median(tpot)),
+        peak_mem_gb=peak_bytes / 1e9, ranks=ranks, phases_ms=_per_kind(phases, step_s, prefill, decode), detail=detail)
+    if len(first) and makespan > 0:
+        _add_latency(m, w, end, sampled, np.asarray(first), np.asarray(last), arrival_s)
+    return m
+
+
+def _per_kind(phases: dict | None, step_s, prefill, decode) -> dict:
+    has_prefill = prefill > 0
+    kinds = {"prefill": has_prefill & (decode == 0), "decode": ~has_prefill & (decode > 0),
+             "mixed": has_prefill & (decode > 0)}
     per_kind = {}
     if phases:
         for kind, mask in kinds.items():
@@ -260,14 +322,20 @@ def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode
                 per_kind[kind] = {p: float(1e3 * v[mask].mean()) for p, v in phases.items()}
                 per_kind[kind]["step"] = float(1e3 * step_s[mask].mean())
                 per_kind[kind]["steps"] = int(mask.sum())
-    return Metrics(
-        estimated=estimated,
-        prefill_tok_s=float(prefill.sum() / pre_s) if pre_s > 0 else 0.0,
-        decode_tok_s=float(decode[decode_only].sum() / dec_s) if dec_s > 0 else 0.0,
-        output_tok_s=generated / makespan if makespan > 0 else 0.0,
-        output_tok_s_per_rank=generated / makespan / ranks if makespan > 0 else 0.0,
-        ttft_ms=float(1e3 * np.median(ttft)), tpot_ms=float(1e3 * np.median(tpot)),
-        peak_mem_gb=peak_bytes / 1e9, ranks=ranks, phases_ms=per_kind, detail=detail)
+    return per_kind
+
+
+def _add_latency(m: Metrics, w: SimWorkload, end, sampled, first, last, arrival_s) -> None:
+    """Per-request percentiles and the steady-state window (steady.py); a burst keeps its whole-run figures."""
+    arrival = np.zeros(len(first)) if arrival_s is None else np.asarray(arrival_s, dtype=np.float64)
+    lat = request_latency(w, end, first, last, arrival)
+    fig = steady_figures(w, end, sampled, lat, arrival, m.ranks)
+    m.workload, m.latency_ms, m.request_s, m.goodput_rps = (fig["workload"], fig["latency_ms"], fig["request_s"],
+                                                            fig["goodput_rps"])
+    if w.mode != "burst":
+        m.output_tok_s, m.output_tok_s_per_rank = fig["output_tok_s"], fig["output_tok_s_per_rank"]
+        m.ttft_ms, m.tpot_ms = fig["latency_ms"]["ttft"]["p50"], fig["latency_ms"]["tpot"]["p50"]
+        m.detail = {**m.detail, "steady": fig["steady"]}
 
 
 class TraceRows:
@@ -296,6 +364,23 @@ class TraceRows:
                 flat = (np.arange(m.Lm)[None, :, None] * m.E + ids).reshape(-1)
                 counts[r] = np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
         return counts
+
+
+@dataclass
+class Pricing:
+    """What pricing carries from step to step: the trace cursor, the offload cache, the links, the rank view."""
+
+    trace: "TraceRows"
+    offload: OffloadState | None
+    links: costs.Links
+    sim: "Simulator"  # one rank's view (rank_view: its TP shapes)
+    tp_lat: float  # the TP group's all-reduce latency (0: no TP)
+
+
+def _one_step(row: np.ndarray) -> Schedule:
+    """A one-step Schedule of an [R, 6] row (what the per-step pricing reads)."""
+    none = np.zeros(0, dtype=np.int64)
+    return Schedule(*(row[None, :, k] for k in range(6)), none, none)
 
 
 @dataclass

@@ -25,10 +25,11 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
         text += "".join(f"#   {k}: {v}\n" for k, v in extra.items())
     if metrics:
         tag = "estimated" if metrics.get("estimated") else "measured"
-        text += f"# figures ({tag}):\n"
-        for k in ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
-                  "peak_mem_gb"):
-            text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
+        text += f"# figures ({tag}; workload: {metrics.get('workload', 'burst')}):\n"
+        for k in ("output_tok_s", "output_tok_s_per_rank", "output_tok_s_per_gpu", "prefill_tok_s", "decode_tok_s",
+                  "ttft_ms", "tpot_ms", "request_s", "goodput_rps", "peak_mem_gb"):
+            if k in metrics:
+                text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
     return text
 
 
@@ -85,15 +86,19 @@ def write_placement_files(d: Deployment, model, loads, path: Path) -> tuple[Path
 def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> None:
     keys = sorted({k for r in rows for k in r.params})
     metric_keys = ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
-                   "peak_mem_gb")
+                   "output_tok_s_per_gpu", "request_s", "goodput_rps", "peak_mem_gb")
+    tails = ("ttft", "tpot", "e2e")  # P99 ms of each (steady.py)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys, "figures", "feasible", "reason"])
+        w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
+                    *(f"{t}_p99_ms" for t in tails), "workload", "figures", "feasible", "reason"])
         for r in rows:
             m = r.metrics or {}
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
+            lat = m.get("latency_ms") or {}
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
+                        *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), m.get("workload", ""),
                         tag, r.feasible, r.reason or ""])
 
 

@@ -3,7 +3,8 @@
 By default the workload is the run's own, run the way `moetune profile` runs it (batches of
 `batch_size` requests, one prefill then decodes), so the estimate can be put beside
 `moetune profile --recipe R` on this machine; `--serve` prices the recipe's own engine knobs with
-every request at once (what `moetune search` evaluates).
+every request at once (what `moetune search` evaluates); a steady-state workload (`--concurrency`,
+`--request-rate`) always runs the recipe's own engine knobs.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
 
     setup = prepare(inp)
     d = from_config(setup.base, **(what_if or {}))
-    if as_profile:
+    if as_profile and setup.workload.mode == "burst":
         batch = min(setup.source.batch_size, setup.workload.num_requests)
         tokens = max(d.max_num_batched_tokens, batch * max(setup.workload.prompt_lens))
         d = replace(d, max_num_seqs=batch, max_num_batched_tokens=tokens)
-    m = setup.source.model
-    reason = _invalid(d, Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests))
+    reason = _invalid(d, setup.limits())
     reason = reason or setup.sim.memory_reason(d)
     if reason:
         raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")

@@ -12,7 +12,7 @@ from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateE
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
-from moetune.search.study.space import Limits, build_space, canonical, from_config, read_space_file
+from moetune.search.study.space import build_space, canonical, from_config, read_space_file
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -50,6 +50,9 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
         raise MoetuneError(f"--evaluator {kind!r} is not one of {', '.join(EVALUATORS)}")
     if setup.hardware.name != "this-machine" or setup.source.scaled_from is not None:
         raise MoetuneError("--evaluator measure runs here: use --hardware this-machine and no --scale-model")
+    if setup.workload.mode != "burst":
+        raise MoetuneError("--evaluator measure runs a burst (every request at once): drop --concurrency and "
+                           "--request-rate, or use --evaluator simulate")
     from moetune.search.study.measure import request_prompts
 
     prompts_file = settings.prompts or setup.source.prompts
@@ -67,8 +70,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     setup = prepare(settings.inputs)
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
-    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides)
-    limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
+    cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
+    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster)
+    limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
     created = not settings.out.exists()
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -108,9 +112,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
         extra.append(remeasure_table(result.remeasured))
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
-    m = setup.source.model
-    limits = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
-    chosen, _ = canonical(winner.deployment, limits)  # the point as run: moot knobs at their twin's values
+    chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, setup.base, chosen, winner.metrics, how, setup.source.model,
                                 setup.source.loads, setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
@@ -129,8 +131,7 @@ def baseline(setup: Setup, evaluator: Evaluator):
 
     from moetune.search.study.space import prune
 
-    m = setup.source.model
-    lim = Limits(m.E, m.K, setup.hardware.max_ranks, setup.workload.num_requests)
+    lim = setup.limits()
     d = from_config(setup.base)
     for r in [d.ep_size] + [r for r in range(1, setup.hardware.max_ranks + 1) if r != d.ep_size]:
         cand = replace(d, ep_size=r, redundant_experts=0 if r == 1 else d.redundant_experts,

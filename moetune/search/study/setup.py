@@ -13,6 +13,7 @@ from moetune.search.cost.hardware import Hardware, get_hardware
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator
 from moetune.search.cost.source import TraceSource, load_source
+from moetune.search.study.space import Limits
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,12 @@ class Inputs:
     output_len: int | None = None
     calibrate_on: str = "microbenchmarks"  # this-machine: "microbenchmarks" (taken now, cached) | "trace"
     recalibrate: bool = False  # measure the microbenchmarks again even when cached
+    concurrency: int | None = None  # closed loop: in flight per deployment replica (schedule.py)
+    request_rate: float | None = None  # Poisson arrivals: requests/s per deployment replica
+    warmup_requests: int | None = None  # excluded at each end of a steady-state run (default below)
+    arrival_seed: int = 0
+    slo_ttft_ms: float | None = None  # goodput's per-request limits
+    slo_tpot_ms: float | None = None
 
 
 @dataclass
@@ -44,6 +51,11 @@ class Setup:
             return self.calibration.label()
         return f"priced on {self.hardware.name}: {self.hardware.source}"
 
+    def limits(self) -> Limits:
+        """What the pruning rules need (the most requests in flight: each replica's in a steady state)."""
+        m = self.source.model
+        return Limits(m.E, m.K, self.hardware.max_ranks, self.workload.most_in_flight, self.workload.mode != "burst")
+
 
 def prepare(inp: Inputs) -> Setup:
     for name, value in (("--num-requests", inp.num_requests), ("--input-len", inp.input_len),
@@ -56,14 +68,33 @@ def prepare(inp: Inputs) -> Setup:
     source = load_source(Path(inp.trace), inp.scale_model)
     if base is None:
         base = parse_config({"model": {"path": source.model_path}}, source=f"run directory {inp.trace}")
-    w = source.workload
-    n = inp.num_requests or w.num_requests
-    lens = (inp.input_len,) * n if inp.input_len else tuple((w.prompt_lens * (n // len(w.prompt_lens) + 1))[:n])
-    w = SimWorkload(lens, inp.output_len or w.output_len)
+    w = workload(inp, source.workload)
     source = source.with_workload(w)
     hw, cal = hardware_for(inp, source, base)
     sim = Simulator(source, hw, base.engine.chunked_prefill, cal.multipliers() if cal else None, cal)
     return Setup(source, hw, w, base, sim, cal)
+
+
+def workload(inp: Inputs, run: SimWorkload) -> SimWorkload:
+    """The run's workload with the command line's changes. A steady-state mode defaults to enough
+    requests for a steady window (4·C in a closed loop, 100 at a rate) and excludes C (closed loop)
+    or a fifth of them (rate) at each end."""
+    for name, value in (("--concurrency", inp.concurrency), ("--request-rate", inp.request_rate),
+                        ("--slo-ttft-ms", inp.slo_ttft_ms), ("--slo-tpot-ms", inp.slo_tpot_ms)):
+        if value is not None and value <= 0:
+            raise MoetuneError(f"{name} must be above 0")
+    if inp.concurrency is not None and inp.request_rate is not None:
+        raise MoetuneError("--concurrency and --request-rate are two workloads: give one")
+    if inp.warmup_requests is not None and inp.warmup_requests < 0:
+        raise MoetuneError("--warmup-requests must be at least 0")
+    mode = "concurrency" if inp.concurrency else "rate" if inp.request_rate else "burst"
+    steady_n = {"burst": 0, "concurrency": 4 * (inp.concurrency or 0), "rate": 100}[mode]
+    n = inp.num_requests or max(run.num_requests, steady_n)
+    lens = (inp.input_len,) * n if inp.input_len else tuple((run.prompt_lens * (n // len(run.prompt_lens) + 1))[:n])
+    warmup = inp.warmup_requests if inp.warmup_requests is not None else \
+        {"burst": 0, "concurrency": inp.concurrency or 0, "rate": n // 5}[mode]
+    return SimWorkload(lens, inp.output_len or run.output_len, mode, inp.concurrency or 0, inp.request_rate or 0.0,
+                       inp.arrival_seed, warmup, inp.slo_ttft_ms, inp.slo_tpot_ms)
 
 
 def hardware_for(inp: Inputs, source: TraceSource, base: RunConfig) -> tuple[Hardware, Calibration | None]:

@@ -6,7 +6,8 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | ep_size | parallel.ep_size | divisors of E + N up to the hardware's ranks | (E + N) % R ≠ 0; R > ranks available |
 | redundant_experts | parallel.redundant_experts | 0 .. E/2 (step E/16) | — (moot at R = 1: same as 0) |
 | placement | parallel.placement | contiguous, round_robin, eplb | — (moot at R = 1: same as contiguous) |
-| max_num_seqs | engine.max_num_seqs | 8 .. 256, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
+| replicas | — (one moetune process is one replica; emitted as the engines' data-parallel size) | divisors of the hardware's GPUs | replicas × R > GPUs; replicas > 1 and replicas × R ≠ GPUs (nodes × GPUs per node = replicas × ranks per replica) |
+| max_num_seqs | engine.max_num_seqs | 8 .. 1024, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
 | quant_low_format | quant.low / quant.experts | none, fp8, int8, int4 (= int4-g64) | — |
 | quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
@@ -23,7 +24,8 @@ low format with hot fraction 0 is `quant.experts`; with a hot fraction, the hot 
 the trace's expert loads) keep the model's precision; the resident fraction is written as a count
 of the rank's slots, rounded up, the same number the simulator prices. A knob is searched only
 when RunConfig accepts its key (`recipe_accepts`); `--what-if` adds knobs a recipe cannot say yet
-to simulated searches (none at present). To add a knob: one `Knob(...)` row in `KNOBS`, a field in
+to simulated searches (none at present); `replicas` is searched without a recipe key (PRICED_ONLY:
+the simulator prices it, the measure evaluator prunes values above 1). To add a knob: one `Knob(...)` row in `KNOBS`, a field in
 `Deployment`, its recipe mapping in `to_config`, and, when it has one, a pruning rule in `prune`.
 """
 
@@ -36,6 +38,9 @@ from typing import Any
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.deployment import Deployment, resident_slots
+
+
+PRICED_ONLY = ("replicas",)  # searched by default though no recipe key says them
 
 
 class SpaceError(MoetuneError):
@@ -54,8 +59,10 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
     E = num_experts
     step = max(1, E // 16)
     divisors = tuple(r for r in range(1, max_ranks + 1) if any((E + n) % r == 0 for n in range(0, E // 2 + 1, step)))
+    gpus = tuple(r for r in range(1, max_ranks + 1) if max_ranks % r == 0)
     return [
         Knob("ep_size", "parallel.ep_size", divisors, "expert-parallel ranks R"),
+        Knob("replicas", "deploy.replicas", gpus, "copies of the deployment across the hardware's GPUs"),
         Knob("redundant_experts", "parallel.redundant_experts", tuple(range(0, E // 2 + 1, step)),
              "extra slots for hot-expert replicas N"),
         Knob("placement", "parallel.placement", ("contiguous", "round_robin", "eplb"), "placement policy"),
@@ -102,10 +109,12 @@ class Space:
         return [Deployment(**dict(zip(names, combo))) for combo in itertools.product(*(k.values for k in self.knobs))]
 
 
-def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrides: dict | None = None) -> Space:
-    """The knobs RunConfig accepts (plus the what-if ones when asked), narrowed by `overrides`
-    ({knob: [values]} or {knob: value})."""
-    knobs = [k for k in default_knobs(num_experts, max_ranks) if what_if or recipe_accepts(k.key)]
+def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrides: dict | None = None,
+                priced: bool = True) -> Space:
+    """The knobs RunConfig accepts (plus the what-if ones when asked, and PRICED_ONLY when a simulator
+    prices the trials: `priced`), narrowed by `overrides` ({knob: [values]} or {knob: value})."""
+    knobs = [k for k in default_knobs(num_experts, max_ranks)
+             if what_if or recipe_accepts(k.key) or (priced and k.name in PRICED_ONLY)]
     overrides = dict(overrides or {})
     by_name = {k.name: k for k in default_knobs(num_experts, max_ranks)}
     unknown = sorted(set(overrides) - set(by_name))
@@ -156,7 +165,8 @@ class Limits:
     num_experts: int
     top_k: int
     max_ranks: int
-    requests: int  # requests in the workload (all ranks)
+    requests: int  # the most requests in flight at once (all ranks; the workload's most_in_flight)
+    per_replica: bool = False  # True: `requests` is each replica's (steady state); False: split over replicas
 
 
 def prune(d: Deployment, lim: Limits) -> str | None:
@@ -165,6 +175,12 @@ def prune(d: Deployment, lim: Limits) -> str | None:
     E, R, N = lim.num_experts, d.ep_size, d.redundant_experts
     if R > lim.max_ranks:
         return f"ep_size {R} needs more ranks than the hardware has ({lim.max_ranks})"
+    G, used = lim.max_ranks, d.replicas * R
+    if used > G:
+        return f"{d.replicas} replicas × ep_size {R} need {used} GPUs; the hardware has {G}"
+    if d.replicas > 1 and used != G:
+        return (f"{d.replicas} replicas × ep_size {R} = {used} GPUs, not the hardware's {G} "
+                "(nodes × GPUs per node = replicas × ranks per replica)")
     if (E + N) % R:
         return f"ep_size {R} does not divide the {E} experts + {N} redundant slots"
     if d.max_num_batched_tokens < d.max_num_seqs:
@@ -186,7 +202,8 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     if d.ep_size == 1 and (d.redundant_experts or d.placement != "contiguous"):
         out = replace(out, redundant_experts=0, placement="contiguous")
         notes.append("at ep_size 1 replicas and placement change nothing")
-    per_rank = -(-lim.requests // d.ep_size)
+    per_replica = lim.requests if lim.per_replica else -(-lim.requests // d.replicas)
+    per_rank = -(-per_replica // d.ep_size)
     holding = [s for s in SEQS if s >= per_rank]
     if holding and d.max_num_seqs > holding[0]:
         out = replace(out, max_num_seqs=holding[0], max_num_batched_tokens=max(d.max_num_batched_tokens, holding[0]))
@@ -200,7 +217,7 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     return out, notes
 
 
-SEQS = (8, 16, 32, 64, 128, 256)
+SEQS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def _prune_what_if(d: Deployment, lim: Limits) -> str | None:

@@ -20,10 +20,18 @@ def _tag(m: dict | Metrics | None) -> str:
 
 def metrics_table(title: str, m: Metrics) -> Table:
     tag = _tag(m)
-    rows = [[k, f"{getattr(m, a):,.4g}", tag] for k, a in (
+    rows = [["workload", m.workload, ""]]
+    rows += [[k, f"{getattr(m, a):,.4g}", tag] for k, a in (
         ("output tokens/s", "output_tok_s"), ("output tokens/s per rank", "output_tok_s_per_rank"),
         ("prefill tokens/s", "prefill_tok_s"), ("decode tokens/s", "decode_tok_s"), ("TTFT ms (median)", "ttft_ms"),
-        ("TPOT ms (median)", "tpot_ms"), ("peak memory GB per rank", "peak_mem_gb"))]
+        ("TPOT ms (median)", "tpot_ms"), ("requests/s", "request_s"), ("goodput requests/s (SLOs met)", "goodput_rps"),
+        ("peak memory GB per rank", "peak_mem_gb"))]
+    for name, pcts in m.latency_ms.items():
+        rows.append([f"{name.upper()} ms P50 / P90 / P99", " / ".join(f"{v:,.4g}" for v in pcts.values()), tag])
+    steady = m.detail.get("steady")
+    if steady:
+        rows.append(["steady state", f"{steady['measured_requests']} requests measured, {steady['excluded_each_end']} "
+                                     f"excluded at each end (warm-up, drain)", ""])
     for k, v in m.detail.items():
         if isinstance(v, (int, float)):
             rows.append([k, f"{v:,.4g}", tag])
