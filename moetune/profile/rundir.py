@@ -26,6 +26,7 @@ class RunDirWriter:
     def __init__(self, final: Path):
         self.final = Path(final)
         self.tmp: Path | None = None
+        self.created: list[Path] = []  # parent folders __enter__ made (removed again on failure)
 
     def check_free(self) -> None:
         taken = any(self.final.iterdir()) if self.final.is_dir() else self.final.exists()
@@ -34,6 +35,7 @@ class RunDirWriter:
 
     def __enter__(self) -> Path:
         self.check_free()
+        self.created = [p for p in (self.final.parent, *self.final.parent.parents) if not p.exists()]  # deepest first
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent))
         self.tmp.chmod(0o755)  # mkdtemp makes it private; a run dir is an ordinary directory
@@ -42,6 +44,11 @@ class RunDirWriter:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            for parent in self.created:  # the folders made for it, when nothing else landed there
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
             return False
         if self.final.is_dir():
             self.final.rmdir()  # empty (checked on entry)

@@ -132,9 +132,11 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
 
     out = tmp_path / "resume"
     n = 24
+    space = tmp_path / "space.yaml"
+    space.write_text("replicas: 1\n")  # no trial lost to an invalid replicas × ep_size pair: the study lasts
     cmd = [sys.executable, "-m", "moetune", "search", "--trace", str(run_dir), "--hardware", "H200",
            "--study", "r", "--n-trials", str(n), "--num-requests", "256", "--output-len", "48", "--grace-s", "2",
-           "--out", str(out)]
+           "--space", str(space), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120

@@ -12,6 +12,7 @@ SPACE = """ep_size: [1, 2, 3]
 redundant_experts: [0, 1]
 offload_resident_fraction: [1.0, 0.5]
 max_num_seqs: [8, 256]
+replicas: [1]
 """
 
 
