@@ -4,7 +4,7 @@ the queue slots back.
 
 The client is watched while the answer is computed, not only when idle: a task waits for the
 connection's `http.disconnect` and puts ("gone",) on the stream's queue, so a non-streaming request
-whose client left is aborted as soon as its handler takes the next event (within an engine step).
+whose client left is aborted as soon as its handler takes the next event (a few engine steps at most).
 An engine failure is a 500 (a JSON error, or an SSE error event), the server stopping a 503; a
 stream always ends with `data: [DONE]`.
 
