@@ -51,6 +51,8 @@ def search(
     allow_changed_inputs: bool = typer.Option(False, "--allow-changed-inputs", help="Continue a study under another "
                                               "--trace or --space (refused by default: its trials would mix)."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
+    hf_id: Optional[str] = typer.Option(None, "--hf-id", help="Model id the emitted vLLM/SGLang commands load "
+                                        "(default: the run's checkpoint; $MODEL_DIR for a scaled model)."),
     calibrate_on: str = CalibrateOnOpt,
     recalibrate: bool = RecalibrateOpt,
 ) -> None:
@@ -82,7 +84,7 @@ def search(
 
     inputs = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len, calibrate_on,
                     recalibrate, concurrency, request_rate, warmup_requests, arrival_seed, slo_ttft_ms, slo_tpot_ms)
-    settings = SearchSettings(inputs, study_settings, out_dir, evaluator, space, what_if, remeasure)
+    settings = SearchSettings(inputs, study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id)
     _run(settings)
 
 

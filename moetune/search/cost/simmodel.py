@@ -30,6 +30,8 @@ class SimModel:
     pair_flops: int  # per (query, key) pair per layer
     tied: bool
     kv_heads: int = 0  # GQA's KV heads (split by tensor parallelism); 0: MLA's latent, whole on every rank
+    model_type: str = ""  # config.json's model_type (what the serving engines' support depends on)
+    expert_groups: int = 1  # the router's expert groups (DeepSeek-V3's n_group)
 
     @property
     def Lm(self) -> int:
@@ -64,4 +66,4 @@ def sim_model(spec: ModelSpec, name: str = "") -> SimModel:
     return SimModel(name or spec.model_type, D, spec.moe.num_experts, spec.moe.router.top_k, spec.moe.intermediate_size,
                     spec.moe.shared_intermediate_size, spec.num_layers, tuple(spec.moe_layers), dense,
                     spec.vocab_size, weights, kv, pair, spec.tie_word_embeddings,
-                    att.num_kv_heads if isinstance(att, GQASpec) else 0)
+                    att.num_kv_heads if isinstance(att, GQASpec) else 0, spec.model_type, spec.moe.router.n_group)

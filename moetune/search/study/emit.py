@@ -6,13 +6,19 @@ expert-location JSON, the Pareto front and every trial as CSV.
 from __future__ import annotations
 
 import csv
+import shlex
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from moetune.config import RunConfig
-from moetune.search.study.space import Deployment, to_config, what_if_values
+from moetune.search.study.flag_table import LAUNCHERS, check, flag_table
+from moetune.search.study.launch import Launch, ServeTarget, world
 from moetune.search.study.optuna_study import TrialRow
+from moetune.search.study.sglang_launch import sglang_launch
+from moetune.search.study.space import Deployment, to_config, what_if_values
+from moetune.search.study.vllm_launch import vllm_launch
 
 
 def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -> str:
@@ -33,41 +39,62 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
     return text
 
 
-def vllm_flags(d: Deployment, model: str) -> tuple[str, list[str]]:
-    flags = [f"vllm serve {model}", f"--max-num-seqs {d.max_num_seqs}",
-             f"--max-num-batched-tokens {d.max_num_batched_tokens}"]
-    notes = []
-    if d.ep_size > 1:
-        flags += [f"--data-parallel-size {d.ep_size}", "--enable-expert-parallel"]
-    if d.redundant_experts or d.placement == "eplb":
-        flags += ["--enable-eplb", f"--eplb-config '{{\"num_redundant_experts\": {d.redundant_experts}}}'"]
-        notes.append("vLLM's EPLB rebalances from live load; it does not read a fixed placement file")
-    if d.placement == "round_robin":
-        flags.append("--expert-placement-strategy round_robin")
-    if d.quant_low_format != "none":
-        notes.append("per-expert mixed precision (hot experts full, cold ones low-bit): no vLLM flag")
-    if d.offload_resident_fraction < 1:
-        notes.append("expert offloading with prefetch: no vLLM equivalent (--cpu-offload-gb offloads whole weights)")
-    return " \\\n  ".join(flags), notes
+def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | None) -> str:
+    """The engine's launch as a shell file: header (what is not as priced, the re-priced figures),
+    then one command per node of a replica, each checked with the engine's own parser."""
+    table = flag_table(launch.engine)
+    for argv in launch.nodes:
+        why = check(launch.engine, argv)
+        if why:  # the launchers build only flags from the table: a bug, not a user mistake
+            raise RuntimeError(f"emitted {table.title()} command does not parse: {why}")
+    n = len(launch.nodes)
+    gpus = world(launch.as_run) if n == 1 else target.gpus_per_node
+    lines = ["#!/usr/bin/env bash", f"# {table.title()} launch of the moetune search winner: {label}",
+             f"# every command parses with {table.title()}'s own argument parser "
+             f"(moetune/search/study/flag_tables/{launch.engine}.json)",
+             f"# one replica: {n} node(s) × {gpus} {target.gpu}" +
+             (f"; run it {launch.instances} times (one per replica, each on its own GPUs) behind a load balancer"
+              if launch.instances > 1 else "")]
+    if launch.unsupported:
+        lines.append(f"# NOT as priced — no {table.title()} flag for:")
+        lines += [f"#   - {u}" for u in launch.unsupported]
+    lines.append(_as_run_line(table.title(), launch, as_run))
+    lines += ["# notes:", *(f"#   - {x}" for x in launch.notes)] if launch.notes else []
+    lines.append("set -euo pipefail")
+    if "$MODEL_DIR" in " ".join(launch.nodes[0]):
+        lines.append('MODEL_DIR="${MODEL_DIR:?the model: its Hugging Face id or a local directory}"')
+    if n > 1:
+        lines += ['HEAD_IP="${HEAD_IP:?the address of node 0}"',
+                  f'NODE_RANK="${{NODE_RANK:?this node: 0..{n - 1}}}"']
+    for k, argv in enumerate(launch.nodes):
+        cmd = LAUNCHERS[launch.engine] + " " + _shell_args(argv)
+        lines += ["", f'if [ "$NODE_RANK" = {k} ]; then', cmd, "fi"] if n > 1 else ["", cmd]
+    return "\n".join(lines) + "\n"
 
 
-def sglang_flags(d: Deployment, model: str, location_json: str | None) -> tuple[str, list[str]]:
-    flags = [f"python -m sglang.launch_server --model-path {model}", f"--max-running-requests {d.max_num_seqs}",
-             f"--chunked-prefill-size {d.max_num_batched_tokens}"]
-    notes = []
-    if d.ep_size > 1:
-        flags += [f"--tp-size {d.ep_size}", f"--ep-size {d.ep_size}", "--enable-dp-attention",
-                  f"--dp-size {d.ep_size}"]
-    if d.redundant_experts:
-        flags.append(f"--ep-num-redundant-experts {d.redundant_experts}")
-    if location_json and (d.ep_size > 1 or d.redundant_experts):
-        flags.append(f"--init-expert-location {location_json}")
-    if d.quant_low_format != "none":
-        notes.append("per-expert mixed precision: no SGLang flag")
-    if d.offload_resident_fraction < 1:
-        notes.append("expert offloading with prefetch: no SGLang equivalent")
-    notes.append("--max-num-batched-tokens has no exact SGLang twin; --chunked-prefill-size is the closest")
-    return " \\\n  ".join(flags), notes
+def _as_run_line(title: str, launch: Launch, as_run: dict | None) -> str:
+    if not launch.unsupported:
+        return f"# as priced: {title} runs the winner's knobs"
+    if as_run is None:
+        return f"# as {title} will run it: not re-priced (a measured search)"
+    if as_run.get("reason"):
+        return f"# as {title} will run it ({launch.as_run.label()}): it cannot run there — {as_run['reason']}"
+    tag = "estimated" if as_run.get("estimated") else "measured"
+    figs = ", ".join(f"{k} {as_run[k]:.4g}" for k in ("output_tok_s", "ttft_ms", "tpot_ms", "peak_mem_gb") if k in as_run)
+    return f"# as {title} will run it ({tag}, re-priced without them: {launch.as_run.label()}): {figs}"
+
+
+def _shell_args(argv: list[str]) -> str:
+    """argv as shell words, flag and value on one line each; $PLACEHOLDERS expand."""
+    def word(a: str) -> str:
+        return f'"{a}"' if "$" in a and all(c not in a for c in "\"`\\") else shlex.quote(a)
+
+    groups, i = [], 0
+    while i < len(argv):
+        take = 2 if argv[i].startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
+        groups.append(" ".join(word(a) for a in argv[i:i + take]))
+        i += take
+    return " \\\n  ".join(groups)
 
 
 def write_placement_files(d: Deployment, model, loads, path: Path) -> tuple[Path, Path] | None:
@@ -107,8 +134,9 @@ def _fmt(x) -> str:
 
 
 def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None, how: str, model, loads,
-                 run_dir: Path | None = None) -> dict:
-    """Recipe, flags, placement and SGLang JSON of the winner into `out`; returns their paths.
+                 target: ServeTarget, price: Callable[[Deployment], dict | None], run_dir: Path | None = None) -> dict:
+    """Recipe, launch files, placement and SGLang JSON of the winner into `out`; returns their paths.
+    `price`: the figures of a deployment as an engine will run it (None: not re-priced);
     `run_dir`: the trace's run directory (a quant hot fraction ranks experts by its loads)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -117,12 +145,11 @@ def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None
     cfg = to_config(base, d, placement_file, loads=str(Path(run_dir).resolve()) if run_dir else None)
     (out / "winner.yaml").write_text(recipe_text(cfg, d, metrics, how))
     files["recipe"] = out / "winner.yaml"
-    name = base.model.path or model.name
-    vllm, vnotes = vllm_flags(d, name)
-    sgl, snotes = sglang_flags(d, name, str(placed[1]) if placed else None)
-    (out / "winner.vllm.sh").write_text(vllm + "\n" + "".join(f"# {n}\n" for n in vnotes))
-    (out / "winner.sglang.sh").write_text(sgl + "\n" + "".join(f"# {n}\n" for n in snotes))
-    files.update(vllm=out / "winner.vllm.sh", sglang=out / "winner.sglang.sh")
+    for launch in (vllm_launch(d, target), sglang_launch(d, target, str(placed[1]) if placed else None)):
+        as_run = price(launch.as_run) if launch.unsupported else None
+        path = out / f"winner.{launch.engine}.sh"
+        path.write_text(launch_text(launch, target, d.label(), as_run))
+        files[launch.engine] = path
     if placed:
         files.update(placement=placed[0], sglang_location=placed[1])
     return files

@@ -28,6 +28,7 @@ class SearchSettings:
     what_if: bool = False
     remeasure: int = 0  # top N re-measured on this machine after a simulated search
     prompts: str | None = None  # the measure evaluator's prompts (default: the profile's bundled ones)
+    hf_id: str | None = None  # the model id the emitted vLLM/SGLang commands load
 
 
 @dataclass
@@ -114,7 +115,8 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
     chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, setup.base, chosen, winner.metrics, how, setup.source.model,
-                                setup.source.loads, setup.source.run_dir)
+                                setup.source.loads, serve_target(settings, setup),
+                                engine_price(settings, setup, evaluator), setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     md, html, png = render(title, all_rows, best, front, objectives, study, Metrics(**winner.metrics),
                            result.baseline, extra)
@@ -122,6 +124,37 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
     return result
+
+
+def serve_target(settings: SearchSettings, setup: Setup):
+    """What the emitted engine launches serve: --hf-id, else this run's own checkpoint directory (not
+    for a scaled model), else the $MODEL_DIR placeholder."""
+    from moetune.search.study.launch import ServeTarget
+
+    m, src = setup.source.model, setup.source
+    model_id = settings.hf_id
+    if model_id is None and src.scaled_from is None and src.model_path:
+        from moetune.model.registry import resolve_model
+
+        model_id = str(resolve_model(src.model_path))
+    return ServeTarget(model_id or "$MODEL_DIR", m.model_type, m.expert_groups, setup.hardware.ranks_per_node,
+                       setup.hardware.name)
+
+
+def engine_price(settings: SearchSettings, setup: Setup, evaluator: Evaluator):
+    """The figures of a deployment as a serving engine runs it (the winner without the knobs that
+    engine has no flag for): simulated searches re-price it; a measured search does not."""
+    from dataclasses import asdict
+
+    from moetune.search.study.space import prune
+
+    def price(d) -> dict | None:
+        if settings.evaluator != "simulate":
+            return None
+        why = prune(d, setup.limits()) or evaluator.check(d)
+        return {"reason": why} if why else asdict(evaluator.evaluate(d))
+
+    return price
 
 
 def baseline(setup: Setup, evaluator: Evaluator):

@@ -1,0 +1,53 @@
+"""What a serving engine is told to run for a search winner: its launch commands (one per node),
+the knobs it has no flag for, and the deployment it will actually run (the winner without those
+knobs, which the study re-prices). vllm_launch.py and sglang_launch.py build one each; emit.py
+writes them out; flag_table.py parses every command with the engine's own argument parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetune.search.cost.deployment import Deployment
+
+
+@dataclass(frozen=True)
+class ServeTarget:
+    """What the launch serves on, resolved once by the study: the model id the engine loads, the
+    model's family (support differs by family) and the hardware's shape."""
+
+    model_id: str  # --hf-id, else the local checkpoint, else the placeholder $MODEL_DIR
+    model_type: str  # config.json model_type
+    expert_groups: int  # the router's groups (vLLM's round-robin placement needs > 1)
+    gpus_per_node: int
+    gpu: str = "GPU"  # the hardware's name, for the file's header
+
+
+@dataclass
+class Launch:
+    engine: str  # "vllm" | "sglang"
+    nodes: list[list[str]]  # per node of one replica: the launch argv (after the launcher)
+    as_run: Deployment  # what the engine runs (the winner without `unsupported`)
+    unsupported: list[str] = field(default_factory=list)  # priced knobs with no flag: re-priced without
+    notes: list[str] = field(default_factory=list)  # how a flag maps, where the engine differs
+    instances: int = 1  # copies of this launch (replicas the engine cannot express itself)
+
+
+def world(d: Deployment) -> int:
+    """GPUs of one replica: ep_size DP groups × G tensor-parallel ranks (engine/mesh.py)."""
+    return d.ep_size * max(d.tp_size, d.expert_tp_size)
+
+
+def nodes_of(d: Deployment, t: ServeTarget) -> int:
+    """Nodes one replica spans (a replica smaller than a node shares it with others)."""
+    return max(1, -(-world(d) // t.gpus_per_node))
+
+
+def as_engine_runs(d: Deployment, placement: str, quant: bool) -> Deployment:
+    """The winner as an engine without offloading runs it: its placement (`placement`), its experts
+    low-bit only where it can deploy them (`quant`), and then all of them (no hot fraction)."""
+    from dataclasses import replace
+
+    out = replace(d, offload_resident_fraction=1.0, offload_prefetch_depth=0, offload_eviction="lru",
+                  placement=placement, quant_hot_fraction=0.0)
+    return out if quant else replace(out, quant_low_format="none")

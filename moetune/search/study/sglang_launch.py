@@ -1,0 +1,83 @@
+"""SGLang's launch of a search winner (flags as in SGLang's parser, flag_tables/sglang.json).
+
+| moetune knob | SGLang | as priced? |
+|---|---|---|
+| ep_size R, G = max(tp, expert_tp) | `--tp-size R·G`, `--ep-size R` (MoE TP = G), `--attn-dp-size R` (attention TP G × DP R) | yes, where the model has DP attention (qwen2/3_moe, deepseek_v2/v3); else attention runs TP over R·G |
+| all-to-all | `--moe-a2a-backend deepep` when G = 1 (SGLang's all-to-all backends force ep = tp) | yes; at G > 1 the default dispatcher |
+| replicas | `--dp-size replicas` without DP attention; else one instance per replica (SGLang refuses both) | yes |
+| max_num_seqs, max_num_batched_tokens | `--max-running-requests`, `--chunked-prefill-size`: per instance (× R under DP attention) | closest (chunked prefill is not a step budget) |
+| redundant_experts, placement | `--ep-num-redundant-experts N`, `--init-expert-location FILE` | yes |
+| quant fp8 | `--quantization fp8` (online; also attention and dense layers) | experts as priced |
+| quant int8 / int4, offload | no flag for a full-precision checkpoint (w8a8_int8 / moe_wna16 need pre-quantized weights) | re-priced without |
+| multi-node | `--nnodes n --node-rank k --dist-init-addr $HEAD_IP:5000` | — |
+"""
+
+from __future__ import annotations
+
+from moetune.search.cost.deployment import Deployment
+from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, nodes_of
+
+DP_ATTENTION = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")  # models/*.py with attention-DP groups
+DIST_PORT = 5000
+
+
+def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> Launch:
+    G, R = max(d.tp_size, d.expert_tp_size), d.ep_size
+    W, notes, unsupported = R * G, [], []
+    attn_dp = R > 1 and t.model_type in DP_ATTENTION
+    per = R if attn_dp else 1  # SGLang divides these among its attention-DP groups
+    flags = ["--model-path", t.model_id, "--max-running-requests", str(d.max_num_seqs * per),
+             "--chunked-prefill-size", str(d.max_num_batched_tokens * per)]
+    if W > 1:
+        flags += ["--tp-size", str(W)]
+    if R > 1:
+        flags += _expert_parallel(d, R, G, notes)
+        if attn_dp:
+            flags += ["--attn-dp-size", str(R)]
+        else:
+            notes.append(f"SGLang has no attention-DP groups for {t.model_type}: attention runs TP over {W} GPUs "
+                         "(moetune priced DP over the EP groups; not re-priced)")
+    if d.redundant_experts:
+        flags += ["--ep-num-redundant-experts", str(d.redundant_experts)]
+    if location_json and (R > 1 or d.redundant_experts):
+        flags += ["--init-expert-location", location_json]
+    quant = _quant(d, flags, unsupported, notes)
+    if d.offload_resident_fraction < 1:
+        unsupported.append("expert offloading with prefetch (no SGLang equivalent)")
+    instances = d.replicas
+    if d.replicas > 1 and not attn_dp:
+        flags += ["--dp-size", str(d.replicas)]
+        instances = 1
+        notes.append(f"replicas: SGLang's data parallelism, {d.replicas} copies behind its own load balancer")
+    notes.append("max_num_batched_tokens has no exact SGLang twin; --chunked-prefill-size is the closest")
+    n = nodes_of(d, t)
+    nodes = [flags] if n == 1 else [flags + ["--nnodes", str(n), "--node-rank", str(k), "--dist-init-addr",
+                                             f"$HEAD_IP:{DIST_PORT}"] for k in range(n)]
+    return Launch("sglang", nodes, as_engine_runs(d, d.placement, quant), unsupported, notes, instances)
+
+
+def _expert_parallel(d: Deployment, R: int, G: int, notes: list) -> list[str]:
+    if G == 1:
+        return ["--ep-size", str(R), "--moe-a2a-backend", "deepep"]
+    if d.expert_tp_size == 1:
+        notes.append(f"experts whole on each of a group's {G} TP ranks has no SGLang flag: SGLang splits them "
+                     f"(MoE TP {G}) (not re-priced)")
+    notes.append("SGLang's all-to-all backends force ep = tp: at G > 1 its default dispatcher runs "
+                 "(all-gather, not the all-to-all priced)")
+    return ["--ep-size", str(R)]
+
+
+def _quant(d: Deployment, flags: list, unsupported: list, notes: list) -> bool:
+    low = d.quant_low_format
+    if low == "none":
+        return True
+    if low != "fp8":
+        unsupported.append(f"{low} experts (SGLang's int8/int4 paths need a pre-quantized checkpoint)")
+        return False
+    flags += ["--quantization", "fp8"]
+    notes.append("--quantization fp8 is online and also quantizes attention and dense layers; moetune priced "
+                 "fp8 experts")
+    if d.quant_hot_fraction > 0:
+        unsupported.append(f"hot experts kept in full precision ({d.quant_hot_fraction:g}): SGLang quantizes "
+                           "every expert (re-priced with hot fraction 0)")
+    return True
