@@ -26,7 +26,7 @@ class ModelConfig(_Section):
 
 
 class ParallelConfig(_Section):
-    """Expert parallelism (DESIGN §2: R ranks hold P = E + N physical slots, P / R each) and tensor
+    """Expert parallelism (docs/architecture.md §3c: R ranks hold P = E + N physical slots, P / R each) and tensor
     parallelism (docs/architecture.md §3f): a mesh of ep_size groups × G ranks, G = max(tp_size,
     expert_tp_size); the G ranks of a group share one token stream."""
 
@@ -71,7 +71,7 @@ class ParallelConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """The scheduler's step budget and the paged KV cache (DESIGN §3a, `Engine.step`)."""
+    """The scheduler's step budget and the paged KV cache (docs/architecture.md §1, `Engine.step`)."""
 
     max_num_seqs: int = Field(64, ge=1)  # sequences running at once
     max_num_batched_tokens: int = Field(8192, ge=1)  # tokens computed per step (decodes + prefill chunks)

@@ -1,7 +1,7 @@
 """The hook the model calls around each phase. With no probe attached it costs one `is None` test.
 
 `moetune.profile` implements `Probe`; the model and the MoE layer only know this protocol, which
-lives in this leaf module so that nothing below the profiler imports it (DESIGN §3).
+lives in this leaf module so that nothing below the profiler imports it (docs/architecture.md §3).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 
 No phase reads a value back to the host, so a step's MoE layers launch without a sync. The
 kernels' ability to gather token-order rows inside the GEMM is not used: the phase outputs keep
-one meaning for every backend and dispatcher (see DESIGN §3a), at the cost of one [T*K, D]
+one meaning for every backend and dispatcher (see docs/architecture.md §3a), at the cost of one [T*K, D]
 gather in permute.
 
 Imported only by `resolve_backend("triton")`, so importing moetune never imports triton. Launch

@@ -2,7 +2,7 @@
 (profile/SCHEMA.md: step, kind, layer, expert, tokens), summed over every measured step.
 
 Read here rather than through `moetune.profile` because the recipe's quant section is applied when
-the engine builds a model, and the engine sits below the profiler (DESIGN §3).
+the engine builds a model, and the engine sits below the profiler (docs/architecture.md §3).
 """
 
 from __future__ import annotations
