@@ -85,7 +85,7 @@ def test_no_file_cites_a_design_note_the_repository_lacks():
     import re
 
     missing = "DESIGN" + ".md"  # spelled apart so that this file does not cite it
-    cite = re.compile("DESIGN" + r"(\.md| §)")  # the file, or one of its sections ("DESIGN §3a")
+    cite = re.compile("DESIGN" + r"(\.md| §)")  # the file, or one of its sections (name, space, section sign)
     citing = [f for f in files if (ROOT / f).is_file() and f.endswith((".py", ".md", ".toml", ".yaml", ".txt"))
               and cite.search((ROOT / f).read_text(errors="replace"))]
     assert not (ROOT / missing).exists() and citing == []
