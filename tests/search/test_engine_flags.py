@@ -139,3 +139,25 @@ def test_a_search_emits_launch_files_that_parse_and_say_what_is_not_as_priced(ru
         assert cmds and all(check(engine, argv) is None for argv in cmds)
         assert "org/model" in text and "NOT as priced" in text and "int4 experts" in text
         assert "re-priced without them" in text and "(estimated" in text and "output_tok_s" in text
+
+
+def test_a_scaled_winner_recipe_carries_the_model_precision_and_topology_as_priced(run_dir, tmp_path):
+    from moetune.config import load_recipe
+    from moetune.search.study.optuna_study import StudySettings
+    from moetune.search.study.run import SearchSettings, run_search
+    from moetune.search.study.setup import Inputs
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    space = tmp_path / "space.yaml"
+    space.write_text("ep_size: 8\nreplicas: 1\nquant_low_format: none\noffload_resident_fraction: 1\n")
+    out = tmp_path / "scaled"
+    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "tpe", 2, 0)
+    inputs = Inputs(str(run_dir), "8xH200", scale_model=str(root / "recipes/scale/qwen3-30b-a3b.json"),
+                    input_len=1024, output_len=64, num_requests=64)
+    run_search(SearchSettings(inputs, st, out, "simulate", str(space), hf_id="Qwen/Qwen3-30B-A3B"))
+    cfg = load_recipe(out / "winner.yaml")
+    assert cfg.model.path == "Qwen/Qwen3-30B-A3B" and cfg.model.dtype == "bf16"
+    assert cfg.parallel.ep_size == 8 and cfg.parallel.ranks_per_node == 8
+    sglang = (out / "winner.sglang.sh").read_text()
+    assert "--attn-dp-size 8" in sglang and "--model-path Qwen/Qwen3-30B-A3B" in sglang
+    assert "as priced" in (out / "winner.vllm.sh").read_text()

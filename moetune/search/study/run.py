@@ -114,7 +114,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         extra.append(remeasure_table(result.remeasured))
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
     chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
-    result.files = write_winner(out, setup.base, chosen, winner.metrics, how, setup.source.model,
+    result.files = write_winner(out, winner_base(settings, setup), chosen, winner.metrics, how, setup.source.model,
                                 setup.source.loads, serve_target(settings, setup),
                                 engine_price(settings, setup, evaluator), setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
@@ -124,6 +124,21 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
     return result
+
+
+def winner_base(settings: SearchSettings, setup: Setup):
+    """The recipe the winner is written on: the base recipe, and for a scaled model the model as
+    priced — its identity (--hf-id, else the scale config), the hardware's precision and its GPUs
+    per node."""
+    if setup.source.scaled_from is None:
+        return setup.base
+    from moetune.config import parse_config
+
+    data = setup.base.model_dump()
+    data["model"]["path"] = settings.hf_id or str(Path(settings.inputs.scale_model).resolve())
+    data["model"]["dtype"] = "bf16" if setup.hardware.act_bytes == 2 else "fp32"
+    data["parallel"]["ranks_per_node"] = setup.hardware.ranks_per_node
+    return parse_config(data, source="search winner")
 
 
 def serve_target(settings: SearchSettings, setup: Setup):
