@@ -12,7 +12,7 @@ from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateE
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
-from moetune.search.study.space import build_space, canonical, from_config, read_space_file
+from moetune.search.study.space import build_space, canonical, from_config, read_space_file, runnable_formats
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -73,6 +73,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster)
+    if setup.hardware.name == "this-machine":
+        space = runnable_formats(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}))
     limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
     created = not settings.out.exists()
@@ -124,6 +126,17 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
     return result
+
+
+def kernel_backend(base) -> str:
+    """The kernel backend a recipe runs on here (`auto`: triton with CUDA, else cpu)."""
+    name = base.model.kernel_backend
+    if name != "auto":
+        return name
+    import torch
+
+    device = base.model.device
+    return "triton" if (device == "cuda" or (device == "auto" and torch.cuda.is_available())) else "cpu"
 
 
 def winner_base(settings: SearchSettings, setup: Setup):

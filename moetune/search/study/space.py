@@ -336,3 +336,22 @@ def _num_experts(cfg: RunConfig) -> int:
     from moetune.model.validate import read_spec
 
     return read_spec(resolve_model(cfg.model.path)).moe.num_experts
+
+
+def runnable_formats(space: Space, backend: str, explicit: bool) -> Space:
+    """The space with the low formats the kernel backend computes (a this-machine search proposes
+    only what runs here: its winner serves); `explicit`: the --space file named the formats, so a
+    format the backend lacks is the user's mistake, said in one line."""
+    from moetune.quant.names import backend_formats
+
+    allowed = backend_formats(backend)
+    out = []
+    for knob in space.knobs:
+        if knob.name == "quant_low_format":
+            bad = [v for v in knob.values if v != "none" and QUANT_FORMATS[v] not in allowed]
+            if bad and explicit:
+                raise SpaceError(f"--space: quant_low_format {bad[0]}: this machine's kernel backend '{backend}' "
+                                 f"cannot compute it (it takes: {', '.join(sorted(allowed))})")
+            knob = replace(knob, values=tuple(v for v in knob.values if v not in bad))
+        out.append(knob)
+    return Space(tuple(out))

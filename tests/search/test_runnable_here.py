@@ -1,0 +1,51 @@
+"""A search on this machine proposes only what this machine's kernel backend computes, and its
+winner serves: `moetune serve --recipe winner.yaml` answers a request."""
+
+import pytest
+
+from moetune.search.study.optuna_study import StudySettings
+from moetune.search.study.run import SearchSettings, run_search
+from moetune.search.study.setup import Inputs
+from moetune.search.study.space import SpaceError
+
+FIXED = ("ep_size: 1\nreplicas: 1\nredundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 8\n"
+         "max_num_batched_tokens: 1024\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
+         "offload_prefetch_depth: 0\noffload_eviction: lru\n")
+
+
+def _search(run_dir, tmp_path, space: str, n: int, name="out"):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(space)
+    out = tmp_path / name
+    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", n, 0)
+    return run_search(SearchSettings(Inputs(str(run_dir), "this-machine"), st, out, "simulate", str(path))), out
+
+
+def test_a_this_machine_search_never_proposes_a_format_the_cpu_backend_lacks(run_dir, tmp_path):
+    import optuna
+
+    result, out = _search(run_dir, tmp_path, FIXED, n=3)
+    assert {r.params["quant_low_format"] for r in result.rows} == {"none", "int8", "int4"}
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{out / 'study.db'}")
+    choices = study.trials[0].distributions["quant_low_format"].choices
+    assert tuple(choices) == ("none", "int8", "int4")  # fp8 has no CPU kernel: not in the space at all
+
+
+def test_a_space_that_names_a_format_this_backend_lacks_is_refused_in_one_line(run_dir, tmp_path):
+    with pytest.raises(SpaceError, match="quant_low_format fp8: this machine's kernel backend 'cpu' cannot"):
+        _search(run_dir, tmp_path, FIXED + "quant_low_format: [none, fp8]\n", n=2, name="fp8")
+
+
+def test_a_this_machine_winner_with_low_bit_experts_serves(run_dir, tmp_path):
+    from moetune.config import load_recipe
+    from tests.serve.rank_server import RankServer
+
+    _, out = _search(run_dir, tmp_path, FIXED + "quant_low_format: int4\n", n=1, name="int4")
+    assert load_recipe(out / "winner.yaml").quant.experts == "int4-g64"
+    srv = RankServer("--recipe", str(out / "winner.yaml"), cwd=tmp_path)
+    try:
+        reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens == 3
+        assert srv.stop() == 0, srv.stderr
+    finally:
+        srv.kill()
