@@ -42,10 +42,11 @@ from moetune.kernels.cpu.experts import BLOCK_13, BLOCK_2, SCHEDULE, SCHEDULES
 from moetune.kernels.cpu.formats import weight_bytes
 from moetune.kernels.cpu.routing import takes_routing
 from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit_layer, ones
-from moetune.kernels.quant_formats import WeightFormat
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 from moetune.model.attention import GQAAttention
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
+from moetune.model.linear import weight_tensors
 from moetune.moe.cpu_backend import CPUBackend, kernel_takes
 from moetune.moe.dispatch import LocalDispatcher
 from moetune.moe.layer import MoELayer
@@ -64,8 +65,8 @@ class _Dense:
     norm1: np.ndarray
     norm2: np.ndarray
     eps: float
-    wqkv: np.ndarray
-    ones_qkv: np.ndarray
+    wqkv: np.ndarray  # fp32 or int8 rows
+    ones_qkv: np.ndarray  # their scale per row (ones for fp32)
     bqkv: np.ndarray
     wo: np.ndarray
     ones_o: np.ndarray
@@ -203,7 +204,7 @@ class FusedDecode:
 
     def _dense_of(self, layer) -> _Dense:
         d = self._dense.get(layer.index)
-        ptr = layer.attention.qkv.weight.data_ptr()
+        ptr = weight_tensors(layer.attention.qkv.weight)[0].data_ptr()
         if d is None or d.ptr != ptr:
             d = self._dense[layer.index] = _dense_arrays(layer, ptr)
         return d
@@ -245,14 +246,37 @@ class _Step:
 
 def _fusable(layer) -> bool:
     """What does not change after load: GQA + MoE, the rotary the kernel takes, routing without
-    group limits, fp32 CPU weights outside the store."""
+    group limits, fp32 CPU weights outside the store (int8 QKV and o projections too)."""
     attn, mlp = layer.attention, layer.mlp
     if not isinstance(attn, GQAAttention) or not isinstance(mlp, MoELayer):
         return False
     rotary, s = attn.rotary, attn.spec
     return (attn.decode_kernel and rotary.kernel and not rotary.interleave
             and rotary.inv_freq.shape[0] * 2 == s.head_dim and takes_routing(mlp.spec.router)
-            and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in layer.tensors()))
+            and all(_takes_weight(w) for w in (attn.qkv.weight, attn.o.weight))
+            and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.int8, torch.uint8)
+                    for t in layer.tensors())
+            and all(t.dtype == torch.float32 for t in _float_tensors(layer)))
+
+
+def _takes_weight(w) -> bool:
+    """A projection the fused kernel reads: fp32, or int8 with a scale per row (int4 runs unfused)."""
+    if isinstance(w, PackedWeight):
+        return w.fmt == WeightFormat.INT8
+    return w.dtype == torch.float32
+
+
+def _float_tensors(layer) -> list[torch.Tensor]:
+    """The layer's tensors other than packed projection data (norms, biases, router, shared expert)."""
+    packed = {id(t) for t in layer.tensors() if t.dtype in (torch.int8, torch.uint8)}
+    return [t for t in layer.tensors() if id(t) not in packed]
+
+
+def _data_scale(w) -> tuple[np.ndarray, np.ndarray]:
+    """A projection's rows and per-row scales as the kernel takes them (ones for fp32)."""
+    if isinstance(w, PackedWeight):
+        return w.data.contiguous().numpy(), w.scale.float().contiguous().numpy()
+    return w.detach().contiguous().numpy(), ones(w.shape[0]).numpy()
 
 
 def _dense_arrays(layer, ptr: int) -> _Dense:
@@ -261,11 +285,10 @@ def _dense_arrays(layer, ptr: int) -> _Dense:
     def view(t: torch.Tensor | None) -> np.ndarray:
         return _EMPTY if t is None else t.detach().contiguous().numpy()
 
-    qkv, o = attn.qkv.weight, attn.o.weight
+    (wqkv, sqkv), (wo, so) = _data_scale(attn.qkv.weight), _data_scale(attn.o.weight)
     return _Dense(
         ptr, view(layer.attn_norm.weight), view(layer.mlp_norm.weight), float(layer.attn_norm.eps),
-        view(qkv), ones(qkv.shape[0]).numpy(), view(attn.qkv.bias), view(o), ones(o.shape[0]).numpy(),
-        view(attn.o.bias), view(attn.q_norm.weight if attn.q_norm else None),
+        wqkv, sqkv, view(attn.qkv.bias), wo, so, view(attn.o.bias), view(attn.q_norm.weight if attn.q_norm else None),
         view(attn.k_norm.weight if attn.k_norm else None), float(attn.q_norm.eps if attn.q_norm else 0.0),
         view(mlp.gate_weight), ones(mlp.gate_weight.shape[0]).numpy(),
         view(mlp.selection_bias.float() if mlp.selection_bias is not None else torch.ones(1)))
