@@ -58,7 +58,7 @@ def quantize_dense(model, name: str) -> None:
     own packed copy when it is the tied embedding)."""
     parse_dense(name)
     for layer in model.layers:
-        for what, owner, attr in _slots(layer):
+        for what, owner, attr in dense_slots(layer):
             w = getattr(owner, attr)
             if not isinstance(w, PackedWeight):
                 setattr(owner, attr, pack_weight(w, name, f"layer {layer.index} {what}"))
@@ -71,7 +71,7 @@ def dense_precision(model) -> dict[str, str]:
     layers differ); parts the model does not have are left out."""
     seen: dict[str, set[str]] = {}
     for layer in model.layers:
-        for what, owner, attr in _slots(layer):
+        for what, owner, attr in dense_slots(layer):
             seen.setdefault(what.split(".")[0], set()).add(_name(getattr(owner, attr)))
     seen["lm_head"] = {_name(model.lm_head)}
     return {part: (names.pop() if len(names) == 1 else "mixed") for part in PARTS if (names := seen.get(part))}
@@ -79,7 +79,7 @@ def dense_precision(model) -> dict[str, str]:
 
 def packed_weights(model) -> list[PackedWeight]:
     """Every packed dense projection weight of the model (the LM head included)."""
-    out = [getattr(owner, attr) for layer in model.layers for _, owner, attr in _slots(layer)] + [model.lm_head]
+    out = [getattr(owner, attr) for layer in model.layers for _, owner, attr in dense_slots(layer)] + [model.lm_head]
     return [w for w in out if isinstance(w, PackedWeight)]
 
 
@@ -89,7 +89,7 @@ def _name(w: Weight) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(w.dtype, str(w.dtype))
 
 
-def _slots(layer) -> list[tuple[str, object, str]]:
+def dense_slots(layer) -> list[tuple[str, object, str]]:
     """(part.name, object, attribute) of each dense projection weight of a decoder layer."""
     out = []
     attn = layer.attention
@@ -109,4 +109,4 @@ def _slots(layer) -> list[tuple[str, object, str]]:
     return out
 
 
-__all__ = ["PARTS", "packed_weights", "dense_precision", "linear_weight", "pack_weight", "quantize_dense"]
+__all__ = ["PARTS", "dense_slots", "packed_weights", "dense_precision", "linear_weight", "pack_weight", "quantize_dense"]

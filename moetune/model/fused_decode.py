@@ -41,6 +41,7 @@ import torch
 from moetune.kernels.cpu.experts import BLOCK_13, BLOCK_2, SCHEDULE, SCHEDULES
 from moetune.kernels.cpu.formats import weight_bytes
 from moetune.kernels.cpu.routing import takes_routing
+from moetune.kernels.cpu import runtime
 from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit_layer, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 from moetune.model.attention import GQAAttention
@@ -169,7 +170,8 @@ class FusedDecode:
             float(s.clip_qkv or 0.0), step.cos, step.sin, step.rows, k_pool, v_pool, plan.tables, plan.lens,
             cache.block_size, float(attn.scale), plan.window, plan.scores, plan.read,
             d.wg, d.ones_g, d.bias, mlp.selection_bias is not None, router.score == "sigmoid", K,
-            router.renormalize, float(router.scaling_factor), step.threads, SERIAL_BYTES, x, topk_w, topk_ids)
+            router.renormalize, float(router.scaling_factor), step.threads, SERIAL_BYTES, x, topk_w, topk_ids,
+            runtime.INT8_ROW)
         return x, topk_w, topk_ids
 
     def _moe_half(self, mlp: MoELayer, h: torch.Tensor, x: np.ndarray, topk_w: np.ndarray, topk_ids: np.ndarray,
@@ -188,7 +190,7 @@ class FusedDecode:
                 weights.slots.physical(ids).to(torch.int64).contiguous().numpy()
             done = jit_layer().moe_block(h.numpy(), x, slots, topk_w, e.slots, e.w13, e.s13, e.w2, e.s2, e.nbytes,
                                          e.row_limit, shared, mlp.shared is not None, step.threads, SERIAL_BYTES,
-                                         BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE])
+                                         BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE], runtime.INT8_ROW)
         self._finish(mlp, h, xt, RouterOutput(torch.from_numpy(topk_w), ids, None), weights, done, probe)
 
     @staticmethod

@@ -51,7 +51,8 @@ def is_dense_linear(name: str) -> bool:
     """Whether checkpoint tensor `name` is a dense projection weight `moetune quantize --dense` packs."""
     if name == "lm_head.weight":
         return True
-    return (name.endswith("_proj.weight") and ".experts." not in name and not name.endswith("kv_b_proj.weight"))
+    return (name.endswith(("_proj.weight", "kv_a_proj_with_mqa.weight")) and ".experts." not in name
+            and not name.endswith("kv_b_proj.weight"))
 
 
 def packed_names(name: str) -> tuple[str, str]:

@@ -12,19 +12,26 @@ import numpy as np
 from numba import njit
 
 from moetune.kernels.cpu._jit import (OPTS, decode_attention_serial, linear_dense_serial, active_experts,
-                                      decode_attention, experts_dense, linear_dense, permute_rows, rms_norm,
-                                      rope_rotate_half, select_topk, unpermute_rows)
+                                      decode_attention, experts_dense, linear_dense, linear_q8, linear_q8_serial,
+                                      permute_rows, rms_norm, rope_rotate_half, select_topk, unpermute_rows)
 
 BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
 QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # GQASpec.qk_norm
 
 
 @njit(**OPTS)
-def _project(x, w, ones, bias, threads, serial_bytes):
+def _project(x, w, ones, bias, threads, serial_bytes, q8=False):
     """x [T, K] @ w [N, K].T (+ bias [N], or an empty bias) → a new [T, N]: on `threads` threads,
-    or on this one under serial_bytes of weights (`runtime.launch`'s rule)."""
+    or on this one under serial_bytes of weights (`runtime.launch`'s rule); `ones` the rows' scales.
+    q8: int8 rows against one x row take the integer path (`linear.linear`'s rule)."""
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    if threads > 1 and w.size * w.itemsize >= serial_bytes:
+    parallel = threads > 1 and w.size * w.itemsize >= serial_bytes
+    if q8 and w.itemsize == 1 and x.shape[0] == 1:
+        if parallel:
+            linear_q8(x, w, ones, y, BLOCK_N)
+        else:
+            linear_q8_serial(x, w, ones, y, BLOCK_N)
+    elif parallel:
         linear_dense(x, w, ones, y, BLOCK_N)
     else:
         linear_dense_serial(x, w, ones, y, BLOCK_N)
@@ -62,7 +69,7 @@ def _qk_norm(qkv, H, Hkv, Dh, kind, q_w, k_w, eps):
 def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, H, Hkv, Dh,
                     qk_kind, q_w, k_w, qk_eps, clip, cos, sin, rows, k_pool, v_pool, tables, lens, block, scale,
                     window, scores, kv_read, wg, ones_g, bias, use_bias, sigmoid, top_k, renormalize, scaling,
-                    threads, serial_bytes, x_out, topk_w, topk_ids):
+                    threads, serial_bytes, x_out, topk_w, topk_ids, q8):
     """The attention half of a decode layer and the router of its MoE block, for T one-token
     sequences:
 
@@ -71,11 +78,11 @@ def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, 
         → paged attention (tables, lens, scores: the step's `DecodePlan`) → h += attn·Wo (+b)
       x_out = norm2(h) → logits = x_out·Wg → topk_w, topk_ids [T, K]
 
-    h [T, D] is updated in place; clip ≤ 0 means none."""
+    h [T, D] is updated in place; clip ≤ 0 means none; q8: int8 projections at T = 1 in integers."""
     T = h.shape[0]
     x = np.empty(h.shape, np.float32)
     rms_norm(h, norm1, eps, x)
-    qkv = _project(x, wqkv, ones_qkv, bqkv, threads, serial_bytes)  # [T, (H + 2Hkv)·Dh]
+    qkv = _project(x, wqkv, ones_qkv, bqkv, threads, serial_bytes, q8)  # [T, (H + 2Hkv)·Dh]
     if qk_kind == QK_FULL:
         _qk_norm(qkv, H, Hkv, Dh, qk_kind, q_w, k_w, qk_eps)
     if clip > 0:
@@ -95,7 +102,7 @@ def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, 
         decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
     else:
         decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
-    y = _project(out.reshape(T, H * Dh), wo, ones_o, bo, threads, serial_bytes)  # [T, D]
+    y = _project(out.reshape(T, H * Dh), wo, ones_o, bo, threads, serial_bytes, q8)  # [T, D]
     for t in range(T):
         for d in range(h.shape[1]):
             h[t, d] += y[t, d]
@@ -107,13 +114,13 @@ def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, 
 
 @njit(**OPTS)
 def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, row_limit, shared, use_shared,
-              threads, serial_bytes, block13, block2, schedule):
+              threads, serial_bytes, block13, block2, schedule, q8):
     """The experts half of a decode layer: permute x [T, D] by `slots` [T, K] (physical), every
     active expert's w13 → SiLU·mul → w2 over its rows, unpermute with topk_w [T, K] (+ shared
     [T, D] when use_shared), and h [T, D] += that. weight_bytes: of all num_slots experts, as
     `experts.fused_experts_cpu` counts them for `launch`'s rule. Returns 0, or without touching h: 1
     when a slot is out of range, 2 when a slot has more than row_limit rows (torch's GEMM is faster
-    there: the caller runs the unfused phases)."""
+    there: the caller runs the unfused phases). q8: one-row int8 experts in integers (`experts_dense`)."""
     T, K = slots.shape
     D, I = x.shape[1], w2.shape[2]
     counts = np.empty(num_slots, np.int64)
@@ -128,7 +135,7 @@ def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, ro
     y = np.zeros((T * K, D), np.float32)
     lanes = threads if threads > 1 and weight_bytes * active.shape[0] // num_slots >= serial_bytes else 1
     experts_dense(x_sorted, offsets, active, w13, s13, w2, s2, np.empty((T * K, I), np.float32), y,
-                  block13, block2, schedule, lanes)
+                  block13, block2, schedule, lanes, q8)
     out = shared.copy() if use_shared else np.zeros((T, D), np.float32)
     unpermute_rows(y, copy_ids, topk_w, out)
     for t in range(T):
