@@ -18,14 +18,7 @@ from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.cpu.formats import dequantize  # noqa: E402
 from moetune.kernels.cpu.linear import linear_q8_ref, q8_bound, quantize_rows_ref  # noqa: E402
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
-
-
-@pytest.fixture(params=["serial", "parallel"])
-def threads(request, monkeypatch):
-    if request.param == "parallel":
-        monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
-        return 2
-    return 1
+from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
 
 
 def _twin_close(got: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> None:
