@@ -100,11 +100,10 @@ def _dot(x, m, w, n):
 
 
 @njit(**OPTS)
-def _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2, acc):
+def _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2):
     """y[ym0 + m - m0, col] = Σ_g s[n, g] · Σ_{k in g} x[m, k]·(q[n, k] - 8), and n2 → col2;
     w [N, G, group/2] u8, xq [M, 2, G, group/2] the even (0) / odd (1) columns of x, xs [M, G]
-    its group sums. Two x rows at a time (the nibble split costs as much as the FMAs), then the odd
-    one (`_int4_row`; acc [2, 2, G, group/2] its scratch)."""
+    its group sums. Two x rows at a time (the nibble split costs as much as the FMAs), then the odd one."""
     G, H = w.shape[1], w.shape[2]
     m = m0
     while m + 2 <= m1:
@@ -129,34 +128,18 @@ def _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2, acc):
         y[r, col], y[r, col2], y[r + 1, col], y[r + 1, col2] = t0, u0, t1, u1
         m += 2
     if m < m1:
-        _int4_row(xq, xs, m, w, n, n2, s, y, ym0 + m - m0, col, col2, acc)
-
-
-@njit(**OPTS)
-def _int4_row(xq, xs, m, w, n, n2, s, y, r, col, col2, acc):
-    """One x row against weight rows n, n2: the group's scale folded into lane accumulators
-    acc[0, 0, 0, :] / acc[0, 1, 0, :] (group/2 lanes each), reduced once per row, not once per group
-    (a group is 1-4 vectors, and its horizontal sum cost as much as its FMAs: 2.4x at groups of 64)."""
-    G, H = w.shape[1], w.shape[2]
-    for j in range(H):
-        acc[0, 0, 0, j] = F0
-        acc[0, 1, 0, j] = F0
-    c0 = c1 = F0
-    for g in range(G):
-        sa, sb = s[n, g], s[n2, g]
-        for j in range(H):
-            f, h = np.float32(w[n, g, j]), np.float32(w[n2, g, j])
-            fhi, hhi = np.floor(f * F1_16), np.floor(h * F1_16)
-            e0, o0 = xq[m, 0, g, j], xq[m, 1, g, j]
-            acc[0, 0, 0, j] += sa * (e0 * (f - F16 * fhi) + o0 * fhi)
-            acc[0, 1, 0, j] += sb * (e0 * (h - F16 * hhi) + o0 * hhi)
-        c0 += sa * xs[m, g]
-        c1 += sb * xs[m, g]
-    t0 = u0 = F0
-    for j in range(H):
-        t0 += acc[0, 0, 0, j]
-        u0 += acc[0, 1, 0, j]
-    y[r, col], y[r, col2] = t0 - F8 * c0, u0 - F8 * c1
+        t0 = u0 = F0
+        for g in range(G):
+            a0 = b0 = F0
+            for j in range(H):
+                f, h = np.float32(w[n, g, j]), np.float32(w[n2, g, j])
+                fhi, hhi = np.floor(f * F1_16), np.floor(h * F1_16)
+                e0, o0 = xq[m, 0, g, j], xq[m, 1, g, j]
+                a0 += e0 * (f - F16 * fhi) + o0 * fhi
+                b0 += e0 * (h - F16 * hhi) + o0 * hhi
+            t0 += s[n, g] * (a0 - F8 * xs[m, g])
+            u0 += s[n2, g] * (b0 - F8 * xs[m, g])
+        y[ym0 + m - m0, col], y[ym0 + m - m0, col2] = t0, u0
 
 
 @njit(**OPTS)
@@ -177,7 +160,7 @@ def _int4_tile(xq, xs, m0, m1, w, n, n2, s, deq, y, ym0, col, col2):
     """`_int4_rows`, or for 3+ x rows: widen rows n, n2 once into `deq` [2, 2, G, group/2] (L1)
     and run the dense 4 × 2 tile on them (the nibble split is then paid once per 8 x rows)."""
     if m1 - m0 < 3:
-        _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2, deq)
+        _int4_rows(xq, xs, m0, m1, w, n, n2, s, y, ym0, col, col2)
         return
     _int4_dequant(w, n, s, deq, 0)
     _int4_dequant(w, n2, s, deq, 1)
