@@ -411,7 +411,7 @@ CASES: list[Case] = [
          ("dense format 'fp8'", "int8", "int4-g64")),
     Case("quantize-dense-group-not-dividing", "quant",
          ("quantize", "-m", "{ck}", "--dense", "int4-g32", "--out", "{d}/q"), 1,
-         ("group size 32 does not divide", "q_proj", "use int8")),
+         ("group size 32 does not divide", "in-features of", "use int8")),
     Case("recipe-quant-dense-unknown-format", "quant", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
          ("quant.dense", "dense format 'bf16'"), prep=write("r.yaml", "quant:\n  dense: bf16\n")),
     Case("recipe-quant-unknown-format", "quant", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
