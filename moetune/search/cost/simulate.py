@@ -344,26 +344,58 @@ class TraceRows:
 
     def __init__(self, src: TraceSource):
         self.src, self.pre_cursor, self.dec_cursor = src, 0, 0
+        self._prefix: dict[int, np.ndarray | None] = {}
 
     def counts(self, s: Schedule, t: int, m) -> np.ndarray:
         """[R, Lm, E] copies per expert that each rank's tokens of step t send."""
         R = s.prefill.shape[1]
         counts = np.zeros((R, m.Lm, m.E))
+        decode = self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids
         for r in range(R):
-            rows = []
             p, dd = int(s.prefill[t, r]), int(s.decode[t, r])
             if p:
-                rows.append(_take(self.src.prefill_ids, self.pre_cursor, p))
+                counts[r] += self._run(self.src.prefill_ids, self.pre_cursor, p, m)
                 self.pre_cursor += p
             if dd:
-                decode = self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids
-                rows.append(_take(decode, self.dec_cursor, dd))
+                counts[r] += self._run(decode, self.dec_cursor, dd, m)
                 self.dec_cursor += dd
-            if rows:
-                ids = np.concatenate(rows).astype(np.int64)  # [T, Lm, K]
-                flat = (np.arange(m.Lm)[None, :, None] * m.E + ids).reshape(-1)
-                counts[r] = np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
         return counts
+
+    def _run(self, pool: np.ndarray, cursor: int, n: int, m) -> np.ndarray:
+        """[Lm, E] copies per expert of n rows of `pool` from `cursor`, cycling: a difference of the
+        pool's prefix counts where they fit PREFIX_ELEMS, else a bincount of the rows (same integers)."""
+        prefix = self._prefix_of(pool, m)
+        if prefix is None:
+            return _bincount(_take(pool, cursor, n), m)
+        N = len(pool)
+        wraps, rem = divmod(n, N)
+        start = cursor % N
+        out = wraps * prefix[N] + (prefix[start + rem] - prefix[start] if start + rem <= N
+                                   else prefix[N] - prefix[start] + prefix[start + rem - N])
+        return out.reshape(m.Lm, m.E)
+
+    def _prefix_of(self, pool: np.ndarray, m) -> np.ndarray | None:
+        """[N + 1, Lm·E] copies per expert of the pool's first i rows (None: too large to keep)."""
+        key = id(pool)
+        if key not in self._prefix:
+            N = len(pool)
+            if (N + 1) * m.Lm * m.E > PREFIX_ELEMS:
+                self._prefix[key] = None
+            else:
+                flat = (np.arange(m.Lm)[None, :, None] * m.E + pool.astype(np.int64)).reshape(N, -1)  # [N, Lm·K]
+                rows = np.zeros((N + 1, m.Lm * m.E), dtype=np.int64)
+                np.add.at(rows, (np.repeat(np.arange(1, N + 1), flat.shape[1]), flat.reshape(-1)), 1)
+                self._prefix[key] = np.cumsum(rows, axis=0)
+        return self._prefix[key]
+
+
+PREFIX_ELEMS = 16_000_000  # prefix counts kept per pool (int64: 128 MB at most)
+
+
+def _bincount(ids: np.ndarray, m) -> np.ndarray:
+    """[Lm, E] copies per expert of rows ids [T, Lm, K]."""
+    flat = (np.arange(m.Lm)[None, :, None] * m.E + ids.astype(np.int64)).reshape(-1)
+    return np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
 
 
 @dataclass
