@@ -154,7 +154,7 @@ def all_to_all(sim, counts: np.ndarray, prep, links: Links) -> AllToAll:
     if R == 1:
         none = np.zeros(m.Lm)
         return AllToAll(none, none, 0.0, 0.0)
-    copies = np.einsum("rle,leq->rlq", counts, prep.to_rank)  # [R, Lm, R] copies from rank r to rank q
+    copies = np.matmul(counts.transpose(1, 0, 2), prep.to_rank).transpose(1, 0, 2)  # [R, Lm, R] r → q
     row_bytes = m.D * b
     intra = (copies * links.same_node[:, None, :]).sum(2) * row_bytes  # [R, Lm] sent in node
     inter = (copies * links.other_node[:, None, :]).sum(2) * row_bytes
