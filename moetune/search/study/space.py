@@ -15,7 +15,9 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
 | offload_eviction | offload.policy | lru, lfu | — (moot with nothing offloaded) |
 
-and, for every candidate, the memory rule: the simulator's per-rank memory estimate must fit the
+A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
+offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
+candidate, the memory rule: the simulator's per-rank memory estimate must fit the
 hardware (else pruned with both figures). "Moot" knobs are not invalid: `canonical` maps such a
 point onto its twin, which is timed once; the other twins reuse its result (`reused_from`).
 
