@@ -100,6 +100,8 @@ class RankProfiler(Profiler):
     # StepObserver (the rank's own step inside the lock-step) -----------------------------------
     def step_begin(self, kind: str, batch) -> None:
         self._kind, self._batch = kind, batch
+        if self.trace_step is not None and self.recording:  # torch.profiler: a ProfilerStep#N per step
+            self.trace_step()
         if self.annotate:
             self._range = torch.profiler.record_function(kind)
             self._range.__enter__()
