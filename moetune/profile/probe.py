@@ -98,7 +98,11 @@ class Profiler:
         self.timer.reset()
         self._raw = {}
         self._moved = [0, 0]
-        if self.trace_step is not None and self.recording:  # torch.profiler: a ProfilerStep#N per step
+        self.start_clock(kind)
+
+    def start_clock(self, kind: str) -> None:
+        """A step begins: its ProfilerStep#N (a torch trace), its named range (annotate), its clock."""
+        if self.trace_step is not None and self.recording:
             self.trace_step()
         if self.annotate:
             self._range = torch.profiler.record_function(kind)
