@@ -33,6 +33,10 @@ def test_a_measured_study_runs_one_and_two_ranks_and_its_winner_profiles(run_dir
     assert {r.deployment.ep_size for r in done} == {1, 2}
     assert all(r.metrics["estimated"] is False and r.metrics["output_tok_s"] > 0 for r in done)
     assert {r["figures"] for r in csv.DictReader((tmp_path / "out" / "trials.csv").open())} == {"measured"}
+    # measured trials record no phases: the report's per-phase comparison is the cost model's, so labelled
+    table = (tmp_path / "out" / "report.md").read_text().split("### Winner vs baseline, per step kind and phase")[1]
+    table = table.split("\n### ")[0]
+    assert table.startswith(" (estimated by the cost model") and "| decode | experts |" in table
     cfg = load_recipe(tmp_path / "out" / "winner.yaml")
     w = Workload(num_requests=2, batch_size=2, input_len=16, output_len=3, warmup_steps=0)
     profiled = run_profile(ProfileSettings(cfg, w, out=tmp_path / "winner-run"))
