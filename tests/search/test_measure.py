@@ -67,13 +67,13 @@ def test_top_trials_are_remeasured_beside_their_estimates_and_the_winner_serves(
 
 
 def test_a_measured_winner_with_two_ranks_is_served_over_two_ranks(run_dir, tmp_path):
-    from tests.serve.rank_server import RankServer, metric, wait_for
+    from tests.serve.conftest import ServeProcess, metric, wait_for
 
     result = run_search(_settings(run_dir, tmp_path, "measure", "ep_size: 2\n" + SPACE, n=1))
     assert [r.deployment.ep_size for r in result.rows if r.state == "COMPLETE"] == [2]
     winner = tmp_path / "out" / "winner.yaml"
     assert load_recipe(winner).parallel.ep_size == 2
-    srv = RankServer("--recipe", str(winner), cwd=tmp_path)
+    srv = ServeProcess("--recipe", str(winner), cwd=tmp_path)
     try:
         reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3
