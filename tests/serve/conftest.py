@@ -129,7 +129,17 @@ class ServeProcess:
             self.kill()
             raise AssertionError("the server did not start:\n" + self.stderr)
         self.url = re.search(r"http://[0-9.]+:\d+", next(line for line in self.lines if "http://" in line)).group(0)
+        # accepting connections: uvicorn's startup line comes a little before
+        if not wait_for(self._healthy, start_timeout) or self.proc.poll() is not None:
+            self.kill()
+            raise AssertionError("the server started but /health never answered 200:\n" + self.stderr)
         self.ranks = children(self.proc.pid)
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return self.proc.poll() is not None  # exited: stop waiting (the caller sees it)
 
     def _read(self) -> None:
         for line in self.proc.stderr:
