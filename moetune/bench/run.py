@@ -27,8 +27,10 @@ class BenchResult:
     title: str  # model · dtype · device · threads
 
 
-def run_bench(target, settings: BenchSettings, against: str | None = None, status: Status = _quiet) -> BenchResult:
-    """target: engine.target.Target (R = 1). against: None or "transformers"."""
+def run_bench(target, settings: BenchSettings, against: str | None = None, status: Status = _quiet,
+              on_workload=None) -> BenchResult:
+    """target: engine.target.Target (R = 1). against: None or "transformers". on_workload: progress
+    (bench_moetune's)."""
     from moetune.bench.roofline import LimitSampler
     from moetune.bench.throughput import bench_moetune
     from moetune.engine.build import build_model
@@ -50,7 +52,7 @@ def run_bench(target, settings: BenchSettings, against: str | None = None, statu
         done()
     else:
         with status("moetune ..."):
-            rows = bench_moetune(ours, settings, sampler)
+            rows = bench_moetune(ours, settings, sampler, on_workload)
     return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}")
 
 

@@ -86,14 +86,22 @@ def sampled_beside(plans: list[Planned], sampler: LimitSampler) -> list[Planned]
     return [replace(p, work=sampler.beside(p.work, p.workload, p.limit_kind)) for p in plans]
 
 
-def bench_moetune(model: MoETransformer, s: BenchSettings, sampler: LimitSampler | None = None) -> list[BenchRow]:
+def bench_moetune(model: MoETransformer, s: BenchSettings, sampler: LimitSampler | None = None,
+                  on_workload=None) -> list[BenchRow]:
     """Every workload of `plan_moetune`, timed one after the other; with a `sampler`, each run
-    preceded by a sample of the machine's limit, kept in the row."""
+    preceded by a sample of the machine's limit, kept in the row. on_workload: progress,
+    on_workload(done, total) before the first workload (done 0) and after each."""
     plans, done = plan_moetune(model, s)
     if sampler is not None:
         plans = sampled_beside(plans, sampler)
-    rows = [p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup),
-                  sampler.median(p.workload) if sampler is not None else 0.0) for p in plans]
+    rows = []
+    for i, p in enumerate(plans):
+        if on_workload is not None:
+            on_workload(i, len(plans))
+        rows.append(p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup),
+                          sampler.median(p.workload) if sampler is not None else 0.0))
+    if on_workload is not None:
+        on_workload(len(plans), len(plans))
     done()
     return rows
 

@@ -25,15 +25,18 @@ from moetune.quant.table import PrecisionTable
 from moetune.spec import ModelSpec
 
 
-def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable, out: Path) -> dict[str, int]:
-    """Write the mixed checkpoint to `out`; returns {"expert_bytes_before", "expert_bytes_after"}."""
+def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable, out: Path,
+                    on_layer=None) -> dict[str, int]:
+    """Write the mixed checkpoint to `out`; returns {"expert_bytes_before", "expert_bytes_after"}.
+    on_layer: progress, on_layer(done, total) after each MoE layer is packed."""
     from safetensors.torch import save_file
 
     model_dir, out = Path(model_dir), Path(out)
     source = WeightSource(model_dir, "cpu", torch.float32)
     names = TensorNames(spec.model_type)
     tensors, before, after = {}, 0, 0
-    for i in spec.moe_layers:
+    layers = list(spec.moe_layers)
+    for done, i in enumerate(layers, 1):
         dense = read_experts(source, names, spec, i)
         w13, w2 = dense.w13.data, dense.w2.data  # [E, 2I, D], [E, D, I]
         before += _source_expert_bytes(source, names, spec, i)
@@ -45,6 +48,8 @@ def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable, out
                 if packed.scale is not None:
                     tensors[n[w + "_scale"]] = packed.scale.float().contiguous()
                 after += packed.data.nbytes + (packed.scale.nbytes if packed.scale is not None else 0)
+        if on_layer is not None:
+            on_layer(done, len(layers))
     expert_sources = _expert_source_names(source, names, spec)
     for name in source.names():
         if name not in expert_sources:

@@ -49,7 +49,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     if on_start is not None:
         on_start(min(w.warmup_steps, w.output_len) + w.measured_steps())
     with writer as tmp:
-        summary = _profile_into(tmp, settings, cfg, generator, requests, layout, model_dir, on_step)
+        summary = _profile_into(tmp, settings, cfg, generator, requests, layout, model_dir, on_step, writer.final)
     return ProfileResult(writer.final, summary)
 
 
@@ -66,7 +66,7 @@ def engine_for(config: RunConfig, w: Workload, texts: list[str], context: int) -
 
 
 def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generator, requests, layout,
-                  model_dir: Path, on_step: Hooks | None) -> dict:
+                  model_dir: Path, on_step: Hooks | None, final: Path | None = None) -> dict:
     from moetune.profile.nvml import NvmlSampler
     from moetune.profile.probe import Profiler
 
@@ -82,7 +82,8 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                 profiler.recording = True
             model.experts.drain()  # the store's counters (offloading) cover measured steps only
             model.experts.reset_stats()
-            with torch_trace(tmp if settings.trace else None, model.device):
+            with torch_trace(tmp if settings.trace else None, model.device, final) as step:
+                profiler.trace_step = step
                 for group in groups:
                     generator.generate(group, greedy_params(w.output_len))
         finally:

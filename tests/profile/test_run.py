@@ -87,8 +87,14 @@ def test_torch_profiler_trace_names_the_phases(checkpoint, tmp_path):
     tiny = Workload(num_requests=1, batch_size=1, input_len=8, output_len=2, warmup_steps=0)
     path = run_profile(ProfileSettings(cfg, tiny, trace=True, out=tmp_path / "traced")).path
     assert list((path / "tb").glob("*.pt.trace.json")) and (path / "trace.json").is_file()
-    names = {e.get("name") for e in json.loads((path / "trace.json").read_text())["traceEvents"]}
+    trace = json.loads((path / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
     assert {"router", "experts", "attention", "prefill", "decode"} <= names
+    # TensorBoard's steps: one ProfilerStep#N per engine step (a prefill and a decode), and the
+    # trace's own name is where it now lies, not the temporary directory it was written in
+    steps = {n for n in names if n and n.startswith("ProfilerStep#")}
+    assert len(steps) == 2, sorted(steps)
+    assert trace["traceName"] == str(path.absolute() / "tb" / list((path / "tb").glob("*.pt.trace.json"))[0].name)
 
 
 def test_run_dir_round_trips(run, tmp_path):

@@ -33,6 +33,10 @@ def test_a_measured_study_runs_one_and_two_ranks_and_its_winner_profiles(run_dir
     assert {r.deployment.ep_size for r in done} == {1, 2}
     assert all(r.metrics["estimated"] is False and r.metrics["output_tok_s"] > 0 for r in done)
     assert {r["figures"] for r in csv.DictReader((tmp_path / "out" / "trials.csv").open())} == {"measured"}
+    # measured trials record no phases: the report's per-phase comparison is the cost model's, so labelled
+    table = (tmp_path / "out" / "report.md").read_text().split("### Winner vs baseline, per step kind and phase")[1]
+    table = table.split("\n### ")[0]
+    assert table.startswith(" (estimated by the cost model") and "| decode | experts |" in table
     cfg = load_recipe(tmp_path / "out" / "winner.yaml")
     w = Workload(num_requests=2, batch_size=2, input_len=16, output_len=3, warmup_steps=0)
     profiled = run_profile(ProfileSettings(cfg, w, out=tmp_path / "winner-run"))
@@ -63,13 +67,13 @@ def test_top_trials_are_remeasured_beside_their_estimates_and_the_winner_serves(
 
 
 def test_a_measured_winner_with_two_ranks_is_served_over_two_ranks(run_dir, tmp_path):
-    from tests.serve.rank_server import RankServer, metric, wait_for
+    from tests.serve.conftest import ServeProcess, metric, wait_for
 
     result = run_search(_settings(run_dir, tmp_path, "measure", "ep_size: 2\n" + SPACE, n=1))
     assert [r.deployment.ep_size for r in result.rows if r.state == "COMPLETE"] == [2]
     winner = tmp_path / "out" / "winner.yaml"
     assert load_recipe(winner).parallel.ep_size == 2
-    srv = RankServer("--recipe", str(winner), cwd=tmp_path)
+    srv = ServeProcess("--recipe", str(winner), cwd=tmp_path)
     try:
         reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3

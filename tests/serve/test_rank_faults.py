@@ -12,12 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.serve.rank_server import AUTH, RankServer, alive, metric
-from tests.serve.test_ranks import PROMPTS, _ask, alone  # noqa: F401  (the fixture)
+from tests.serve.conftest import AUTH, PROMPTS, ServeProcess, alive, ask, metric
 
 
 def test_sigkill_of_rank_1_mid_load_fails_the_server_cleanly():
-    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4")
+    srv = ServeProcess("--ep-size", "2", "--max-num-seqs", "4")
     try:
         outcomes, started = [], threading.Semaphore(0)
 
@@ -60,13 +59,13 @@ def test_sigkill_of_rank_1_mid_load_fails_the_server_cleanly():
         srv.kill()
 
 
-def test_16_concurrent_greedy_requests_at_r4_with_replicas_equal_one_rank_alone(alone):  # noqa: F811
-    srv = RankServer("--ep-size", "4", "--redundant-experts", "4", "--placement", "round_robin",
+def test_16_concurrent_greedy_requests_at_r4_with_replicas_equal_one_rank_alone(alone):
+    srv = ServeProcess("--ep-size", "4", "--redundant-experts", "4", "--placement", "round_robin",
                      "--max-num-seqs", "4", "--max-queue", "0")
     try:
         for stream in (False, True):
             with ThreadPoolExecutor(16) as pool:
-                got = list(pool.map(lambda p: _ask(srv, p, stream), PROMPTS))
+                got = list(pool.map(lambda p: ask(srv, p, stream), PROMPTS))
             assert got == alone
         text = srv.metrics()
         assert all(metric(text, "moetune_rank_assigned_sequences_total", rank=r) >= 4 for r in range(4))

@@ -82,6 +82,7 @@ class Simulator:
         self._allreduce_s: dict[int, float] = {}  # this-machine: measured all-reduce latency per TP group size
         self._kind = "decode"  # the kind of the step being priced (picks the fitted multipliers)
         self.group = 1  # processes per priced rank: G in a TP view (they share this-machine's cores too)
+        self.on_step = None  # progress: on_step(done, total or None) after each priced lock-step (cli)
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -217,6 +218,8 @@ class Simulator:
         totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0)
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
+            if self.on_step is not None:
+                self.on_step(t + 1, s.num_steps)
         return totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
 
     def _price_open(self, d: Deployment, w: SimWorkload, prep: Prepared):
@@ -243,6 +246,8 @@ class Simulator:
                 for p in names:
                     lines[p].append(float(one.phases[p][0]))
             clock += step_s[-1]
+            if self.on_step is not None:
+                self.on_step(len(step_s), None)  # the number of steps is known only at the end
         totals = replace(one, step_s=np.array(step_s), phases={p: np.array(v) for p, v in lines.items()})
         return rp.schedule(), totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
 
