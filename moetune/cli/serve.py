@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt, apply_threads, run_config)
+from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
+                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt, apply_threads, run_config)
 
 
 def serve(
@@ -28,24 +28,22 @@ def serve(
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
     threads: Optional[int] = ThreadsOpt,
+    tp_size: Optional[int] = TpSizeOpt,
+    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
     from moetune.config import parse_config
     from moetune.serve.server import run_server
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
+                     tp_size, expert_tp_size)
     serve_over = {"host": host, "port": port, "max_queue": max_queue}
     engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     data = cfg.model_dump()
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
     cfg = parse_config(data, source="command line")
-    if cfg.parallel.group_size > 1:  # the rank server hands requests to ranks, not to TP groups (yet)
-        from moetune.errors import MoetuneError
-
-        raise MoetuneError(f"moetune serve does not run tensor parallelism yet (the recipe sets parallel.tp_size="
-                           f"{cfg.parallel.tp_size}, expert_tp_size={cfg.parallel.expert_tp}); set both to 1 to serve")
-    if cfg.parallel.ep_size > 1:  # R ranks, one thread each on the CPU (engine/ep_launch.py)
+    if cfg.parallel.world > 1:  # ep_size × G ranks, one thread each on the CPU (engine/ep_launch.py)
         from moetune.serve.rank_server import run_rank_server
 
         run_rank_server(cfg, api_key)
