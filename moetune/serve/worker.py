@@ -1,4 +1,6 @@
 """EngineWorker: the one thread that owns the Engine; asyncio handlers talk to it through commands.
+(`CommandWorker` is what it shares with rank 0's RanksWorker over R ranks: the command queue, the
+thread, its health, and answering commands at once after the thread failed.)
 
 The engine is not thread-safe, so every call on it (add, abort, step, attaching a profiler) runs
 on this thread, between two steps. Handlers submit a `Stream` (one HTTP request, n sequences) and
