@@ -9,7 +9,7 @@ import typer
 from moetune.cli.options import ModelArgs, apply_threads, model_options
 
 
-@model_options("ep")
+@model_options("ep", "tp")
 def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default: recipe, else 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port (default: recipe, else 8000; 0 = any free port)."),
@@ -32,12 +32,7 @@ def serve(
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
     cfg = parse_config(data, source="command line")
-    if cfg.parallel.group_size > 1:  # the rank server hands requests to ranks, not to TP groups (yet)
-        from moetune.errors import MoetuneError
-
-        raise MoetuneError(f"moetune serve does not run tensor parallelism yet (the recipe sets parallel.tp_size="
-                           f"{cfg.parallel.tp_size}, expert_tp_size={cfg.parallel.expert_tp}); set both to 1 to serve")
-    if cfg.parallel.ep_size > 1:  # R ranks, one thread each on the CPU (engine/ep_launch.py)
+    if cfg.parallel.world > 1:  # ep_size × G ranks, one thread each on the CPU (engine/ep_launch.py)
         from moetune.serve.rank_server import run_rank_server
 
         run_rank_server(cfg, api_key)

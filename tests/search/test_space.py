@@ -96,3 +96,37 @@ def test_quant_and_offload_knobs_become_recipe_sections(checkpoint, tmp_path):
     assert from_config(cfg) == hot
     neutral = to_config(base.model_copy(update={"quant": cfg.quant}), Deployment())
     assert neutral.quant == cfg.quant and neutral.offload is None  # neutral knobs keep the recipe's own sections
+
+
+def test_tp_knobs_prune_what_the_engine_cannot_split():
+    """The engine's rules (model/tp_check.py, config.py) on the simulator's sizes: each size 1 or the
+    group G, the mesh ep_size × G within the hardware, G dividing heads, vocab and intermediates."""
+    from moetune.search.cost.simmodel import SimModel
+
+    m = SimModel("t", D=64, E=16, K=2, I=20, I_shared=0, L=2, moe_layers=(0, 1), dense_I=(), V=320,
+                 attn_weights=1, kv_elems=1, pair_flops=1, tied=False, kv_heads=2, heads=4)
+    lim = Limits(num_experts=16, top_k=2, max_ranks=8, requests=64, model=m)
+    cases = {
+        Deployment(tp_size=2, expert_tp_size=4): "must each be 1 or the group size 4",
+        Deployment(ep_size=4, tp_size=4): "ep_size 4 × tp group 4 = 16 ranks; the hardware has 8",
+        Deployment(tp_size=8): "tp_size 8 does not divide the attention heads (4)",
+        Deployment(expert_tp_size=8): "expert_tp_size 8 does not divide the expert intermediate size (20)",
+        Deployment(ep_size=2, tp_size=2, replicas=4): "4 replicas × ep_size 2 × tp group 2 need 16 GPUs",
+        Deployment(ep_size=2, tp_size=2, replicas=2): None,  # 2 × 2 × 2 = the 8 GPUs
+        Deployment(ep_size=2, tp_size=4, expert_tp_size=4): None,  # 4 > 2 KV heads: each held by 2 ranks
+        Deployment(tp_size=1, expert_tp_size=2): None,  # experts alone split
+    }
+    for d, want in cases.items():
+        got = prune(d, lim)
+        assert (got is None) if want is None else (got is not None and want in got), (d.label(), got)
+
+
+def test_tp_knobs_are_fixed_at_the_base_recipe_unless_the_space_names_them():
+    fixed = {"tp_size": 2, "expert_tp_size": 2}
+    for priced in (False, True):
+        grid = build_space(16, 8, priced=priced, fixed=fixed).grid()
+        assert grid["tp_size"] == [2] and grid["expert_tp_size"] == [2]
+    asked = build_space(16, 8, fixed=fixed, overrides={"tp_size": [1, 2, 4, 8]}).grid()
+    assert asked["tp_size"] == [1, 2, 4, 8] and asked["expert_tp_size"] == [2]
+    assert build_space(16, 8).grid()["tp_size"] == [1]  # no base recipe: one rank per group
+

@@ -216,3 +216,51 @@ def metric(text: str, name: str, **labels) -> float:
         if head.split("{")[0] == name and all(got.get(k) == str(v) for k, v in labels.items()):
             return float(value)
     raise KeyError(f"{name} {labels} not in /metrics")
+
+
+def kill_rank_mid_load(srv: "ServeProcess", prompts: list[str]) -> None:
+    """SIGKILL the server's one spawned rank while 4 streams run: new requests get 503, the streams
+    end with the error event, one line names rank 1, the command exits non-zero within 10 s and no
+    rank is left."""
+    outcomes, started = [], threading.Semaphore(0)
+
+    def ask(prompt):
+        try:
+            chunks = srv.client().completions.create(model="stdlib-moe", prompt=prompt, max_tokens=1000,
+                                                     temperature=0, stream=True, extra_body={"ignore_eos": True})
+            n = 0
+            for _ in chunks:
+                n += 1
+                if n == 2:
+                    started.release()
+            outcomes.append(n)
+        except Exception as exc:  # noqa: BLE001  (the error event, as the client raises it)
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts[:4]]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert started.acquire(timeout=120)
+    (rank1,) = srv.ranks
+    os.kill(rank1, signal.SIGKILL)
+    killed = time.monotonic()
+    late = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 4}, headers=AUTH, timeout=30)
+    assert late.status_code == 503 and late.json()["error"]["type"] == "server_error"
+    code = srv.proc.wait(timeout=30)
+    took = time.monotonic() - killed
+    for t in threads:
+        t.join(30)
+    assert code != 0 and took < 10, (code, took)
+    assert len(outcomes) == 4 and all(isinstance(o, Exception) for o in outcomes), outcomes
+    assert all("rank failed" in str(o) for o in outcomes), outcomes
+    srv._reader.join(10)
+    named = [line for line in srv.lines if "rank 1" in line]
+    assert len(named) == 1 and "SIGKILL" in named[0], srv.stderr
+    assert "Traceback" not in srv.stderr
+    assert not alive(rank1) and not [pid for pid in srv.ranks if alive(pid)]
+
+
+def recording(srv: "ServeProcess"):
+    """POST /v1/expert_distribution/<route> on the server: a function of the route (and httpx's keywords)."""
+    return lambda route, **kw: httpx.post(f"{srv.url}/v1/expert_distribution/{route}", headers=AUTH, timeout=120, **kw)

@@ -59,3 +59,9 @@ def test_recording_start_stop_dump_gives_a_run_dir_report_renders(server):
     assert result.returncode == 0, result.stderr
     assert "expert" in open(result.stdout.strip()).read().lower()
     assert _metrics(server)["moetune_expert_load"]  # the live window is back on after the recording
+    assert post("start").json() == {"recording": True}
+    client.completions.create(model=server.model, prompt="import os\n", max_tokens=4, temperature=0)
+    taken = post("dump", json={"name": "live"})  # that run dir exists: refused before anything is written
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "run_dir_exists", taken.text
+    again = post("dump", json={"name": "live-2"})  # the recording was kept for another name
+    assert again.status_code == 200 and again.json()["steps"] >= 4

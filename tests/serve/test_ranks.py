@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.serve.conftest import AUTH, MAX_TOKENS, PROMPTS, ServeProcess, alive, ask, metric, wait_for
+from tests.serve.conftest import AUTH, MAX_TOKENS, PROMPTS, ServeProcess, alive, ask, metric, recording, wait_for
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
@@ -123,8 +123,7 @@ def _files(run: Path) -> set[str]:
 
 
 def test_expert_distribution_recording_writes_the_run_dir_of_profile_ep_size_2(two, tmp_path):
-    post = lambda route, **kw: httpx.post(f"{two.url}/v1/expert_distribution/{route}", headers=AUTH,  # noqa: E731
-                                          timeout=120, **kw)
+    post = recording(two)
     assert post("start").json() == {"recording": True}
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda p: ask(two, p, False), PROMPTS[:4]))

@@ -72,7 +72,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
-    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster)
+    par = setup.base.parallel
+    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
+                        {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp})
     if setup.hardware.name == "this-machine":
         space = runnable_formats(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}))
     limits = setup.limits()

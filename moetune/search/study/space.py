@@ -6,7 +6,9 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | ep_size | parallel.ep_size | divisors of E + N up to the hardware's ranks | (E + N) % R ≠ 0; R > ranks available |
 | redundant_experts | parallel.redundant_experts | 0 .. E/2 (step E/16) | — (moot at R = 1: same as 0) |
 | placement | parallel.placement | contiguous, round_robin, eplb | — (moot at R = 1: same as contiguous) |
-| replicas | — (one moetune process is one replica; emitted as the engines' data-parallel size) | divisors of the hardware's GPUs | replicas × R > GPUs; replicas > 1 and replicas × R ≠ GPUs (nodes × GPUs per node = replicas × ranks per replica) |
+| tp_size | parallel.tp_size (searched when --space names it, else the base recipe's value) | 1, 2, 4, 8 up to the hardware's ranks | not 1 or the group size G = max(tp_size, expert_tp_size); R × G > ranks available; G does not divide the heads, vocabulary or a dense intermediate size, or neither divides nor is a multiple of the KV heads |
+| expert_tp_size | parallel.expert_tp_size | 1, 2, 4, 8 up to the hardware's ranks | not 1 or G; G does not divide the expert (or shared expert) intermediate size |
+| replicas | — (one moetune process is one replica; emitted as the engines' data-parallel size) | divisors of the hardware's GPUs | replicas × R × G > GPUs; replicas > 1 and replicas × R × G ≠ GPUs (nodes × GPUs per node = replicas × ranks per replica) |
 | max_num_seqs | engine.max_num_seqs | 8 .. 1024, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
 | quant_low_format | quant.low / quant.experts | none, fp8, int8, int4 (= int4-g64) | — |
@@ -40,9 +42,13 @@ from typing import Any
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.deployment import Deployment, resident_slots
+from moetune.search.cost.simmodel import SimModel
+from moetune.search.cost.tp import group_size, tp_reason
 
 
 PRICED_ONLY = ("replicas",)  # searched by default though no recipe key says them
+OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
+# their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
 
 
 class SpaceError(MoetuneError):
@@ -62,8 +68,11 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
     step = max(1, E // 16)
     divisors = tuple(r for r in range(1, max_ranks + 1) if any((E + n) % r == 0 for n in range(0, E // 2 + 1, step)))
     gpus = tuple(r for r in range(1, max_ranks + 1) if max_ranks % r == 0)
+    groups = tuple(g for g in (1, 2, 4, 8) if g <= max(max_ranks, 1))
     return [
         Knob("ep_size", "parallel.ep_size", divisors, "expert-parallel ranks R"),
+        Knob("tp_size", "parallel.tp_size", groups, "tensor-parallel ranks G of attention, dense MLPs, vocab"),
+        Knob("expert_tp_size", "parallel.expert_tp_size", groups, "ranks each expert's intermediate dim is split over"),
         Knob("replicas", "deploy.replicas", gpus, "copies of the deployment across the hardware's GPUs"),
         Knob("redundant_experts", "parallel.redundant_experts", tuple(range(0, E // 2 + 1, step)),
              "extra slots for hot-expert replicas N"),
@@ -112,9 +121,10 @@ class Space:
 
 
 def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrides: dict | None = None,
-                priced: bool = True) -> Space:
+                priced: bool = True, fixed: dict | None = None) -> Space:
     """The knobs RunConfig accepts (plus the what-if ones when asked, and PRICED_ONLY when a simulator
-    prices the trials: `priced`), narrowed by `overrides` ({knob: [values]} or {knob: value})."""
+    prices the trials: `priced`), narrowed by `overrides` ({knob: [values]} or {knob: value}); OPT_IN
+    knobs not overridden take one value, `fixed`'s (the base recipe's), else 1."""
     knobs = [k for k in default_knobs(num_experts, max_ranks)
              if what_if or recipe_accepts(k.key) or (priced and k.name in PRICED_ONLY)]
     overrides = dict(overrides or {})
@@ -130,6 +140,8 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             if not values:
                 raise SpaceError(f"--space: knob '{knob.name}' has no values")
             knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
+        elif knob.name in OPT_IN:
+            knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
         out.append(knob)
     for name, values in overrides.items():  # a what-if knob fixed by the file while not searched: keep it fixed
         values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
@@ -169,6 +181,7 @@ class Limits:
     max_ranks: int
     requests: int  # the most requests in flight at once (all ranks; the workload's most_in_flight)
     per_replica: bool = False  # True: `requests` is each replica's (steady state); False: split over replicas
+    model: SimModel | None = None  # the sizes a tensor-parallel split must divide (None: not checked)
 
 
 def prune(d: Deployment, lim: Limits) -> str | None:
@@ -177,11 +190,15 @@ def prune(d: Deployment, lim: Limits) -> str | None:
     E, R, N = lim.num_experts, d.ep_size, d.redundant_experts
     if R > lim.max_ranks:
         return f"ep_size {R} needs more ranks than the hardware has ({lim.max_ranks})"
-    G, used = lim.max_ranks, d.replicas * R
+    split = _prune_tp(d, lim)
+    if split is not None:
+        return split
+    ranks, mesh = R * group_size(d), _mesh(d)
+    G, used = lim.max_ranks, d.replicas * ranks
     if used > G:
-        return f"{d.replicas} replicas × ep_size {R} need {used} GPUs; the hardware has {G}"
+        return f"{d.replicas} replicas × {mesh} need {used} GPUs; the hardware has {G}"
     if d.replicas > 1 and used != G:
-        return (f"{d.replicas} replicas × ep_size {R} = {used} GPUs, not the hardware's {G} "
+        return (f"{d.replicas} replicas × {mesh} = {used} GPUs, not the hardware's {G} "
                 "(nodes × GPUs per node = replicas × ranks per replica)")
     if (E + N) % R:
         return f"ep_size {R} does not divide the {E} experts + {N} redundant slots"
@@ -191,6 +208,23 @@ def prune(d: Deployment, lim: Limits) -> str | None:
     if d.offload_resident_fraction < 1 and R > 1:  # RunConfig refuses the pair: never a trial, never a winner
         return f"offload with ep_size {R} is not supported yet (offloading runs on one rank)"
     return _prune_what_if(d, lim)
+
+
+def _prune_tp(d: Deployment, lim: Limits) -> str | None:
+    G = group_size(d)
+    if G == 1:
+        return None
+    reason = tp_reason(lim.model, d) if lim.model is not None else None
+    if reason is None and (d.tp_size not in (1, G) or d.expert_tp_size not in (1, G)):
+        reason = f"tp_size {d.tp_size} and expert_tp_size {d.expert_tp_size} must each be 1 or the group size {G}"
+    if reason is None and d.ep_size * G > lim.max_ranks:
+        reason = f"{_mesh(d)} = {d.ep_size * G} ranks; the hardware has {lim.max_ranks}"
+    return reason
+
+
+def _mesh(d: Deployment) -> str:
+    G = group_size(d)
+    return f"ep_size {d.ep_size}" if G == 1 else f"ep_size {d.ep_size} × tp group {G}"
 
 
 def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
@@ -205,7 +239,7 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
         out = replace(out, redundant_experts=0, placement="contiguous")
         notes.append("at ep_size 1 replicas and placement change nothing")
     per_replica = lim.requests if lim.per_replica else -(-lim.requests // d.replicas)
-    per_rank = -(-per_replica // d.ep_size)
+    per_rank = -(-per_replica // d.ep_size)  # a TP group's ranks hold the same requests
     holding = [s for s in SEQS if s >= per_rank]
     if holding and d.max_num_seqs > holding[0]:
         out = replace(out, max_num_seqs=holding[0], max_num_batched_tokens=max(d.max_num_batched_tokens, holding[0]))
