@@ -37,7 +37,7 @@ class ParallelConfig(_Section):
     placement: str = "contiguous"  # a policy (contiguous | round_robin) or a placement JSON (moetune placement)
     redundant_experts: int = Field(0, ge=0)  # N extra slots for hot-expert replicas (policy placements)
     capacity_factor: float | None = Field(None, gt=0)  # per-expert capacity ceil(cf·T·K/E) per rank's step
-    capacity_policy: Literal["none", "drop", "reroute"] = "none"  # overflow copies: kept / dropped / next-best
+    capacity_policy: Literal["none", "drop", "reroute", "buffer"] = "none"  # overflow: kept / dropped / next-best / 2nd pass
     dispatch_dtype: Literal["auto", "bf16", "fp16"] = "auto"  # all-to-all rows: auto = the model dtype
     timeout_s: float = Field(120.0, gt=0)  # a collective waiting longer fails (a rank died or hangs)
 
@@ -81,6 +81,8 @@ class EngineConfig(_Section):
     prefix_caching: bool = True  # share full KV blocks of identical prompt prefixes
     chunked_prefill: bool = True  # split long prompts over steps, beside decodes
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
+    scheduling: Literal["fcfs", "affinity"] = "fcfs"  # admission order (engine/affinity.py)
+    affinity_max_wait: int = Field(8, ge=1)  # steps a request may wait beyond FCFS order's admission (affinity)
 
 
 class TenantConfig(_Section):

@@ -88,6 +88,21 @@ def offload_factory(offload: OffloadConfig | None, spec: ModelSpec, device: torc
     return lambda layers, _spec: OffloadingExpertStore(layers, spec.moe.router.top_k, settings, device, warm)
 
 
+def capacity_counts(model, reset: bool = False) -> dict[str, int]:
+    """Copies the MoE layers' capacity dropped, rerouted and buffered (second pass) since the last
+    reset, summed over layers; `reset` zeroes them after reading."""
+    from moetune.moe.layer import MoELayer
+
+    out = {"dropped": 0, "rerouted": 0, "buffered": 0}
+    for layer in model.layers:
+        if isinstance(layer.mlp, MoELayer):
+            for k in out:
+                out[k] += getattr(layer.mlp, k)
+            if reset:
+                layer.mlp.reset_counts()
+    return out
+
+
 def set_capacity(model, factor: float | None, policy: str) -> None:
     """Per-expert capacity on every MoE layer (None / "none": dropless)."""
     from moetune.moe.layer import MoELayer

@@ -21,7 +21,8 @@ from moetune.config import EngineConfig
 from moetune.engine.block_manager import BlockManager
 from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams, TokenLogprobs
-from moetune.engine.scheduler import Scheduler, SchedulerOutput
+from moetune.engine.routing import StepRouting
+from moetune.engine.scheduler import Admission, FCFSAdmission, Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
 from moetune.errors import RequestError
 from moetune.model.kv_cache import bytes_per_token
@@ -47,6 +48,8 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
     computed_tokens: int = 0  # tokens run through the model, recomputation included
     preemptions: int = 0
+    expert_steps: int = 0  # steps whose distinct experts were counted (while experts are tracked)
+    distinct_experts: list[int] = field(default_factory=list)  # Σ_layers distinct experts woken, per counted step
 
 
 class Engine:
@@ -56,9 +59,12 @@ class Engine:
         self.max_len = min(model.spec.max_position, config.max_model_len or model.spec.max_position)
         num_blocks = config.num_kv_blocks or _auto_blocks(model, config, self.max_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
-        self.scheduler = Scheduler(config, self.blocks)
+        self.routing: StepRouting | None = None  # on under affinity, or `track_experts()`
+        self.scheduler = Scheduler(config, self.blocks, self._admission())
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.stats = EngineStats()
+        if config.scheduling == "affinity":
+            self.track_experts()
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
 
@@ -69,6 +75,20 @@ class Engine:
     @observer.setter
     def observer(self, value: StepObserver | None) -> None:
         self.runner.observer = value
+
+    def _admission(self) -> Admission:
+        if self.config.scheduling != "affinity":
+            return FCFSAdmission()
+        from moetune.engine.affinity import AffinityAdmission, PromptExperts
+
+        return AffinityAdmission(self.config.affinity_max_wait, PromptExperts(self.model))
+
+    def track_experts(self) -> None:
+        """Record each step's distinct experts (stats.distinct_experts) and each sequence's last
+        routing (`Sequence.last_experts`, affinity's prediction) from the MoE layers' taps."""
+        if self.routing is None:
+            self.routing = StepRouting(self.model)
+            self.routing.attach()
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
         """Queue a request; returns its id. Raises RequestError when it can never run."""
@@ -108,10 +128,22 @@ class Engine:
         self.stats.prefix_cache_hit_tokens = self.scheduler.cached_tokens
         if not sched.entries:
             return []
+        if self.routing is not None:
+            self.routing.begin()
         tokens = self.runner.execute(sched)
+        if self.routing is not None:
+            self._note_experts(sched)
         self.stats.steps[sched.kind.value] += 1
         self.stats.computed_tokens += sched.num_tokens
         return self._postprocess(sched, tokens)
+
+    def _note_experts(self, sched: SchedulerOutput) -> None:
+        heard = self.routing.finish([e.num_tokens for e in sched.entries])
+        for e, keys in zip(sched.entries, heard.last):
+            if keys:
+                e.seq.last_experts = keys
+        self.stats.expert_steps += 1
+        self.stats.distinct_experts.append(heard.distinct)
 
     def _postprocess(self, sched: SchedulerOutput, tokens: list[int | None]) -> list[RequestOutput]:
         out, failures = [], self.runner.failures
@@ -147,7 +179,7 @@ class Engine:
         old = self.scheduler
         self._seqs.clear()
         self.blocks = BlockManager(self.blocks.num_blocks, self.config.block_size, self.config.prefix_caching)
-        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler = Scheduler(self.config, self.blocks, self._admission())
         self.scheduler.policy = old.policy
         self.scheduler.num_preemptions, self.scheduler.cached_tokens = old.num_preemptions, old.cached_tokens
         self.runner.logprobs, self.runner.failures = {}, {}

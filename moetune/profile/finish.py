@@ -28,6 +28,18 @@ def offload_summary(store) -> dict:
     return {"enabled": True, "settings": store.settings.__dict__, "total": total, "layers": layers}
 
 
+def capacity_applied(model, cfg: RunConfig) -> dict:
+    """The recipe's capacity as it ran (parallel.capacity_policy): copies dropped, rerouted and
+    buffered (computed in the second pass, whose time is the phase `overflow`) over the measured
+    steps; {"policy": "none"} without one. (`--capacity-factor` alone only counts, in `kinds`.)"""
+    from moetune.engine.build import capacity_counts
+
+    p = cfg.parallel
+    if p.capacity_policy == "none":
+        return {"policy": "none"}
+    return {"policy": p.capacity_policy, "factor": p.capacity_factor, **capacity_counts(model)}
+
+
 def quant_summary(model) -> dict:
     """The routed experts' formats: {"formats": {name: layer × expert count}} (empty: the load dtype)."""
     return {"formats": model.precision.counts() if model.precision is not None else {}}
@@ -68,6 +80,7 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
         nvml=parts.nvml_summary,
         offload=offload_summary(model.experts),
         quant=quant_summary(model),
+        capacity_applied=capacity_applied(model, cfg),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)
