@@ -144,6 +144,8 @@ class OffloadConfig(_Section):
     dir: str | None = None  # disk tier: directory for the expert blobs (None: a temporary one)
     prefetch_depth: int = Field(1, ge=0, le=3)  # layers ahead whose experts are predicted and fetched
     warm_start: str | None = None  # run directory: start with each layer's most loaded experts resident
+    hints: Literal["router", "history", "both"] = "router"  # prefetch from the next layers' routers, the
+    # sequences' routing history (traces beside the KV blocks), or both (experts/offload.py)
 
     @model_validator(mode="after")
     def _one_capacity(self) -> "OffloadConfig":

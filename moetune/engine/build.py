@@ -84,7 +84,8 @@ def offload_factory(offload: OffloadConfig | None, spec: ModelSpec, device: torc
     warm = None
     if offload.warm_start is not None:
         warm = read_expert_loads(offload.warm_start, list(spec.moe_layers), E)
-    settings = OffloadSettings(capacity, offload.policy, offload.tier, offload.dir, offload.prefetch_depth)
+    settings = OffloadSettings(capacity, offload.policy, offload.tier, offload.dir, offload.prefetch_depth,
+                               offload.hints)
     return lambda layers, _spec: OffloadingExpertStore(layers, spec.moe.router.top_k, settings, device, warm)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from moetune.config import EngineConfig
 from moetune.engine.block_manager import BlockManager
+from moetune.engine.expert_trace import ExpertTraces
 from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams, TokenLogprobs
 from moetune.engine.routing import StepRouting
@@ -63,8 +64,11 @@ class Engine:
         self.scheduler = Scheduler(config, self.blocks, self._admission())
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.stats = EngineStats()
+        self.traces: ExpertTraces | None = None  # on when the store takes history hints, or `keep_traces()`
         if config.scheduling == "affinity":
             self.track_experts()
+        if model.experts.wants_hints:
+            self.keep_traces()
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
 
@@ -89,6 +93,15 @@ class Engine:
         if self.routing is None:
             self.routing = StepRouting(self.model)
             self.routing.attach()
+
+    def keep_traces(self) -> None:
+        """Keep every computed token's routing beside its KV (engine/expert_trace.py); with a store that
+        takes hints, hand it each step's history prediction before the forward."""
+        self.track_experts()
+        if self.traces is None and self.routing.mlps:
+            spec = self.model.spec
+            self.traces = ExpertTraces(self.blocks.num_blocks, self.config.block_size, len(self.routing.mlps),
+                                       spec.moe.router.top_k)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
         """Queue a request; returns its id. Raises RequestError when it can never run."""
@@ -130,6 +143,8 @@ class Engine:
             return []
         if self.routing is not None:
             self.routing.begin()
+        if self.traces is not None and self.model.experts.wants_hints:
+            self._hint(sched)
         tokens = self.runner.execute(sched)
         if self.routing is not None:
             self._note_experts(sched)
@@ -137,11 +152,22 @@ class Engine:
         self.stats.computed_tokens += sched.num_tokens
         return self._postprocess(sched, tokens)
 
+    def _hint(self, sched: SchedulerOutput) -> None:
+        """History hints: per MoE layer, the experts the step's decodes chose in their last tokens."""
+        predicted = self.traces.predict([e.seq for e in sched.entries if e.is_decode])  # [Lm] sets
+        for mlp, experts in zip(self.routing.mlps, predicted):
+            self.model.experts.hint(mlp.layer, sorted(experts))
+
     def _note_experts(self, sched: SchedulerOutput) -> None:
         heard = self.routing.finish([e.num_tokens for e in sched.entries])
+        at = 0
         for e, keys in zip(sched.entries, heard.last):
             if keys:
                 e.seq.last_experts = keys
+            if self.traces is not None and heard.ids is not None:
+                rows = heard.ids[at : at + e.num_tokens].numpy().astype("int16")  # [n, Lm, K]
+                self.traces.write(e.seq, e.seq.num_computed_tokens, rows)
+            at += e.num_tokens
         self.stats.expert_steps += 1
         self.stats.distinct_experts.append(heard.distinct)
 

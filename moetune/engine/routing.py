@@ -5,7 +5,8 @@ record the layer's top-k ids [T, K] of the step. After the step the engine asks 
   - the step's distinct experts: Σ over MoE layers of the distinct experts routed to (what a step
     reads or fetches; the figure expert-affinity scheduling lowers), and
   - per scheduled entry, the experts its last token chose in every MoE layer, as one frozenset of
-    keys layer_row · E + expert (the prediction of its next decode step: engine/affinity.py).
+    keys layer_row · E + expert (the prediction of its next decode step: engine/affinity.py);
+  - every token's ids [T, Lm, K] (the per-sequence traces beside the KV blocks: engine/expert_trace.py).
 Only the rows that were taps' inputs are read: one host copy of [T, Lm, K] per step.
 """
 
@@ -19,6 +20,7 @@ import torch
 class StepExperts(NamedTuple):
     distinct: int  # Σ_layers distinct experts woken in the step
     last: list[frozenset[int]]  # per entry: keys layer_row · E + expert of its last token
+    ids: torch.Tensor | None = None  # [T, Lm, K] expert ids of every token, when every MoE layer was heard
 
 
 class StepRouting:
@@ -29,15 +31,17 @@ class StepRouting:
         self.row = {mlp.layer: j for j, mlp in enumerate(self.mlps)}  # model layer → MoE row
         self.num_experts = model.spec.moe.num_experts if self.mlps else 0
         self._ids: list[torch.Tensor | None] = [None] * len(self.mlps)
+        self._previous: list = []
 
     def attach(self) -> None:
+        """Become the layers' tap; `detach` gives the taps back to whoever held them (nested records)."""
+        self._previous = [mlp.tap for mlp in self.mlps]
         for mlp in self.mlps:
             mlp.tap = self._hear
 
     def detach(self) -> None:
-        for mlp in self.mlps:
-            if mlp.tap == self._hear:
-                mlp.tap = None
+        for mlp, previous in zip(self.mlps, self._previous):
+            mlp.tap = previous
 
     def _hear(self, layer: int, topk_ids: torch.Tensor) -> None:
         self._ids[self.row[layer]] = topk_ids
@@ -55,4 +59,5 @@ class StepRouting:
         distinct = int(torch.unique(keys).numel())
         last_rows = torch.cumsum(torch.tensor(rows), 0) - 1  # [B] each entry's last token
         last = keys.index_select(0, last_rows).reshape(len(rows), -1).tolist()  # [B, Lm'·K]
-        return StepExperts(distinct, [frozenset(k) for k in last])
+        ids = keys - torch.arange(len(heard))[None, :, None] * E if len(heard) == len(self.mlps) else None
+        return StepExperts(distinct, [frozenset(k) for k in last], ids)

@@ -25,6 +25,7 @@ def offload_summary(store) -> dict:
     total["hit_rate"] = total["hits"] / looked if looked else 1.0
     total["prefetch_precision"] = (total["prefetch_used"] / total["prefetch_issued"]
                                    if total["prefetch_issued"] else None)
+    total["prefetch_by_source"] = source_totals(list(layers.values()))
     return {"enabled": True, "settings": store.settings.__dict__, "total": total, "layers": layers}
 
 
@@ -38,6 +39,19 @@ def capacity_applied(model, cfg: RunConfig) -> dict:
     if p.capacity_policy == "none":
         return {"policy": "none"}
     return {"policy": p.capacity_policy, "factor": p.capacity_factor, **capacity_counts(model)}
+
+
+def source_totals(rows: list[dict]) -> dict:
+    """Per prefetch source (router-ahead, history): issued, used, hits over layers; precision =
+    used / issued, recall = hits / (prefetch hits + misses)."""
+    wanted = sum(r["misses"] for r in rows) + sum(sum(x["hits"] for x in r["prefetch_by_source"].values())
+                                                  for r in rows)
+    out = {}
+    for src in rows[0]["prefetch_by_source"] if rows else ():
+        n = {k: sum(r["prefetch_by_source"][src][k] for r in rows) for k in ("issued", "used", "hits")}
+        out[src] = {**n, "precision": n["used"] / n["issued"] if n["issued"] else None,
+                    "recall": n["hits"] / wanted if wanted else None}
+    return out
 
 
 def quant_summary(model) -> dict:
