@@ -143,7 +143,8 @@ class OffloadConfig(_Section):
     tier: Literal["host", "disk"] = "host"  # where non-resident experts live
     dir: str | None = None  # disk tier: directory for the expert blobs (None: a temporary one)
     prefetch_depth: int = Field(1, ge=0, le=3)  # layers ahead whose experts are predicted and fetched
-    warm_start: str | None = None  # run directory: start with each layer's most loaded experts resident
+    warm_start: str | None = None  # run directory or JSON loads file: the most loaded experts loaded first
+    demote_after: int = Field(0, ge=0)  # steps an expert may stay resident unused, then demoted (0: never)
     hints: Literal["router", "history", "both"] = "router"  # prefetch from the next layers' routers, the
     # sequences' routing history (traces beside the KV blocks), or both (experts/offload.py)
 

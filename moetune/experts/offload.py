@@ -37,6 +37,13 @@ decodes chose in their last tokens, from the per-sequence traces beside the KV b
 engine/expert_trace.py), or `both`. Each prefetched expert remembers its source; issued, used and
 hits are counted per source (precision = used / issued, recall = hits / (prefetch hits + misses)).
 
+Lifecycle (`settings.demote_after` N > 0): a resident expert that N consecutive steps of its layer
+did not use is demoted — its slot freed, the expert back in its backing tier only (device → host, or
+device → disk) — and promoted again on its next use (a demand fetch or a prefetch). A freed slot
+is taken before any eviction. Warm-up fills the slots most loaded first (`warm_loads`: a profile
+or serve recording run dir, or a JSON loads file). Counters per tier (`stats()["tiers"]`): device
+resident experts, demotions and promotions; the backing tier's reads and bytes.
+
 Eviction among a layer's slots (never a slot the step needs):
   lru    least recently used        lfu    least often used (ties: least recent)
   score  lowest 0.5·recency + 0.3·frequency + 0.2·prediction, each in [0, 1]: recency = 1/(1+age in
@@ -87,6 +94,7 @@ class OffloadSettings:
     dir: str | None = None  # disk tier; None = a temporary directory removed by close()
     prefetch_depth: int = 1
     hints: str = "router"  # prefetch sources: router (router-ahead) | history (traces) | both
+    demote_after: int = 0  # steps of a layer an expert may stay resident unused (0: never demoted)
 
 
 def region_sizes(capacity: int, group_sizes: list[int]) -> list[int]:
@@ -120,6 +128,8 @@ class LayerStats:
     wait_s: float = 0.0
     overflow_steps: int = 0
     by_source: dict = field(default_factory=lambda: {s: [0, 0, 0] for s in SOURCES})  # issued, used, hits
+    demotions: int = 0  # resident experts demoted to the backing tier after demote_after idle steps
+    promotions: int = 0  # demoted experts made resident again on use
 
     def source_rows(self) -> dict:
         wanted = self.prefetch_hits + self.misses
@@ -134,7 +144,8 @@ class LayerStats:
                 "prefetch_recall": (self.prefetch_hits / (self.prefetch_hits + self.misses)
                                     if self.prefetch_hits + self.misses else None),
                 "bytes_host": self.bytes_host, "bytes_disk": self.bytes_disk, "offload_wait_s": self.wait_s,
-                "overflow_steps": self.overflow_steps, "prefetch_by_source": self.source_rows()}
+                "overflow_steps": self.overflow_steps, "prefetch_by_source": self.source_rows(),
+                "demotions": self.demotions, "promotions": self.promotions}
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,7 @@ class _LayerCache:
     prefetched: dict[int, str] = field(default_factory=dict)  # resident by prefetch, not used yet → its source
     tick: int = 0
     stats: LayerStats = field(default_factory=LayerStats)
+    demoted: set[int] = field(default_factory=set)  # demoted, not resident again yet
 
     @property
     def capacity(self) -> int:
@@ -397,6 +409,8 @@ class OffloadingExpertStore:
             for e in needed:
                 cache.last_used[e], cache.uses[e] = cache.tick, cache.uses[e] + 1
             self._in_use = (layer, set(needed))
+            if self.settings.demote_after:
+                self._demote_idle(cache, set(needed))
             if self._overflows(cache, needed):
                 weights = self._overflow(cache, needed)
             else:
@@ -474,6 +488,22 @@ class OffloadingExpertStore:
             self._evict(cache, slot)
             self._fill(cache, e, slot, None)
             cache.expert_in[slot], cache.slot_of[e] = e, slot
+            self._promoted(cache, e)
+
+    def _demote_idle(self, cache: _LayerCache, needed: set[int]) -> None:
+        """Under the lock: free the slots of experts unused for demote_after steps of this layer."""
+        N, busy = self.settings.demote_after, set(cache.loading.values())
+        for slot, e in enumerate(cache.expert_in):
+            if e >= 0 and e not in needed and slot not in busy and cache.tick - cache.last_used[e] >= N \
+                    and e not in cache.prefetched:
+                self._evict(cache, slot)
+                cache.demoted.add(e)
+                cache.stats.demotions += 1
+
+    def _promoted(self, cache: _LayerCache, e: int) -> None:
+        if e in cache.demoted:
+            cache.demoted.discard(e)
+            cache.stats.promotions += 1
 
     def _victim(self, cache: _LayerCache, keep: set[int], incoming: int) -> int:
         """The slot of `incoming`'s region to reuse: a free one, else the policy's choice among
@@ -590,6 +620,7 @@ class OffloadingExpertStore:
                 del cache.loading[e]
                 cache.expert_in[slot], cache.slot_of[e] = e, slot
                 cache.prefetched[e] = source
+                self._promoted(cache, e)
                 cache.stats.prefetch_issued += 1
                 cache.stats.by_source[source][0] += 1
                 self._lock.notify_all()
@@ -608,8 +639,16 @@ class OffloadingExpertStore:
         out = {}
         for i, c in self._caches.items():
             out[i] = {**c.stats.row(), "capacity": c.capacity,
-                      "resident_bytes": sum(p.untyped_storage().nbytes() for r in c.regions for p in r.parts)}
+                      "resident_bytes": sum(p.untyped_storage().nbytes() for r in c.regions for p in r.parts),
+                      "tiers": self._tier_row(c)}
         return out
+
+    def _tier_row(self, c: _LayerCache) -> dict:
+        """Counters per tier: the device cache's residents, demotions, promotions; the backing tier's reads."""
+        s, tier = c.stats, c.backing.tier
+        return {"device": {"resident": sum(e >= 0 for e in c.expert_in), "demotions": s.demotions,
+                           "promotions": s.promotions},
+                tier: {"reads": s.misses + s.prefetch_issued, "bytes": s.bytes_disk if tier == "disk" else s.bytes_host}}
 
     def reset_stats(self) -> None:
         for c in self._caches.values():
