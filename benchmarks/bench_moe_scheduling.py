@@ -1,10 +1,11 @@
 """MoE-aware scheduling on the bundled model: FCFS vs expert affinity, prefetch sources, capacity drop vs buffer.
 
   python benchmarks/bench_moe_scheduling.py [--requests 32] [--output-len 32] [--max-num-seqs 4] [--runs 3]
+      [--arrival shuffled|alternating] [--part scheduling|prefetch|capacity|all]
 
 Workload: two prompt families that route apart — code (the bundled held-out prompts: the model was
 trained on the standard library) and English prose (below) — interleaved in arrival order and
-shuffled with a fixed seed, all arriving at once (a burst: admission order is the scheduler's).
+shuffled with a fixed seed (or strictly alternating), all arriving at once (a burst: admission order is the scheduler's).
 Offloading keeps 25 % and 50 % of each layer's 16 experts resident (host tier, LRU, prefetch depth 1).
 
 table 1, per residency × policy (fcfs / affinity), medians of --runs interleaved runs [min–max]:
@@ -49,10 +50,11 @@ PROSE = ["The weather in the mountains was cold and the travellers walked slowly
          "The story begins in a small town by the coast, where a young teacher arrives one autumn"]
 
 
-def workload(n: int) -> list[str]:
+def workload(n: int, arrival: str) -> list[str]:
     code = load_prompt_texts(bundled_asset("prompts/stdlib-heldout.jsonl"))
-    texts = [code[i // 2 % len(code)][:200] if i % 2 == 0 else PROSE[i // 2 % len(PROSE)] for i in range(n)]
-    random.Random(0).shuffle(texts)
+    texts = [code[i // 2 % len(code)] if i % 2 == 0 else PROSE[i // 2 % len(PROSE)] for i in range(n)]
+    if arrival == "shuffled":
+        random.Random(0).shuffle(texts)
     return texts
 
 
@@ -164,10 +166,11 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--arrival", choices=["shuffled", "alternating"], default="shuffled")
     ap.add_argument("--part", choices=["scheduling", "prefetch", "capacity", "all"], default="all")
     args = ap.parse_args()
     print(f"loadavg before: {open('/proc/loadavg').read().split()[:3]} ({os.cpu_count()} CPUs)")
-    texts = workload(args.requests)
+    texts = workload(args.requests, args.arrival)
     if args.part in ("scheduling", "all"):
         scheduling_table(args, texts)
     if args.part in ("prefetch", "all"):

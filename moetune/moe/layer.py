@@ -140,11 +140,12 @@ class MoELayer:
         T, K = routed.topk_ids.shape
         with phase_scope(probe, i, "permute"):
             slots = weights.slots.physical(routed.topk_ids)  # [T, K] physical slot of each copy
-        flat_over = over.reshape(-1)  # [T*K]
-        passes = [run_pass(x, ~flat_over, slots, weights.slots.num_slots, weights, backend, self.dispatcher, probe, i)]
+            beyond = over.reshape(-1)  # [T*K]
+            within = ~beyond
+        passes = [run_pass(x, within, slots, weights.slots.num_slots, weights, backend, self.dispatcher, probe, i)]
         if self.capacity[1] == "buffer":  # every rank runs the pass, empty or not: the collectives line up
             with phase_scope(probe, i, "overflow"):
-                passes.append(run_pass(x, flat_over, slots, weights.slots.num_slots, weights, backend,
+                passes.append(run_pass(x, beyond, slots, weights.slots.num_slots, weights, backend,
                                        self.dispatcher, None, i))
         shared_out = None
         if self.shared is not None:

@@ -41,7 +41,7 @@ class PassOutput(NamedTuple):
 def run_pass(x: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, num_slots: int, weights: ExpertWeights,
              backend: MoEBackend, dispatcher: Dispatcher, probe: Probe | None, layer: int) -> PassOutput:
     """x [T, D]; mask [T·K] bool: the copies of this pass; slots [T, K] physical slot of every copy.
-    Picking the copies is part of `permute`. `probe` None runs the phases untimed (the caller times
+    Picking the copies is part of `permute`, putting their outputs back in copy order part of `combine`. `probe` None runs the phases untimed (the caller times
     the pass as one phase)."""
     K = slots.shape[1]
     with phase_scope(probe, layer, "permute"):
@@ -54,7 +54,7 @@ def run_pass(x: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, num_slots
         computed = backend.experts(sent.x, sent.offsets, weights)
     with phase_scope(probe, layer, "combine"):
         back = dispatcher.combine(computed.y, sent)
-    y = copy_order(back.y_sorted, perm.sorted_copy_ids)  # [N, D] in the order of `copies`
+        y = copy_order(back.y_sorted, perm.sorted_copy_ids)  # [N, D] in the order of `copies`
     return PassOutput(copies, y, perm, computed.block_m, (sent.bytes_sent, back.bytes_sent))
 
 
