@@ -37,7 +37,7 @@ class ParallelConfig(_Section):
     placement: str = "contiguous"  # a policy (contiguous | round_robin) or a placement JSON (moetune placement)
     redundant_experts: int = Field(0, ge=0)  # N extra slots for hot-expert replicas (policy placements)
     capacity_factor: float | None = Field(None, gt=0)  # per-expert capacity ceil(cf·T·K/E) per rank's step
-    capacity_policy: Literal["none", "drop", "reroute"] = "none"  # overflow copies: kept / dropped / next-best
+    capacity_policy: Literal["none", "drop", "reroute", "buffer"] = "none"  # overflow: kept / dropped / next-best / 2nd pass
     dispatch_dtype: Literal["auto", "bf16", "fp16"] = "auto"  # all-to-all rows: auto = the model dtype
     timeout_s: float = Field(120.0, gt=0)  # a collective waiting longer fails (a rank died or hangs)
 
@@ -81,6 +81,8 @@ class EngineConfig(_Section):
     prefix_caching: bool = True  # share full KV blocks of identical prompt prefixes
     chunked_prefill: bool = True  # split long prompts over steps, beside decodes
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
+    scheduling: Literal["fcfs", "affinity"] = "fcfs"  # admission order (engine/affinity.py)
+    affinity_max_wait: int = Field(8, ge=1)  # steps a request may wait beyond FCFS order's admission (affinity)
 
 
 class TenantConfig(_Section):
@@ -141,7 +143,10 @@ class OffloadConfig(_Section):
     tier: Literal["host", "disk"] = "host"  # where non-resident experts live
     dir: str | None = None  # disk tier: directory for the expert blobs (None: a temporary one)
     prefetch_depth: int = Field(1, ge=0, le=3)  # layers ahead whose experts are predicted and fetched
-    warm_start: str | None = None  # run directory: start with each layer's most loaded experts resident
+    warm_start: str | None = None  # run directory or JSON loads file: the most loaded experts loaded first
+    demote_after: int = Field(0, ge=0)  # steps an expert may stay resident unused, then demoted (0: never)
+    hints: Literal["router", "history", "both"] = "router"  # prefetch from the next layers' routers, the
+    # sequences' routing history (traces beside the KV blocks), or both (experts/offload.py)
 
     @model_validator(mode="after")
     def _one_capacity(self) -> "OffloadConfig":

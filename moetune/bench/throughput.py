@@ -195,6 +195,13 @@ class RoutedExperts:
     def settings(self):
         return self.store.settings
 
+    @property
+    def wants_hints(self) -> bool:
+        return self.store.wants_hints
+
+    def hint(self, layer: int, experts: list[int]) -> None:
+        self.store.hint(layer, experts)
+
     def layers(self) -> list[int]:
         return self.store.layers()
 

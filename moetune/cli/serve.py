@@ -19,6 +19,10 @@ def serve(
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Sequences running at once."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens",
                                                          help="Tokens computed per engine step."),
+    scheduling: Optional[str] = typer.Option(None, "--scheduling", help="Admission order: fcfs (default) or "
+                                             "affinity (requests whose experts the step already wakes first)."),
+    affinity_max_wait: Optional[int] = typer.Option(None, "--affinity-max-wait", help="Under affinity: steps a "
+                                                    "request may wait beyond its FCFS admission (default 8)."),
     m: ModelArgs = ModelArgs(),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
@@ -27,7 +31,8 @@ def serve(
 
     cfg = m.config()
     serve_over = {"host": host, "port": port, "max_queue": max_queue}
-    engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                   "scheduling": scheduling, "affinity_max_wait": affinity_max_wait}
     data = cfg.model_dump()
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})

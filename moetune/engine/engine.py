@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 from moetune.config import EngineConfig
 from moetune.engine.block_manager import BlockManager
+from moetune.engine.expert_trace import ExpertTraces
 from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams, TokenLogprobs
-from moetune.engine.scheduler import Scheduler, SchedulerOutput
+from moetune.engine.routing import StepRouting
+from moetune.engine.scheduler import Admission, FCFSAdmission, Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
 from moetune.errors import RequestError
 from moetune.model.kv_cache import bytes_per_token
@@ -47,6 +49,8 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
     computed_tokens: int = 0  # tokens run through the model, recomputation included
     preemptions: int = 0
+    expert_steps: int = 0  # steps whose distinct experts were counted (while experts are tracked)
+    distinct_experts: list[int] = field(default_factory=list)  # Σ_layers distinct experts woken, per counted step
 
 
 class Engine:
@@ -56,9 +60,15 @@ class Engine:
         self.max_len = min(model.spec.max_position, config.max_model_len or model.spec.max_position)
         num_blocks = config.num_kv_blocks or _auto_blocks(model, config, self.max_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
-        self.scheduler = Scheduler(config, self.blocks)
+        self.routing: StepRouting | None = None  # on under affinity, or `track_experts()`
+        self.scheduler = Scheduler(config, self.blocks, self._admission())
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.stats = EngineStats()
+        self.traces: ExpertTraces | None = None  # on when the store takes history hints, or `keep_traces()`
+        if config.scheduling == "affinity":
+            self.track_experts()
+        if model.experts.wants_hints:
+            self.keep_traces()
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
 
@@ -69,6 +79,29 @@ class Engine:
     @observer.setter
     def observer(self, value: StepObserver | None) -> None:
         self.runner.observer = value
+
+    def _admission(self) -> Admission:
+        if self.config.scheduling != "affinity":
+            return FCFSAdmission()
+        from moetune.engine.affinity import AffinityAdmission, PromptExperts
+
+        return AffinityAdmission(self.config.affinity_max_wait, PromptExperts(self.model))
+
+    def track_experts(self) -> None:
+        """Record each step's distinct experts (stats.distinct_experts) and each sequence's last
+        routing (`Sequence.last_experts`, affinity's prediction) from the MoE layers' taps."""
+        if self.routing is None:
+            self.routing = StepRouting(self.model)
+            self.routing.attach()
+
+    def keep_traces(self) -> None:
+        """Keep every computed token's routing beside its KV (engine/expert_trace.py); with a store that
+        takes hints, hand it each step's history prediction before the forward."""
+        self.track_experts()
+        if self.traces is None and self.routing.mlps:
+            spec = self.model.spec
+            self.traces = ExpertTraces(self.blocks.num_blocks, self.config.block_size, len(self.routing.mlps),
+                                       spec.moe.router.top_k)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
         """Queue a request; returns its id. Raises RequestError when it can never run."""
@@ -108,10 +141,35 @@ class Engine:
         self.stats.prefix_cache_hit_tokens = self.scheduler.cached_tokens
         if not sched.entries:
             return []
+        if self.routing is not None:
+            self.routing.begin()
+        if self.traces is not None and self.model.experts.wants_hints:
+            self._hint(sched)
         tokens = self.runner.execute(sched)
+        if self.routing is not None:
+            self._note_experts(sched)
         self.stats.steps[sched.kind.value] += 1
         self.stats.computed_tokens += sched.num_tokens
         return self._postprocess(sched, tokens)
+
+    def _hint(self, sched: SchedulerOutput) -> None:
+        """History hints: per MoE layer, the experts the step's decodes chose in their last tokens."""
+        predicted = self.traces.predict([e.seq for e in sched.entries if e.is_decode])  # [Lm] sets
+        for mlp, experts in zip(self.routing.mlps, predicted):
+            self.model.experts.hint(mlp.layer, sorted(experts))
+
+    def _note_experts(self, sched: SchedulerOutput) -> None:
+        heard = self.routing.finish([e.num_tokens for e in sched.entries])
+        at = 0
+        for e, keys in zip(sched.entries, heard.last):
+            if keys:
+                e.seq.last_experts = keys
+            if self.traces is not None and heard.ids is not None:
+                rows = heard.ids[at : at + e.num_tokens].numpy().astype("int16")  # [n, Lm, K]
+                self.traces.write(e.seq, e.seq.num_computed_tokens, rows)
+            at += e.num_tokens
+        self.stats.expert_steps += 1
+        self.stats.distinct_experts.append(heard.distinct)
 
     def _postprocess(self, sched: SchedulerOutput, tokens: list[int | None]) -> list[RequestOutput]:
         out, failures = [], self.runner.failures
@@ -147,7 +205,7 @@ class Engine:
         old = self.scheduler
         self._seqs.clear()
         self.blocks = BlockManager(self.blocks.num_blocks, self.config.block_size, self.config.prefix_caching)
-        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler = Scheduler(self.config, self.blocks, self._admission())
         self.scheduler.policy = old.policy
         self.scheduler.num_preemptions, self.scheduler.cached_tokens = old.num_preemptions, old.cached_tokens
         self.runner.logprobs, self.runner.failures = {}, {}

@@ -9,6 +9,11 @@ prefill), running beside the decodes of other sequences. When a running sequence
 and none is free, the latest-arrived running sequence is preempted: its blocks are freed and it
 waits to be recomputed from its tokens (preemption by recompute); no new sequence is admitted in
 that step.
+
+Which waiting request is admitted next is the `Admission` policy's choice: `FCFSAdmission` (the
+queue head: priority, then arrival) or expert affinity (engine/affinity.py: the request whose
+predicted experts the step already wakes, with a bounded extra wait). Running sequences are
+scheduled alike under both.
 """
 
 from __future__ import annotations
@@ -57,10 +62,44 @@ class StepPolicy(Protocol):
     def scheduled(self, out: "SchedulerOutput") -> None: ...
 
 
+class Admission(Protocol):
+    """Chooses the order in which waiting requests are admitted within a step."""
+
+    def start(self, waiting: deque[Sequence], scheduled: list[Sequence]) -> None: ...
+
+    def pick(self, waiting: deque[Sequence]) -> int: ...
+
+    def admitted(self, seq: Sequence) -> None: ...
+
+    def done(self) -> None: ...
+
+    def forget(self, seq: Sequence) -> None: ...
+
+
+class FCFSAdmission:
+    """The queue head first (the queue is ordered by priority, then arrival)."""
+
+    def start(self, waiting: deque[Sequence], scheduled: list[Sequence]) -> None:
+        return None
+
+    def pick(self, waiting: deque[Sequence]) -> int:
+        return 0
+
+    def admitted(self, seq: Sequence) -> None:
+        return None
+
+    def done(self) -> None:
+        return None
+
+    def forget(self, seq: Sequence) -> None:
+        return None
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager):
+    def __init__(self, config: EngineConfig, blocks: BlockManager, admission: Admission | None = None):
         self.config = config
         self.blocks = blocks
+        self.admission: Admission = admission or FCFSAdmission()
         self.policy: StepPolicy | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -85,6 +124,7 @@ class Scheduler:
         elif seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
         self.blocks.free(seq)
+        self.admission.forget(seq)
         seq.status = SeqStatus.FINISHED
 
     def schedule(self) -> SchedulerOutput:
@@ -104,8 +144,10 @@ class Scheduler:
                 self.blocks.grow(seq, seq.num_computed_tokens + n)
                 entries.append(Scheduled(seq, n))
                 budget -= n
+        self.admission.start(self.waiting, [e.seq for e in entries])
         if not preempted:
             budget = self._admit(entries, budget)
+        self.admission.done()
         entries.sort(key=lambda e: not e.is_decode)  # stable: decodes first
         new_blocks, self.blocks.granted = self.blocks.granted, []
         out = SchedulerOutput(entries, _kind(entries), preempted, new_blocks)
@@ -115,7 +157,8 @@ class Scheduler:
 
     def _admit(self, entries: list[Scheduled], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            at = self.admission.pick(self.waiting)
+            seq = self.waiting[at]
             self.blocks.admit(seq)
             n = min(seq.num_remaining, budget)
             fits = self.config.chunked_prefill or n == seq.num_remaining
@@ -124,7 +167,8 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.blocks.grow(seq, seq.num_computed_tokens + n)
-            self.waiting.popleft()
+            del self.waiting[at]
+            self.admission.admitted(seq)
             self.cached_tokens += seq.num_cached_tokens
             seq.status, seq.in_prefill = SeqStatus.RUNNING, True
             self.running.append(seq)

@@ -42,7 +42,9 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
 
         return run_rank_profile(settings, cfg, texts, writer, write_run, on_start, on_step)
     writer.check_free()
-    one_rank = target.with_config(cfg.model_copy(update={"parallel": ParallelConfig()}))  # EP is computed
+    p = cfg.parallel  # EP is computed; the capacity runs as the recipe sets it
+    one_rank = target.with_config(cfg.model_copy(update={"parallel": ParallelConfig(
+        capacity_factor=p.capacity_factor, capacity_policy=p.capacity_policy)}))
     generator = build_generator(one_rank)
     requests = request_tokens(texts, generator.encode, w)
     check_lengths(requests, w, spec.max_position)
@@ -67,6 +69,7 @@ def engine_for(config: RunConfig, w: Workload, texts: list[str], context: int) -
 
 def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generator, requests, layout,
                   model_dir: Path, on_step: Hooks | None, final: Path | None = None) -> dict:
+    from moetune.engine.build import capacity_counts
     from moetune.profile.nvml import NvmlSampler
     from moetune.profile.probe import Profiler
 
@@ -82,6 +85,7 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                 profiler.recording = True
             model.experts.drain()  # the store's counters (offloading) cover measured steps only
             model.experts.reset_stats()
+            capacity_counts(model, reset=True)  # so are the capacity's dropped / buffered copies
             with torch_trace(tmp if settings.trace else None, model.device, final) as step:
                 profiler.trace_step = step
                 for group in groups:

@@ -6,6 +6,7 @@ live expert load are read from the worker's snapshot and the load window when /m
 
 from __future__ import annotations
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -77,3 +78,16 @@ class _EngineCollector:
             balance.add_metric([str(layer)], stats.balancedness)
             imbalance.add_metric([str(layer)], stats.imbalance)
         yield from (load, balance, imbalance)
+        yield self._distinct()
+
+    def _distinct(self) -> GaugeMetricFamily:
+        """Distinct experts woken per engine step over the window (Σ over MoE layers): what expert-
+        affinity scheduling lowers; quantiles of the window's steps, and their mean."""
+        per_step = self.window.distinct_per_step()  # [S]
+        g = GaugeMetricFamily("moetune_distinct_experts_per_step", "Distinct experts (summed over MoE layers) "
+                              "an engine step woke, over the last window of steps", labels=["stat"])
+        if len(per_step):
+            for name, value in (("mean", per_step.mean()), ("p50", np.quantile(per_step, 0.5)),
+                                ("p90", np.quantile(per_step, 0.9)), ("max", per_step.max())):
+                g.add_metric([name], float(value))
+        return g

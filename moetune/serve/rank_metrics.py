@@ -33,6 +33,11 @@ class RanksLoad:
         counts = self.counts()
         return list(zip(self.layers, counts, per_layer_stats(counts)))
 
+    def distinct_per_step(self) -> np.ndarray:
+        """Not gathered over ranks (each rank's window holds its own steps): empty, so /metrics
+        leaves moetune_distinct_experts_per_step without samples over R ranks."""
+        return np.zeros(0, dtype=np.int64)
+
 
 class RankCollector:
     """Per-rank gauges and counters, and how requests are assigned to ranks."""

@@ -453,6 +453,11 @@ CASES: list[Case] = [
     Case("serve-ep-expert-share", "search", ("serve", "-m", "{ck}", "-r", "{d}/r.yaml", "--port", "0"), 1,
          ("expert_share", "parallel.ep_size=7"),
          prep=write("r.yaml", "parallel:\n  ep_size: 7\nserve:\n  tenants:\n    a:\n      expert_share: 0.5\n")),
+    Case("serve-scheduling-unknown", "search", ("serve", "-m", "{ck}", "--scheduling", "random", "--port", "0"), 1,
+         ("engine.scheduling", "'fcfs' or 'affinity'")),
+    Case("serve-affinity-max-wait-zero", "search", ("serve", "-m", "{ck}", "--scheduling", "affinity",
+                                                    "--affinity-max-wait", "0", "--port", "0"), 1,
+         ("engine.affinity_max_wait", "greater than or equal to 1")),
     # interrupts: one line, 130 / 143, nothing left behind
     Case("profile-ctrl-c", "interrupt", ("profile", "-m", "{ck}", "--num-requests", "4000", "--batch-size", "2",
                                          "--input-len", "8", "--output-len", "8", "--out", "{d}/run"), 130,

@@ -67,6 +67,7 @@ class RankJob:
         return finish_rank_run(self.out, self.settings, self.cfg, gathered, dp, nvml, self.write)
 
     def _run(self, dp):
+        from moetune.engine.build import capacity_counts
         from moetune.profile.ranks.probe import RankProfiler
         from moetune.profile.workload import batches, request_tokens
 
@@ -82,6 +83,7 @@ class RankJob:
                 profiler.recording = False
                 dp.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
             profiler.start_measuring()
+            capacity_counts(dp.model, reset=True)  # summary capacity_applied: this rank's measured copies
             with torch_trace(self.out if self.settings.trace and rank0 else None, dp.model.device,
                              self.final) as step:
                 profiler.trace_step = step
