@@ -6,10 +6,11 @@ values are `RecipeError`s naming the key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from moetune.errors import RecipeError
 
@@ -81,6 +82,36 @@ class EngineConfig(_Section):
     prefix_caching: bool = True  # share full KV blocks of identical prompt prefixes
     chunked_prefill: bool = True  # split long prompts over steps, beside decodes
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
+    speculative: str | None = None  # "ngram:K": verify up to K drafted tokens per decode (engine/speculative/)
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_speculative(value)
+        return value
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """A parsed `engine.speculative`: the speculator and how many tokens it drafts per step."""
+
+    method: Literal["ngram"]
+    k: int  # draft tokens verified per sequence and step (the lookahead the scheduler budgets)
+    max_ngram: int = 3  # ngram: the longest suffix looked up in the sequence's own tokens
+
+
+SPECULATIVE_FORMS = "ngram:K (K draft tokens from the sequence's own earlier tokens, 1 <= K <= 16)"
+
+
+def parse_speculative(text: str) -> SpeculativeSpec:
+    """'ngram:K' → SpeculativeSpec; anything else is a ValueError naming the accepted forms."""
+    method, _, rest = text.partition(":")
+    if method in ("draft", "mtp"):
+        raise ValueError(f"speculative method '{method}' is not built yet; use {SPECULATIVE_FORMS}")
+    if method != "ngram" or not rest.isdigit() or not 1 <= int(rest) <= 16:
+        raise ValueError(f"speculative '{text}' is not one of: {SPECULATIVE_FORMS}")
+    return SpeculativeSpec("ngram", int(rest))
 
 
 class TenantConfig(_Section):
@@ -189,6 +220,16 @@ class RunConfig(_Section):
             raise ValueError(f"offload with parallel.ep_size={p.ep_size} and redundant_experts={p.redundant_experts} "
                              "is not supported yet (offloading runs on one rank without replicas); drop the offload "
                              "section or use ep_size 1 and redundant_experts 0")
+        return self
+
+
+    @model_validator(mode="after")
+    def _speculative_on_one_group(self) -> "RunConfig":
+        """A verify step's sampled acceptance would need one draw agreed across a tensor-parallel
+        group (as `TPComm.agree` does for one token); not built yet, so refused before anything loads."""
+        if self.engine.speculative is not None and self.parallel.group_size > 1:
+            raise ValueError(f"engine.speculative with parallel.tp_size={self.parallel.tp_size} (expert_tp_size="
+                             f"{self.parallel.expert_tp}) is not supported yet; use tp_size 1 or drop speculative")
         return self
 
 
