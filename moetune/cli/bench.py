@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
-                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt)
+                                 RecipeOpt, RedundantOpt, SpeculativeOpt, ThreadsOpt, TpSizeOpt)
 
 
 def bench(
@@ -27,6 +27,7 @@ def bench(
     threads: Optional[int] = ThreadsOpt,
     tp_size: Optional[int] = TpSizeOpt,
     expert_tp_size: Optional[int] = ExpertTpSizeOpt,
+    speculative: Optional[str] = SpeculativeOpt,
 ) -> None:
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up, with the
     achieved GB/s (decode) and GFLOP/s (prefill) against the machine's limits measured in the same run."""
@@ -39,13 +40,16 @@ def bench(
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
-                         tp_size, expert_tp_size)
+                         tp_size, expert_tp_size, speculative)
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
-    settings = _settings(prefill_len, decode_steps, runs)
+    settings = _settings(prefill_len, decode_steps, runs, cfg.engine.speculative)
     _check_fits(target, settings, reference=against is not None)
     if cfg.parallel.world > 1:
         if against:
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1 --tp-size 1")
+        if settings.speculative:
+            raise MoetuneError("bench --speculative runs on one process (the ranks' bench decodes plainly); "
+                               "drop it or use --ep-size 1")
         return _print_ranks(cfg, settings)
     from moetune.bench.report import bench_table, limits_lines
     from moetune.bench.run import run_bench
@@ -58,10 +62,10 @@ def bench(
         console.print(line, soft_wrap=True, highlight=False)
 
 
-def _settings(prefill_len: int, decode_steps: int, runs: int):
+def _settings(prefill_len: int, decode_steps: int, runs: int, speculative: str | None = None):
     from moetune.bench.throughput import BenchSettings  # imports torch; only after the argument checks
 
-    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs, speculative=speculative)
 
 
 def _check_fits(target, s, reference: bool = False) -> None:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
-                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt)
+                                 RecipeOpt, RedundantOpt, SpeculativeOpt, ThreadsOpt, TpSizeOpt)
 
 
 def generate(
@@ -32,6 +32,7 @@ def generate(
     threads: Optional[int] = ThreadsOpt,
     tp_size: Optional[int] = TpSizeOpt,
     expert_tp_size: Optional[int] = ExpertTpSizeOpt,
+    speculative: Optional[str] = SpeculativeOpt,
 ) -> None:
     """Generate a completion for one prompt, streamed to stdout."""
     import functools
@@ -46,7 +47,7 @@ def generate(
     for s in stop:
         checks.text("--stop", s)
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
-                         tp_size, expert_tp_size)
+                         tp_size, expert_tp_size, speculative)
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     limit = target.spec.max_position
     if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt, TpSizeOpt)
+                                 RedundantOpt, SpeculativeOpt, ThreadsOpt, TpSizeOpt)
 
 
 def profile(
@@ -37,6 +37,7 @@ def profile(
     device: Optional[str] = DeviceOpt,
     kernel_backend: Optional[str] = BackendOpt,
     threads: Optional[int] = ThreadsOpt,
+    speculative: Optional[str] = SpeculativeOpt,
 ) -> None:
     """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
     from dataclasses import replace
@@ -52,7 +53,7 @@ def profile(
     checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
     cfg = checked_config(model, recipe, dtype, device, kernel_backend, placement=placement,
                          redundant_experts=redundant_experts, threads=threads, tp_size=tp_size,
-                         expert_tp_size=expert_tp_size)
+                         expert_tp_size=expert_tp_size, speculative=speculative)
     settings = ProfileSettings(cfg, workload, ep_size, ranks_per_node, capacity_factor, trace,
                                Path(out) if out else None, what_if=what_if)
     if not overhead:

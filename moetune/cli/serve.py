@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt, apply_threads, run_config)
+                                 RedundantOpt, SpeculativeOpt, ThreadsOpt, apply_threads, run_config)
 
 
 def serve(
@@ -28,12 +28,14 @@ def serve(
     placement: Optional[str] = PlacementOpt,
     redundant_experts: Optional[int] = RedundantOpt,
     threads: Optional[int] = ThreadsOpt,
+    speculative: Optional[str] = SpeculativeOpt,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
     from moetune.config import parse_config
     from moetune.serve.server import run_server
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
+    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
+                     speculative=speculative)
     serve_over = {"host": host, "port": port, "max_queue": max_queue}
     engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     data = cfg.model_dump()
