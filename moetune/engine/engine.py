@@ -25,6 +25,7 @@ from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams, TokenLogprobs
 from moetune.engine.scheduler import Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
+from moetune.engine.speculative.experts import VerifyExperts
 from moetune.engine.speculative.make import make_speculator
 from moetune.errors import RequestError
 from moetune.model.kv_cache import bytes_per_token
@@ -75,6 +76,8 @@ class Engine:
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.speculator = None if config.speculative is None else make_speculator(parse_speculative(config.speculative))
+        if self.speculator is not None:
+            self.runner.experts = VerifyExperts()
         self.stats = EngineStats()
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()

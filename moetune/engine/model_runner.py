@@ -10,6 +10,7 @@ reported in `failures` and gets no token; the other rows of the step are unaffec
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Protocol
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from moetune.engine.sampling import TokenLogprobs, greedy_tokens, sample, token_logprobs
 from moetune.engine.scheduler import SchedulerOutput
 from moetune.engine.speculative.base import Draft
+from moetune.engine.speculative.experts import VerifyExperts
 from moetune.engine.speculative.verify import verify
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
@@ -39,6 +41,7 @@ class ModelRunner:
         self.observer: StepObserver | None = None
         self.logprobs: dict[int, TokenLogprobs] = {}  # seq_id → of the last execute(), for seqs that asked
         self.failures: dict[int, str] = {}  # seq_id → why its sampling failed in the last execute()
+        self.experts: VerifyExperts | None = None  # set: verify steps count the experts they wake
 
     def execute(self, sched: SchedulerOutput) -> list[list[int]]:
         """Run one scheduled step; the tokens each entry yields ([] while its prompt is unfinished
@@ -50,7 +53,8 @@ class ModelRunner:
                     if e.seq.num_computed_tokens + e.num_tokens - e.num_draft == e.seq.num_tokens]
         if self.observer is not None:
             self.observer.step_begin(batch.kind.value, batch)
-        hidden = self.model.forward(batch, self.cache)  # [T, D]
+        with self._counting_experts(sched, batch):
+            hidden = self.model.forward(batch, self.cache)  # [T, D]
         rows = self._logit_rows(sched, batch, samplers, hidden.shape[0])  # [S'] or None: every row
         logits = self.model.logits(hidden if rows is None else hidden[rows])  # [S', V]
         if self.observer is not None:
@@ -75,6 +79,18 @@ class ModelRunner:
                   + e.seq.draft_ids[: e.num_draft], e.seq.num_computed_tokens, e.seq.block_table)
                  for e in sched.entries]
         return self._batch(spans, sched.kind)
+
+    def _counting_experts(self, sched: SchedulerOutput, batch: StepBatch):
+        """On a verify step (with `experts` set): count the experts of its decode rows and of the
+        rows a plain decode would compute (engine/speculative/experts.py)."""
+        if self.experts is None or not any(e.num_draft for e in sched.entries):
+            return nullcontext()
+        decode_rows, plain_rows = [], []
+        for e, start, n in zip(sched.entries, batch.starts(), batch.query_lens):
+            if e.is_decode:
+                decode_rows += range(start, start + n)
+                plain_rows.append(start)
+        return self.experts.watching(self.model, decode_rows, plain_rows)
 
     def _logit_rows(self, sched: SchedulerOutput, batch: StepBatch, samplers: list[int], T: int):
         """Rows of the step's hidden states whose logits are needed: each sampling entry's last

@@ -166,3 +166,23 @@ def test_ngram_greedy_on_the_bundled_model_equals_plain_decoding():
     st = spec.stats
     assert st.preemptions > 0 and st.accepted_tokens > 0 and st.accepted_tokens < st.draft_tokens
     assert _all_free(spec)
+
+
+def test_a_verify_step_counts_the_experts_it_wakes_against_a_plain_decode(model):
+    """Batch 1: a plain decode routes one token, K distinct experts per MoE layer; the verify step
+    wakes at least those and at most K per row. More sequences: never fewer than plain."""
+    K, E = model.spec.moe.router.top_k, model.spec.moe.num_experts
+    for batch in (1, 6):
+        engine = Engine(model, None, frozenset(), EngineConfig(speculative="ngram:4"))
+        engine.speculator = Wrong(4)
+        for p, _ in _requests(batch, VOCAB, seed=5):
+            engine.add_request(p, _greedy(12))
+        while engine.has_unfinished():
+            engine.step()
+        ex = engine.runner.experts
+        assert ex.steps == engine.stats.verify_steps > 0
+        assert ex.layers == ex.steps * len(model.spec.moe_layers)
+        if batch == 1:
+            assert ex.plain == K * ex.layers
+            assert K * ex.layers < ex.verify <= min(E, 5 * K) * ex.layers
+        assert ex.plain <= ex.verify <= E * ex.layers
