@@ -40,3 +40,20 @@ def test_sixteen_concurrent_speculative_requests_equal_each_alone_without_it(ser
     assert together == alone
     stats = speculative_server.state.generator.engine.stats
     assert stats.accepted_tokens > 0 and stats.verify_steps > 0
+
+
+def _gauges(text: str) -> dict[str, float]:
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("moetune_spec_")}
+
+
+def test_metrics_show_acceptance_and_the_experts_a_verify_step_wakes(speculative_server):
+    import httpx
+
+    client = speculative_server.client()
+    client.completions.create(model=speculative_server.model, prompt=_prompts(1)[0], max_tokens=32, temperature=0)
+    g = _gauges(httpx.get(f"{speculative_server.url}/metrics").text)
+    assert g["moetune_spec_draft_tokens"] >= g["moetune_spec_accepted_tokens"] > 0
+    assert 0 < g["moetune_spec_acceptance_rate"] <= 1 and g["moetune_spec_tokens_per_verify"] > 1
+    K = speculative_server.state.generator.model.spec.moe.router.top_k
+    assert g["moetune_spec_experts_per_layer_verify"] >= g["moetune_spec_experts_per_layer_plain"] >= K
