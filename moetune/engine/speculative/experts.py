@@ -64,3 +64,31 @@ class _Watch:
     def moved(self, layer: int, dispatch_bytes: int, combine_bytes: int) -> None:
         if self.inner is not None:
             self.inner.moved(layer, dispatch_bytes, combine_bytes)
+
+
+COUNTERS = ("verify_steps", "verified", "draft_tokens", "accepted_tokens", "experts_verify", "experts_plain",
+            "expert_layers")
+
+
+def speculative_counters(stats, experts: VerifyExperts | None) -> dict[str, int]:
+    """The engine's speculative-decoding counters since it started (EngineStats + VerifyExperts)."""
+    ex = experts or VerifyExperts()
+    return {"verify_steps": stats.verify_steps, "verified": stats.verified, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens, "experts_verify": ex.verify, "experts_plain": ex.plain,
+            "expert_layers": ex.layers}
+
+
+def speculative_summary(speculative: str | None, counts: dict[str, int], expert_bytes: float) -> dict:
+    """Counters over a window (e.g. a profile's measured steps) → the figures reports show."""
+    if speculative is None:
+        return {"enabled": False}
+    c, layers = counts, counts["expert_layers"]
+    per_step = c["expert_layers"] / c["verify_steps"] if c["verify_steps"] else 0  # MoE layers per step
+    ev = c["experts_verify"] / layers if layers else 0.0
+    ep = c["experts_plain"] / layers if layers else 0.0
+    return {"enabled": True, "method": speculative, **c,
+            "acceptance_rate": c["accepted_tokens"] / c["draft_tokens"] if c["draft_tokens"] else 0.0,
+            "tokens_per_verify": (c["accepted_tokens"] + c["verified"]) / c["verified"] if c["verified"] else 0.0,
+            "experts_per_layer_verify": ev, "experts_per_layer_plain": ep,
+            "expert_bytes_per_step_verify": ev * per_step * expert_bytes,
+            "expert_bytes_per_step_plain": ep * per_step * expert_bytes}
