@@ -99,6 +99,7 @@ class SpeculativeSpec:
     method: Literal["ngram"]
     k: int  # draft tokens verified per sequence and step (the lookahead the scheduler budgets)
     max_ngram: int = 3  # ngram: the longest suffix looked up in the sequence's own tokens
+    min_ngram: int = 2  # ngram: the shortest (1-gram matches guess badly: engine/speculative/ngram.py)
 
 
 SPECULATIVE_FORMS = "ngram:K (K draft tokens from the sequence's own earlier tokens, 1 <= K <= 16)"

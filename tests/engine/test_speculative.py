@@ -146,6 +146,8 @@ def test_lookahead_is_cut_to_the_free_blocks_and_never_preempts(model):
 def test_ngram_lookup_takes_the_latest_longest_match():
     assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 3, 3) == [7, 5, 1]  # the latest 3-gram match
     assert lookup([4, 1, 2, 8, 2], 2, 3) == [8, 2]  # no 3- or 2-gram match: the last 1-gram
+    assert lookup([4, 1, 2, 8, 2], 2, 3, min_ngram=2) == []  # 1-grams not asked for
+    assert lookup([7, 1, 2, 9, 1, 2], 2, 3, min_ngram=2) == [9, 1]
     assert lookup([1, 2, 3], 4, 3) == []  # nothing repeats
     assert lookup([5, 5], 4, 3) == [5]  # stops at the known tokens
     assert lookup([1, 2, 1, 2], 0, 3) == []

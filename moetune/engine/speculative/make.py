@@ -8,4 +8,4 @@ from moetune.engine.speculative.ngram import NgramSpeculator
 
 
 def make_speculator(spec: SpeculativeSpec) -> Speculator:
-    return NgramSpeculator(spec.k, spec.max_ngram)
+    return NgramSpeculator(spec.k, spec.max_ngram, spec.min_ngram)
