@@ -4,8 +4,9 @@ Requests may be added or aborted between any two steps (continuous batching); ea
 decodes of running sequences with (chunks of) new prompts under the scheduler's token budget. The
 KV cache is paged and shared through prefix caching. With `engine.speculative` a speculator
 drafts tokens for each decoding sequence before the step, the step verifies them (1 to k + 1
-tokens per sequence: engine/speculative/), and the KV of rejected draft tokens is rolled back. `Generator` wraps this for batch generation
-and streaming; a server drives `step()` from its own loop.
+tokens per sequence: engine/speculative/), and the KV of rejected draft tokens is rolled back.
+`Generator` wraps this for batch generation and streaming; a server drives `step()` from its own
+loop.
 
 A sequence whose sampling or stop check fails is finished alone, with finish_reason "error" and
 the reason in `RequestOutput.error`; the step's other sequences carry on. Anything else that

@@ -7,10 +7,9 @@ decoding) then get up to their draft's length of lookahead tokens from what is l
 and the free blocks. Then waiting sequences are admitted (prefix-cache hits first count as
 computed) while budget, sequence slots and KV blocks last; a prompt longer than the remaining
 budget is split into chunks over several steps (chunked prefill), running beside the decodes of
-other sequences. When a running sequence needs a KV block
-and none is free, the latest-arrived running sequence is preempted: its blocks are freed and it
-waits to be recomputed from its tokens (preemption by recompute); no new sequence is admitted in
-that step.
+other sequences. When a running sequence needs a KV block and none is free, the latest-arrived
+running sequence is preempted: its blocks are freed and it waits to be recomputed from its tokens
+(preemption by recompute); no new sequence is admitted in that step.
 """
 
 from __future__ import annotations
