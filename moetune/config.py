@@ -82,7 +82,7 @@ class EngineConfig(_Section):
     prefix_caching: bool = True  # share full KV blocks of identical prompt prefixes
     chunked_prefill: bool = True  # split long prompts over steps, beside decodes
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
-    speculative: str | None = None  # "ngram:K": verify up to K drafted tokens per decode (engine/speculative/)
+    speculative: str | None = None  # "ngram:K" | "draft:DIR:K": K drafted tokens verified per decode
 
     @field_validator("speculative")
     @classmethod
@@ -96,23 +96,26 @@ class EngineConfig(_Section):
 class SpeculativeSpec:
     """A parsed `engine.speculative`: the speculator and how many tokens it drafts per step."""
 
-    method: Literal["ngram"]
+    method: Literal["ngram", "draft"]
     k: int  # draft tokens verified per sequence and step (the lookahead the scheduler budgets)
+    path: str | None = None  # draft: the draft model's checkpoint directory (or bundled name)
     max_ngram: int = 3  # ngram: the longest suffix looked up in the sequence's own tokens
     min_ngram: int = 2  # ngram: the shortest (1-gram matches guess badly: engine/speculative/ngram.py)
 
 
-SPECULATIVE_FORMS = "ngram:K (K draft tokens from the sequence's own earlier tokens, 1 <= K <= 16)"
+SPECULATIVE_FORMS = ("ngram:K (K draft tokens from the sequence's own earlier tokens) or draft:DIR:K (K tokens "
+                     "a smaller checkpoint DIR with the same vocabulary decodes greedily), 1 <= K <= 16")
 
 
 def parse_speculative(text: str) -> SpeculativeSpec:
-    """'ngram:K' → SpeculativeSpec; anything else is a ValueError naming the accepted forms."""
+    """'ngram:K' | 'draft:DIR:K' → SpeculativeSpec; anything else is a ValueError naming the forms."""
     method, _, rest = text.partition(":")
-    if method in ("draft", "mtp"):
-        raise ValueError(f"speculative method '{method}' is not built yet; use {SPECULATIVE_FORMS}")
-    if method != "ngram" or not rest.isdigit() or not 1 <= int(rest) <= 16:
+    if method == "mtp":
+        raise ValueError(f"speculative method 'mtp' is not built yet; use {SPECULATIVE_FORMS}")
+    path, _, k = rest.rpartition(":") if method == "draft" else (None, "", rest)
+    if method not in ("ngram", "draft") or not k.isdigit() or not 1 <= int(k) <= 16 or path == "":
         raise ValueError(f"speculative '{text}' is not one of: {SPECULATIVE_FORMS}")
-    return SpeculativeSpec("ngram", int(rest))
+    return SpeculativeSpec(method, int(k), path)
 
 
 class TenantConfig(_Section):

@@ -23,8 +23,10 @@ TpSizeOpt = typer.Option(None, "--tp-size", help="Tensor-parallel ranks G: atten
 ExpertTpSizeOpt = typer.Option(None, "--expert-tp-size", help="Split each expert's intermediate dim over the G ranks "
                                                                "(1 or G; default: recipe, else --tp-size).")
 SpeculativeOpt = typer.Option(None, "--speculative", help="Speculative decoding: ngram:K drafts up to K tokens per "
-                                                           "decode from the sequence's own earlier tokens and "
-                                                           "verifies them in one step (default: recipe, else off).")
+                                                           "decode from the sequence's own earlier tokens, "
+                                                           "draft:DIR:K from a smaller checkpoint with the same "
+                                                           "vocabulary; one step verifies them (default: recipe, "
+                                                           "else off).")
 PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
 RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")
 

@@ -76,7 +76,10 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, num_blocks, config.block_size)
-        self.speculator = None if config.speculative is None else make_speculator(parse_speculative(config.speculative))
+        self.speculator = None
+        if config.speculative is not None:
+            spec = parse_speculative(config.speculative)
+            self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len)
         if self.speculator is not None:
             self.runner.experts = VerifyExperts()
         self.stats = EngineStats()

@@ -188,3 +188,26 @@ def test_a_verify_step_counts_the_experts_it_wakes_against_a_plain_decode(model)
             assert ex.plain == K * ex.layers
             assert K * ex.layers < ex.verify <= min(E, 5 * K) * ex.layers
         assert ex.plain <= ex.verify <= E * ex.layers
+
+
+@pytest.fixture(scope="module")
+def drafts(model, tmp_path_factory):
+    """The target's own checkpoint again (seed 0: the same weights) and another random one of its
+    type and vocabulary (seed 1: a poor draft)."""
+    return {which: build_checkpoint(model.spec.model_type, tmp_path_factory.mktemp(which), shard=False, seed=seed,
+                                    max_position_embeddings=512) for which, seed in (("itself", 0), ("another", 1))}
+
+
+@pytest.mark.parametrize("which", ["itself", "another"])
+def test_draft_model_greedy_equals_plain_decoding(model, drafts, which):
+    """The target as its own draft: (nearly) every draft accepted; another random model: nearly
+    every draft rejected. Either way plain decoding's tokens, with chunks and preemption."""
+    draft_dir = drafts[which]
+    reqs = _requests(24, VOCAB)
+    plain_out, spec_out, _, spec = _plain_and_speculative(model, reqs, f"draft:{draft_dir}:3",
+                                                          max_num_batched_tokens=64, num_kv_blocks=40)
+    assert spec_out == plain_out
+    st = spec.stats
+    assert st.draft_tokens > 0 and st.steps["mixed"] > 0
+    assert st.acceptance_rate > 0.9 if which == "itself" else st.acceptance_rate < 0.2
+    assert _all_free(spec)
