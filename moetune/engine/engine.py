@@ -79,7 +79,7 @@ class Engine:
         self.speculator = None
         if config.speculative is not None:
             spec = parse_speculative(config.speculative)
-            self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len)
+            self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine)
         if self.speculator is not None:
             self.runner.experts = VerifyExperts()
         self.stats = EngineStats()

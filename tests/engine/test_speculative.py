@@ -153,7 +153,8 @@ def test_ngram_lookup_takes_the_latest_longest_match():
     assert lookup([1, 2, 1, 2], 0, 3) == []
 
 
-def test_ngram_greedy_on_the_bundled_model_equals_plain_decoding():
+@pytest.mark.parametrize("speculative", ["ngram:5", "draft:stdlib-moe:3"])
+def test_greedy_on_the_bundled_model_equals_plain_decoding(speculative):
     model = load_model(resolve_model(None))
     tok_path = bundled_asset("prompts/stdlib-heldout.jsonl")
     from moetune.engine.tokenizer import load_tokenizer
@@ -162,11 +163,13 @@ def test_ngram_greedy_on_the_bundled_model_equals_plain_decoding():
     rows = [json.loads(line) for line in tok_path.read_text().splitlines()[:24]]
     rng = random.Random(0)
     reqs = [(tok.encode(r["prompt"])[:200], rng.randint(8, 48)) for r in rows]
-    plain_out, spec_out, _, spec = _plain_and_speculative(model, reqs, "ngram:5", max_num_batched_tokens=128,
-                                                          num_kv_blocks=64, block_size=16)
+    plain_out, spec_out, _, spec = _plain_and_speculative(model, reqs, speculative, max_num_batched_tokens=128,
+                                                          num_kv_blocks=40, block_size=16)
     assert spec_out == plain_out
     st = spec.stats
-    assert st.preemptions > 0 and st.accepted_tokens > 0 and st.accepted_tokens < st.draft_tokens
+    assert st.preemptions > 0 and st.accepted_tokens > 0
+    if speculative.startswith("ngram"):  # (the model as its own draft: every draft may be accepted)
+        assert st.accepted_tokens < st.draft_tokens
     assert _all_free(spec)
 
 

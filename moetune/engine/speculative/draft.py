@@ -21,9 +21,9 @@ from moetune.errors import MoetuneError
 
 
 class DraftModelSpeculator:
-    def __init__(self, k: int, draft_model, target_vocab: int, max_seqs: int, max_len: int):
-        from moetune.engine.engine import Engine  # the draft's own engine (no speculation of its own)
-
+    def __init__(self, k: int, draft_model, target_vocab: int, max_seqs: int, max_len: int, engine_class):
+        """`engine_class`: moetune.engine.engine.Engine, handed in by the target's engine (this
+        module does not import the engine that imports it)."""
         if draft_model.spec.vocab_size != target_vocab:
             raise MoetuneError(f"the draft model's vocabulary has {draft_model.spec.vocab_size:,} tokens, the "
                                f"target's {target_vocab:,}: a draft model must share the target's tokenizer")
@@ -33,7 +33,7 @@ class DraftModelSpeculator:
         # a full context per sequence: a propose reuses its sequence's cached blocks, then adds its tail
         config = EngineConfig(max_num_seqs=max_seqs, num_kv_blocks=max_seqs * per_seq, block_size=16,
                               max_num_batched_tokens=max(8192, max_seqs * 16), max_model_len=context)
-        self.engine = Engine(draft_model, None, frozenset(), config)
+        self.engine = engine_class(draft_model, None, frozenset(), config)  # no speculation of its own
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
         rids = {}
