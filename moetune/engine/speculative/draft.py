@@ -42,11 +42,15 @@ class DraftModelSpeculator:
                 ids = seq.token_ids(0, seq.num_tokens)
                 rids[seq.seq_id] = self.engine.add_request(ids, SamplingParams(max_tokens=limit, ignore_eos=True))
         got: dict[int, list[int]] = {r: [] for r in rids.values()}
-        with torch.inference_mode():
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
-                    if out.new_token >= 0:
-                        got[out.request_id].append(out.new_token)
+        try:
+            with torch.inference_mode():
+                while self.engine.has_unfinished():
+                    for out in self.engine.step():
+                        if out.new_token >= 0:
+                            got[out.request_id].append(out.new_token)
+        except BaseException:  # the target's step fails (its caller resets it); the draft starts clean too
+            self.engine.reset()
+            raise
         return [Draft(got[rids[s.seq_id]] if s.seq_id in rids else []) for s in seqs]
 
     def accepted(self, seq: Sequence, num_accepted: int) -> None:
