@@ -24,7 +24,7 @@ def _quiet(_what: str) -> ContextManager:
 class BenchResult:
     rows: list[BenchRow]  # ours, then the reference's (with `against`)
     limits: Limits
-    title: str  # model · dtype · device · threads
+    title: str  # model · dtype · device · threads (· speculative)
 
 
 def run_bench(target, settings: BenchSettings, against: str | None = None, status: Status = _quiet,
@@ -53,7 +53,8 @@ def run_bench(target, settings: BenchSettings, against: str | None = None, statu
     else:
         with status("moetune ..."):
             rows = bench_moetune(ours, settings, sampler, on_workload)
-    return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}")
+    spec = f" · speculative {settings.speculative}" if settings.speculative else ""
+    return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}{spec}")
 
 
 def _threads(dev) -> str:

@@ -9,7 +9,7 @@ import typer
 from moetune.cli.options import ModelArgs, model_options
 
 
-@model_options("ep", "tp")
+@model_options("ep", "tp", "spec")
 def bench(
     against: Optional[str] = typer.Option(None, "--against", help="Also run 'transformers' on the same weights "
                                           "(both loaded; each workload's runs take turns with the reference's)."),
@@ -30,11 +30,14 @@ def bench(
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
     cfg = m.checked()
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
-    settings = _settings(prefill_len, decode_steps, runs)
+    settings = _settings(prefill_len, decode_steps, runs, cfg.engine.speculative)
     _check_fits(target, settings, reference=against is not None)
     if cfg.parallel.world > 1:
         if against:
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1 --tp-size 1")
+        if settings.speculative:
+            raise MoetuneError("bench --speculative runs on one process (the ranks' bench decodes plainly); "
+                               "drop it or use --ep-size 1")
         return _print_ranks(cfg, settings)
     from moetune.bench.report import bench_table, limits_lines
 
@@ -67,10 +70,10 @@ def _run(target, settings, against):
         return run_bench(target, settings, against, status=status, on_workload=on_workload)
 
 
-def _settings(prefill_len: int, decode_steps: int, runs: int):
+def _settings(prefill_len: int, decode_steps: int, runs: int, speculative: str | None = None):
     from moetune.bench.throughput import BenchSettings  # imports torch; only after the argument checks
 
-    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs, speculative=speculative)
 
 
 def _check_fits(target, s, reference: bool = False) -> None:

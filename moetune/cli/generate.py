@@ -10,7 +10,7 @@ import typer
 from moetune.cli.options import ModelArgs, flag, model_options
 
 
-@model_options("ep", "tp")
+@model_options("ep", "tp", "spec")
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens to generate at most."),

@@ -36,6 +36,11 @@ TpSizeOpt = typer.Option(None, "--tp-size", help="Tensor-parallel ranks G: atten
                                                  "R × G ranks.")
 ExpertTpSizeOpt = typer.Option(None, "--expert-tp-size", help="Split each expert's intermediate dim over the G ranks "
                                                                "(1 or G; default: recipe, else --tp-size).")
+SpeculativeOpt = typer.Option(None, "--speculative", help="Speculative decoding: ngram:K drafts up to K tokens per "
+                                                           "decode from the sequence's own earlier tokens, "
+                                                           "draft:DIR:K from a smaller checkpoint with the same "
+                                                           "vocabulary; one step verifies them (default: recipe, "
+                                                           "else off).")
 PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
 RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")
 
@@ -67,7 +72,8 @@ SloTpotOpt = typer.Option(None, "--slo-tpot-ms", help="Goodput: a request's TPOT
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
                placement: Optional[str] = None, redundant_experts: Optional[int] = None,
-               threads: Optional[int] = None, tp_size: Optional[int] = None, expert_tp_size: Optional[int] = None):
+               threads: Optional[int] = None, tp_size: Optional[int] = None, expert_tp_size: Optional[int] = None,
+               speculative: Optional[str] = None):
     """Recipe (or defaults) with command-line flags applied on top."""
     from moetune.cli.checks import recipe_file
     from moetune.config import RunConfig, load_recipe, parse_config
@@ -80,18 +86,21 @@ def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str]
     par = {"ep_size": ep_size, "placement": placement, "redundant_experts": redundant_experts, "tp_size": tp_size,
            "expert_tp_size": expert_tp_size}
     parallel = {**cfg.parallel.model_dump(), **{k: v for k, v in par.items() if v is not None}}
-    return parse_config({**cfg.model_dump(), "model": model_section, "parallel": parallel}, source="command line")
+    engine = {**cfg.engine.model_dump(), **({"speculative": speculative} if speculative is not None else {})}
+    return parse_config({**cfg.model_dump(), "model": model_section, "parallel": parallel, "engine": engine},
+                        source="command line")
 
 
 def checked_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
                    device: Optional[str] = None, kernel_backend: Optional[str] = None, ep_size: Optional[int] = None,
                    placement: Optional[str] = None, redundant_experts: Optional[int] = None,
-                   threads: Optional[int] = None, tp_size: Optional[int] = None, expert_tp_size: Optional[int] = None):
+                   threads: Optional[int] = None, tp_size: Optional[int] = None, expert_tp_size: Optional[int] = None,
+                   speculative: Optional[str] = None):
     """`run_config` plus the checks a config needs before anything is loaded (a known device)."""
     from moetune.cli import checks
 
     cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
-                     tp_size, expert_tp_size)
+                     tp_size, expert_tp_size, speculative)
     checks.device(cfg.model.device)
     checks.quant_formats(cfg.quant)
     return cfg
@@ -119,6 +128,7 @@ class ModelArgs:
     redundant_experts: Optional[int] = None
     tp_size: Optional[int] = None
     expert_tp_size: Optional[int] = None
+    speculative: Optional[str] = None
 
     def config(self, **override):
         """The recipe (or defaults) with these flags on top (`override`: e.g. ep_size=None for profile)."""
@@ -167,7 +177,8 @@ DEVICE = [("dtype", Optional[str], DtypeOpt), ("device", Optional[str], DeviceOp
 EP = [("ep_size", Optional[int], EpSizeOpt), ("placement", Optional[str], PlacementOpt),
       ("redundant_experts", Optional[int], RedundantOpt)]
 TP = [("tp_size", Optional[int], TpSizeOpt), ("expert_tp_size", Optional[int], ExpertTpSizeOpt)]
-GROUPS = {"source": SOURCE, "device": DEVICE, "ep": EP, "tp": TP}
+SPEC = [("speculative", Optional[str], SpeculativeOpt)]
+GROUPS = {"source": SOURCE, "device": DEVICE, "ep": EP, "tp": TP, "spec": SPEC}
 WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optional[int], InputLenOpt),
             ("output_len", Optional[int], OutputLenOpt), ("concurrency", Optional[int], ConcurrencyOpt),
             ("request_rate", Optional[float], RateOpt), ("warmup_requests", Optional[int], WarmupOpt),

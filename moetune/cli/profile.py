@@ -9,7 +9,7 @@ import typer
 from moetune.cli.options import ModelArgs, flag, model_options
 
 
-@model_options("ep", "tp")
+@model_options("ep", "tp", "spec")
 def profile(
     prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL with a 'prompt' field, or text: one per line "
                                                                   "(default: the bundled held-out prompts)."),

@@ -9,7 +9,7 @@ import typer
 from moetune.cli.options import ModelArgs, apply_threads, model_options
 
 
-@model_options("ep", "tp")
+@model_options("ep", "tp", "spec")
 def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default: recipe, else 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port (default: recipe, else 8000; 0 = any free port)."),

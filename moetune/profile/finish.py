@@ -60,7 +60,7 @@ def quant_summary(model) -> dict:
 
 
 def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
-               kv_bytes: int) -> dict:
+               kv_bytes: int, speculative: dict | None = None) -> dict:
     """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
     from moetune.profile.rates import model_dims
     from moetune.profile.tables import build_tables
@@ -68,13 +68,15 @@ def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, l
     dims = model_dims(profiler.model).as_dict()
     trace = profiler.trace()
     tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
-    return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes),
-                     model_dir)
+    return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes,
+                                                  speculative=speculative), model_dir)
 
 
 def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunParts, model_dir: Path) -> dict:
     import yaml
 
+    from moetune.bench.roofline import expert_bytes
+    from moetune.engine.speculative.experts import speculative_summary
     from moetune.profile.analysis import summarize
     from moetune.profile.env import environment
     from moetune.profile.memory import memory_breakdown
@@ -95,6 +97,8 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
         offload=offload_summary(model.experts),
         quant=quant_summary(model),
         capacity_applied=capacity_applied(model, cfg),
+        speculative=speculative_summary(cfg.engine.speculative, parts.speculative, expert_bytes(model))
+        if parts.speculative is not None else {"enabled": False},
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)

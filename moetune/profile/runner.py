@@ -70,6 +70,7 @@ def engine_for(config: RunConfig, w: Workload, texts: list[str], context: int) -
 def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generator, requests, layout,
                   model_dir: Path, on_step: Hooks | None, final: Path | None = None) -> dict:
     from moetune.engine.build import capacity_counts
+    from moetune.engine.speculative.experts import speculative_counters
     from moetune.profile.nvml import NvmlSampler
     from moetune.profile.probe import Profiler
 
@@ -86,12 +87,16 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
             model.experts.drain()  # the store's counters (offloading) cover measured steps only
             model.experts.reset_stats()
             capacity_counts(model, reset=True)  # so are the capacity's dropped / buffered copies
+            engine = generator.engine
+            before = speculative_counters(engine.stats, engine.runner.experts)
             with torch_trace(tmp if settings.trace else None, model.device, final) as step:
                 profiler.trace_step = step
                 for group in groups:
                     generator.generate(group, greedy_params(w.output_len))
+            after = speculative_counters(engine.stats, engine.runner.experts)
         finally:
             profiler.detach(generator.engine)
-    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, generator.engine.runner.cache.nbytes())
+    spec = {k: after[k] - before[k] for k in after} if engine.speculator is not None else None
+    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, engine.runner.cache.nbytes(), spec)
 
 

@@ -127,3 +127,4 @@ class RunParts:
     nvml_summary: dict
     kv_bytes: int
     ranks: dict | None = None  # runs on R ranks: dispatcher counters, wire row bytes, dispatch dtype
+    speculative: dict | None = None  # speculative-decoding counters over the measured steps (engine.speculative)

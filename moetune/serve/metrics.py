@@ -64,6 +64,7 @@ class _EngineCollector:
             ("moetune_engine_healthy", "1 while the engine takes requests, 0 once it failed and could not be "
              "reset (the server then exits non-zero)", s.healthy),
             ("moetune_engine_resets", "Times the engine was reset after a step failed", s.resets),
+            *_speculative(s),
         ]:
             yield GaugeMetricFamily(name, doc, value=value)
         load = GaugeMetricFamily("moetune_expert_load", "Token copies routed to each expert over the last "
@@ -91,3 +92,21 @@ class _EngineCollector:
                                 ("p90", np.quantile(per_step, 0.9)), ("max", per_step.max())):
                 g.add_metric([name], float(value))
         return g
+
+
+def _speculative(s: WorkerSnapshot) -> list[tuple[str, str, float]]:
+    """Speculative decoding since start (all 0 without engine.speculative)."""
+    per_layer = 1 / s.expert_layers if s.expert_layers else 0.0
+    return [
+        ("moetune_spec_verify_steps", "Engine steps that verified draft tokens", s.verify_steps),
+        ("moetune_spec_draft_tokens", "Draft tokens verified", s.draft_tokens),
+        ("moetune_spec_accepted_tokens", "Draft tokens the target model accepted", s.accepted_tokens),
+        ("moetune_spec_acceptance_rate", "Accepted / verified draft tokens",
+         s.accepted_tokens / s.draft_tokens if s.draft_tokens else 0.0),
+        ("moetune_spec_tokens_per_verify", "Tokens a sequence gained per verify (accepted drafts + 1)",
+         (s.accepted_tokens + s.verified) / s.verified if s.verified else 0.0),
+        ("moetune_spec_experts_per_layer_verify", "Distinct experts an MoE layer computed per verify step "
+         "(the step's decode rows: last tokens and drafts)", s.experts_verify * per_layer),
+        ("moetune_spec_experts_per_layer_plain", "Distinct experts the same steps' last tokens alone route to "
+         "(a plain decode step at the same batch)", s.experts_plain * per_layer),
+    ]

@@ -72,6 +72,15 @@ class WorkerSnapshot:
     computed_tokens: int = 0
     healthy: int = 1  # 0 once the engine failed and could not be reset
     resets: int = 0  # times the engine was reset after a failed step
+    # speculative decoding (engine.speculative), since start: verify steps, draft tokens verified and
+    # accepted, Σ over verify steps × MoE layers of the distinct experts woken / a plain decode's
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verified: int = 0
+    experts_verify: int = 0
+    experts_plain: int = 0
+    expert_layers: int = 0
 
 
 class CommandWorker:
@@ -297,6 +306,11 @@ class EngineWorker(CommandWorker):
         snap.preemptions = e.stats.preemptions
         snap.prefix_cache_hit_tokens = e.stats.prefix_cache_hit_tokens
         snap.computed_tokens = e.stats.computed_tokens
+        st, ex = e.stats, e.runner.experts
+        snap.verify_steps, snap.draft_tokens, snap.accepted_tokens = st.verify_steps, st.draft_tokens, st.accepted_tokens
+        snap.verified = st.verified
+        if ex is not None:
+            snap.experts_verify, snap.experts_plain, snap.expert_layers = ex.verify, ex.plain, ex.layers
 
 
 def _refuse(cmd: tuple, reason: str, event: str = "failed") -> None:
