@@ -104,6 +104,9 @@ def test_a_simulated_study_over_the_capacity_knob_prices_drop_buffer_and_none_ap
     assert float(dropped[("drop", "1.0")]) > float(dropped[("drop", "1.5")]) > 0 and dropped[("none", "1.0")] == ""
     assert result.winner.params["capacity_policy"] == "drop"  # the fastest: the report shows what it drops
     assert "| dropped |" in (out / "report.md").read_text()
+    for engine in ("vllm", "sglang"):  # neither has a capacity flag: said, and re-priced dropless
+        launch = (out / f"winner.{engine}.sh").read_text()
+        assert "NOT as priced" in launch and "capacity drop at factor 1" in launch, launch
 
 
 def test_the_simulated_study_refuses_what_it_cannot_price_and_says_why(run_dir, tmp_path):
