@@ -13,60 +13,31 @@ ratio per block pair (median, interquartile, min, max). Models: `make_cpu_bench_
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
+
+from ab_blocks import alternate, arguments, decoding_engine, load, ratios, threads
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    p = arguments(__doc__, [1, 16])
     p.add_argument("--experts", choices=["fp32", "int8"], default="fp32")
-    p.add_argument("--blocks", type=int, default=12, help="blocks of 6 steps per side")
-    p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
 
-    from moetune.engine.threads import choose_wait_policy, use_threads
-
-    choose_wait_policy()
-    use_threads(args.threads)
-    from moetune.bench.throughput import BenchSettings, _engine, random_prompts
-    from moetune.config import parse_config
-    from moetune.engine.build import build_model
-    from moetune.engine.sampling import SamplingParams
+    threads(args.threads)
     from moetune.kernels.cpu import experts as kernel
 
     for batch in args.batch:
-        model = build_model(parse_config({"model": {"path": args.model}}, source="ab"))
+        model = load(args.model)
         if args.experts == "int8":
             from bench_cpu_decode import quantize_experts
 
             quantize_experts(model, "int8")
-        steps = 10 + 2 * args.blocks * 7  # warm-up, then per block one switch step and six timed ones
-        engine = _engine(model, BenchSettings(decode_batches=(batch,), decode_context=32, decode_steps=steps))
-        for prompt in random_prompts(model.spec.vocab_size, batch, 32, 1).tolist():
-            engine.add_request(prompt, SamplingParams(max_tokens=steps + 1, ignore_eos=True))
-        for _ in range(10):
-            engine.step()
-        times: dict[str, list[float]] = {"split": [], "auto": []}
-        for block in range(2 * args.blocks):
-            side = ("split", "auto")[(block + block // 2) % 2]  # split auto auto split split auto ...
-            kernel.SCHEDULE = side
-            engine.step()  # untimed: the switch
-            steps = []
-            for _ in range(6):
-                start = time.perf_counter()
-                engine.step()
-                steps.append(time.perf_counter() - start)
-            times[side].append(statistics.median(steps))
+        engine = decoding_engine(model, batch, 2, args.blocks)
+        times = alternate(engine, ("split", "auto"), args.blocks, lambda side: setattr(kernel, "SCHEDULE", side))
         kernel.SCHEDULE = "auto"
-        ratios = sorted(a / b for a, b in zip(times["split"], times["auto"]))
-        q = len(ratios) // 4
         print(f"{args.model} b={batch} {args.experts}: split {statistics.median(times['split']) * 1e3:.2f} ms, "
-              f"auto {statistics.median(times['auto']) * 1e3:.2f} ms, split/auto per block pair: median "
-              f"{statistics.median(ratios):.3f} [{ratios[q]:.3f}-{ratios[-1 - q]:.3f}] min {ratios[0]:.3f} "
-              f"max {ratios[-1]:.3f}")
+              f"auto {statistics.median(times['auto']) * 1e3:.2f} ms, split/auto per block pair: "
+              f"{ratios(times['split'], times['auto'])}")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ values are `RecipeError`s naming the key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from moetune.errors import RecipeError
 
@@ -37,7 +38,7 @@ class ParallelConfig(_Section):
     placement: str = "contiguous"  # a policy (contiguous | round_robin) or a placement JSON (moetune placement)
     redundant_experts: int = Field(0, ge=0)  # N extra slots for hot-expert replicas (policy placements)
     capacity_factor: float | None = Field(None, gt=0)  # per-expert capacity ceil(cf·T·K/E) per rank's step
-    capacity_policy: Literal["none", "drop", "reroute"] = "none"  # overflow copies: kept / dropped / next-best
+    capacity_policy: Literal["none", "drop", "reroute", "buffer"] = "none"  # overflow: kept / dropped / next-best / 2nd pass
     dispatch_dtype: Literal["auto", "bf16", "fp16"] = "auto"  # all-to-all rows: auto = the model dtype
     timeout_s: float = Field(120.0, gt=0)  # a collective waiting longer fails (a rank died or hangs)
 
@@ -81,6 +82,42 @@ class EngineConfig(_Section):
     prefix_caching: bool = True  # share full KV blocks of identical prompt prefixes
     chunked_prefill: bool = True  # split long prompts over steps, beside decodes
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
+    scheduling: Literal["fcfs", "affinity"] = "fcfs"  # admission order (engine/affinity.py)
+    affinity_max_wait: int = Field(8, ge=1)  # steps a request may wait beyond FCFS order's admission (affinity)
+    speculative: str | None = None  # "ngram:K" | "draft:DIR:K": K drafted tokens verified per decode
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_speculative(value)
+        return value
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """A parsed `engine.speculative`: the speculator and how many tokens it drafts per step."""
+
+    method: Literal["ngram", "draft"]
+    k: int  # draft tokens verified per sequence and step (the lookahead the scheduler budgets)
+    path: str | None = None  # draft: the draft model's checkpoint directory (or bundled name)
+    max_ngram: int = 3  # ngram: the longest suffix looked up in the sequence's own tokens
+    min_ngram: int = 2  # ngram: the shortest (1-gram matches guess badly: engine/speculative/ngram.py)
+
+
+SPECULATIVE_FORMS = ("ngram:K (K draft tokens from the sequence's own earlier tokens) or draft:DIR:K (K tokens "
+                     "a smaller checkpoint DIR with the same vocabulary decodes greedily), 1 <= K <= 16")
+
+
+def parse_speculative(text: str) -> SpeculativeSpec:
+    """'ngram:K' | 'draft:DIR:K' → SpeculativeSpec; anything else is a ValueError naming the forms."""
+    method, _, rest = text.partition(":")
+    if method == "mtp":
+        raise ValueError(f"speculative method 'mtp' is not built yet; use {SPECULATIVE_FORMS}")
+    path, _, k = rest.rpartition(":") if method == "draft" else (None, "", rest)
+    if method not in ("ngram", "draft") or not k.isdigit() or not 1 <= int(k) <= 16 or path == "":
+        raise ValueError(f"speculative '{text}' is not one of: {SPECULATIVE_FORMS}")
+    return SpeculativeSpec(method, int(k), path)
 
 
 class TenantConfig(_Section):
@@ -146,7 +183,10 @@ class OffloadConfig(_Section):
     tier: Literal["host", "disk"] = "host"  # where non-resident experts live
     dir: str | None = None  # disk tier: directory for the expert blobs (None: a temporary one)
     prefetch_depth: int = Field(1, ge=0, le=3)  # layers ahead whose experts are predicted and fetched
-    warm_start: str | None = None  # run directory: start with each layer's most loaded experts resident
+    warm_start: str | None = None  # run directory or JSON loads file: the most loaded experts loaded first
+    demote_after: int = Field(0, ge=0)  # steps an expert may stay resident unused, then demoted (0: never)
+    hints: Literal["router", "history", "both"] = "router"  # prefetch from the next layers' routers, the
+    # sequences' routing history (traces beside the KV blocks), or both (experts/offload.py)
 
     @model_validator(mode="after")
     def _one_capacity(self) -> "OffloadConfig":
@@ -194,6 +234,16 @@ class RunConfig(_Section):
             raise ValueError(f"offload with parallel.ep_size={p.ep_size} and redundant_experts={p.redundant_experts} "
                              "is not supported yet (offloading runs on one rank without replicas); drop the offload "
                              "section or use ep_size 1 and redundant_experts 0")
+        return self
+
+
+    @model_validator(mode="after")
+    def _speculative_on_one_group(self) -> "RunConfig":
+        """A verify step's sampled acceptance would need one draw agreed across a tensor-parallel
+        group (as `TPComm.agree` does for one token); not built yet, so refused before anything loads."""
+        if self.engine.speculative is not None and self.parallel.group_size > 1:
+            raise ValueError(f"engine.speculative with parallel.tp_size={self.parallel.tp_size} (expert_tp_size="
+                             f"{self.parallel.expert_tp}) is not supported yet; use tp_size 1 or drop speculative")
         return self
 
 

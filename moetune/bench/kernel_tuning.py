@@ -39,7 +39,7 @@ class RoutingRecorder:
 
 def tune_kernels(model: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str | None = None,
                          dtype: str = "bfloat16", search: str = "small", tokens: int = 4096,
-                         max_layers: int = 4) -> list[Path]:
+                         max_layers: int = 4, device: str = "cuda") -> list[Path]:
     """Tune and write `E=..,N=..,device_name=..json` (w13) and its `_down` twin (w2); returns the paths."""
     import torch
 
@@ -56,7 +56,7 @@ def tune_kernels(model: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, o
     from moetune.model.registry import resolve_model
 
     model_dir = resolve_model(model)
-    net = load_model(model_dir, dtype=getattr(torch, dtype), device="cuda", kernel_backend="triton")
+    net = load_model(model_dir, dtype=getattr(torch, dtype), device=device, kernel_backend="triton")
     routing = record_routing(net, _prompt_tokens(model_dir, tokens, net.spec.vocab_size))
     layers = sorted(routing)[:max_layers]
     E, N = net.spec.moe.num_experts, net.spec.moe.intermediate_size
@@ -64,7 +64,7 @@ def tune_kernels(model: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, o
                     on_batch=lambda m, u, d: print(f"M={m}: w13 {u.to_json()}  w2 {d.to_json()}", file=sys.stderr))
     target = Path(out_dir) if out_dir else CONFIG_DIR
     target.mkdir(parents=True, exist_ok=True)
-    name = device_name(torch.device("cuda"))
+    name = device_name(torch.device(device))
     paths = [target / config_file_name(E, N, name, gemm="up"), target / config_file_name(E, N, name, gemm="down")]
     save_table(paths[0], up)
     save_table(paths[1], down)

@@ -24,12 +24,14 @@ def _quiet(_what: str) -> ContextManager:
 class BenchResult:
     rows: list[BenchRow]  # ours, then the reference's (with `against`)
     limits: Limits
-    title: str  # model · dtype · device · threads
+    title: str  # model · dtype · device · threads (· speculative)
     precision: str = ""  # the format of each part timed (`bench/precision.py`)
 
 
-def run_bench(target, settings: BenchSettings, against: str | None = None, status: Status = _quiet) -> BenchResult:
-    """target: engine.target.Target (R = 1). against: None or "transformers"."""
+def run_bench(target, settings: BenchSettings, against: str | None = None, status: Status = _quiet,
+              on_workload=None) -> BenchResult:
+    """target: engine.target.Target (R = 1). against: None or "transformers". on_workload: progress
+    (bench_moetune's)."""
     from moetune.bench.roofline import LimitSampler
     from moetune.bench.throughput import bench_moetune
     from moetune.engine.build import build_model
@@ -51,10 +53,11 @@ def run_bench(target, settings: BenchSettings, against: str | None = None, statu
         done()
     else:
         with status("moetune ..."):
-            rows = bench_moetune(ours, settings, sampler)
+            rows = bench_moetune(ours, settings, sampler, on_workload)
     from moetune.bench.precision import precision_line
 
-    return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}",
+    spec = f" · speculative {settings.speculative}" if settings.speculative else ""
+    return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}{spec}",
                        precision_line(ours))
 
 

@@ -30,6 +30,7 @@ class BenchSettings:
     decode_steps: int = 32
     runs: int = 3
     seed: int = 0
+    speculative: str | None = None  # engine.speculative of the moetune runs ("ngram:K"; None: plain decode)
 
 
 @dataclass(frozen=True)
@@ -91,22 +92,31 @@ def sampled_beside(plans: list[Planned], sampler: LimitSampler) -> list[Planned]
     return [replace(p, work=sampler.beside(p.work, p.workload, p.limit_kind)) for p in plans]
 
 
-def bench_moetune(model: MoETransformer, s: BenchSettings, sampler: LimitSampler | None = None) -> list[BenchRow]:
+def bench_moetune(model: MoETransformer, s: BenchSettings, sampler: LimitSampler | None = None,
+                  on_workload=None) -> list[BenchRow]:
     """Every workload of `plan_moetune`, timed one after the other; with a `sampler`, each run
-    preceded by a sample of the machine's limit, kept in the row."""
+    preceded by a sample of the machine's limit, kept in the row. on_workload: progress,
+    on_workload(done, total) before the first workload (done 0) and after each."""
     plans, done = plan_moetune(model, s)
     if sampler is not None:
         plans = sampled_beside(plans, sampler)
-    rows = [p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup),
-                  sampler.median(p.workload) if sampler is not None else 0.0) for p in plans]
+    rows = []
+    for i, p in enumerate(plans):
+        if on_workload is not None:
+            on_workload(i, len(plans))
+        rows.append(p.row(measure(p.work.fn, model.device, s.runs, warmup=WARMUP, setup=p.work.setup),
+                          sampler.median(p.workload) if sampler is not None else 0.0))
+    if on_workload is not None:
+        on_workload(len(plans), len(plans))
     done()
     return rows
 
 
 def plan_moetune(model: MoETransformer, s: BenchSettings) -> tuple[list[Planned], Callable[[], None]]:
     """Through the Engine, as a user's requests run: prefill = add one request of prefill_len tokens
-    and step once (forward + LM head on the last row + sample); decode = `decode_steps` steps of a
-    batch whose prompts (decode_context tokens each) were prefilled before the clock started. Returns
+    and step once (forward + LM head on the last row + sample); decode = `decode_steps` tokens per
+    sequence of a batch whose prompts (decode_context tokens each) were prefilled before the clock
+    started (`decode_steps` steps, fewer with `speculative`: the steps until they finish). Returns
     the workloads and a `done()` to call after timing them (it unhooks the expert counting). A decode
     row's weight bytes count the experts its runs routed to, so its row must be made right after its
     runs, before the next workload's."""
@@ -131,13 +141,17 @@ def plan_moetune(model: MoETransformer, s: BenchSettings) -> tuple[list[Planned]
                 engine.add_request(p, params)
             engine.step()  # the prefill, untimed; every sequence samples its first token
 
+        steps = [0]  # engine steps of the runs so far (speculation takes fewer than decode_steps)
+
         def decode(_) -> None:
             with routed.counting():
-                for _ in range(s.decode_steps):
+                while engine.has_unfinished():  # decode_steps tokens per sequence, however many steps
                     engine.step()
+                    steps[0] += 1
 
         def read() -> float:  # over the runs so far, warm-up included (each decodes the same tokens)
-            return s.decode_steps * dense_weight_bytes(model) + routed.take() * expert_bytes(model) / (s.runs + WARMUP)
+            per_run, steps[0] = steps[0] / (s.runs + WARMUP), 0
+            return per_run * dense_weight_bytes(model) + routed.take() * expert_bytes(model) / (s.runs + WARMUP)
 
         plans.append(Planned("moetune", f"decode b={b}", b * s.decode_steps, Work(decode, setup), bytes_read=read))
     return plans, routed.detach
@@ -192,6 +206,13 @@ class RoutedExperts:
     def settings(self):
         return self.store.settings
 
+    @property
+    def wants_hints(self) -> bool:
+        return self.store.wants_hints
+
+    def hint(self, layer: int, experts: list[int]) -> None:
+        self.store.hint(layer, experts)
+
     def layers(self) -> list[int]:
         return self.store.layers()
 
@@ -233,7 +254,8 @@ def _engine(model: MoETransformer, s: BenchSettings) -> Engine:
     """An engine whose step holds a whole workload: no chunking, no prefix sharing between runs."""
     B, bs = max(s.decode_batches), EngineConfig().block_size
     tokens = max(s.prefill_len, B * s.decode_context)
-    blocks = B * -(-(max(s.prefill_len, s.decode_context + s.decode_steps) + 1) // bs)
+    lookahead = 17 if s.speculative else 1  # a verify step's draft tokens need their KV slots too
+    blocks = B * -(-(max(s.prefill_len, s.decode_context + s.decode_steps) + lookahead) // bs)
     config = EngineConfig(max_num_seqs=B, max_num_batched_tokens=tokens, num_kv_blocks=blocks,
-                          prefix_caching=False, chunked_prefill=False)
+                          prefix_caching=False, chunked_prefill=False, speculative=s.speculative)
     return Engine(model, None, frozenset(), config)

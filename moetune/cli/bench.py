@@ -6,63 +6,75 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
-                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt)
+from moetune.cli.options import ModelArgs, model_options
 
 
+@model_options("ep", "tp", "spec")
 def bench(
-    model: Optional[str] = ModelOpt,
-    recipe: Optional[str] = RecipeOpt,
     against: Optional[str] = typer.Option(None, "--against", help="Also run 'transformers' on the same weights "
                                           "(both loaded; each workload's runs take turns with the reference's)."),
     prefill_len: int = typer.Option(512, "--prefill-len", min=1),
     decode_steps: int = typer.Option(32, "--decode-steps", min=1),
     runs: int = typer.Option(3, "--runs", min=3, help="Timed runs per workload (median reported)."),
-    dtype: Optional[str] = DtypeOpt,
-    device: Optional[str] = DeviceOpt,
-    kernel_backend: Optional[str] = BackendOpt,
-    ep_size: Optional[int] = EpSizeOpt,
-    placement: Optional[str] = PlacementOpt,
-    redundant_experts: Optional[int] = RedundantOpt,
-    threads: Optional[int] = ThreadsOpt,
-    tp_size: Optional[int] = TpSizeOpt,
-    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
+    m: ModelArgs = ModelArgs(),
 ) -> None:
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up, with the
     achieved GB/s (decode) and GFLOP/s (prefill) against the machine's limits measured in the same run."""
     from rich.console import Console
 
-    from moetune.cli.options import apply_threads, checked_config
+    from moetune.cli.options import apply_threads
     from moetune.engine.target import resolve_target
     from moetune.errors import MoetuneError
 
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
-                         tp_size, expert_tp_size)
+    cfg = m.checked()
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
-    settings = _settings(prefill_len, decode_steps, runs)
+    settings = _settings(prefill_len, decode_steps, runs, cfg.engine.speculative)
     _check_fits(target, settings, reference=against is not None)
     if cfg.parallel.world > 1:
         if against:
             raise MoetuneError("--against runs transformers on one process; drop it or use --ep-size 1 --tp-size 1")
+        if settings.speculative:
+            raise MoetuneError("bench --speculative runs on one process (the ranks' bench decodes plainly); "
+                               "drop it or use --ep-size 1")
         return _print_ranks(cfg, settings)
     from moetune.bench.report import bench_table, limits_lines
-    from moetune.bench.run import run_bench
 
     apply_threads(cfg)
     console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
-    result = run_bench(target, settings, against, status=console.status)
+    result = _run(target, settings, against)
     console.print(bench_table(result.rows, result.title, result.limits))
     console.print(result.precision, soft_wrap=True, highlight=False)
     for line in limits_lines(result.limits):
         console.print(line, soft_wrap=True, highlight=False)
 
 
-def _settings(prefill_len: int, decode_steps: int, runs: int):
+def _run(target, settings, against):
+    """run_bench with progress on stderr: its phases, then workload i of n."""
+    import contextlib
+
+    from moetune.bench.run import run_bench
+    from moetune.cli.progress import progress
+
+    with progress("bench") as bar:
+        def status(what: str):
+            bar.phase(what.rstrip(" ."))
+            return contextlib.nullcontext()
+
+        def on_workload(done: int, total: int) -> None:
+            if done == 0:
+                bar.phase("workloads", total=total)
+            bar.update(done=done)
+
+        bar.phase("loading model")
+        return run_bench(target, settings, against, status=status, on_workload=on_workload)
+
+
+def _settings(prefill_len: int, decode_steps: int, runs: int, speculative: str | None = None):
     from moetune.bench.throughput import BenchSettings  # imports torch; only after the argument checks
 
-    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs)
+    return BenchSettings(prefill_len=prefill_len, decode_steps=decode_steps, runs=runs, speculative=speculative)
 
 
 def _check_fits(target, s, reference: bool = False) -> None:

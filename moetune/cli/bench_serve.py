@@ -9,7 +9,8 @@ import typer
 
 def bench_serve(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Server base URL (without /v1)."),
-    num_prompts: int = typer.Option(200, "--num-prompts", help="Requests to send."),
+    num_prompts: int = typer.Option(200, "--num-requests", "--num-prompts", help="Requests to send (--num-prompts: "
+                                    "the same; vLLM's name)."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate", help="Requests/s, Poisson arrivals "
                                                                               "(default: all at once)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Requests in flight at most."),

@@ -6,12 +6,11 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, RecipeOpt
+from moetune.cli.options import ModelArgs, model_options
 
 
+@model_options()
 def eval_command(
-    model: Optional[str] = ModelOpt,
-    recipe: Optional[str] = RecipeOpt,
     reference: Optional[str] = typer.Option(None, "--reference", help="Reference checkpoint (default: the same "
                                             "checkpoint without the recipe's quant and offload sections)."),
     text: Optional[str] = typer.Option(None, "--text", help="Text file for perplexity (default: the bundled "
@@ -25,21 +24,19 @@ def eval_command(
     greedy_tokens: int = typer.Option(16, "--greedy-tokens", min=1),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the numbers as JSON to this file "
                                            "('-' = stdout only, as JSON)."),
-    dtype: Optional[str] = DtypeOpt,
-    device: Optional[str] = DeviceOpt,
-    kernel_backend: Optional[str] = BackendOpt,
+    m: ModelArgs = ModelArgs(),
 ) -> None:
     """Perplexity (--text or the bundled sample); mean KL, top-1 and greedy agreement vs --reference."""
     import json
     from pathlib import Path
 
     from moetune.cli import checks
-    from moetune.cli.options import checked_config
+    from moetune.cli.options import apply_threads
     from moetune.engine.target import resolve_target
 
     if json_out not in (None, "-"):
         checks.output_file("--json", Path(json_out))
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend)
+    cfg = m.checked()
     target = resolve_target(cfg)  # once: the checkpoint checked, device and dtype
     window = window if window is not None else min(512, target.spec.max_position)
     checks.context("--window", window, target.spec.max_position, "use a smaller --window")
@@ -51,6 +48,7 @@ def eval_command(
     body = _read_text(text)
     from moetune.cli.progress import progress
 
+    apply_threads(cfg)
     s = EvalSettings(window=window, max_windows=max_windows, num_prompts=num_prompts, greedy_tokens=greedy_tokens)
     with progress("eval") as bar:
         result = evaluate(target, ref_target, body, texts, s, bar)

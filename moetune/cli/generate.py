@@ -7,46 +7,36 @@ from typing import List, Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt,
-                                 RecipeOpt, RedundantOpt, ThreadsOpt, TpSizeOpt)
+from moetune.cli.options import ModelArgs, flag, model_options
 
 
+@model_options("ep", "tp", "spec")
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text."),
-    model: Optional[str] = ModelOpt,
-    recipe: Optional[str] = RecipeOpt,
     max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens to generate at most."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     stop: List[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos"),
-    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user message with the model's chat template."),
-    dtype: Optional[str] = DtypeOpt,
-    device: Optional[str] = DeviceOpt,
-    kernel_backend: Optional[str] = BackendOpt,
-    ep_size: Optional[int] = EpSizeOpt,
-    placement: Optional[str] = PlacementOpt,
-    redundant_experts: Optional[int] = RedundantOpt,
-    threads: Optional[int] = ThreadsOpt,
-    tp_size: Optional[int] = TpSizeOpt,
-    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
+    ignore_eos: bool = flag(False, "--ignore-eos"),
+    chat: bool = flag(False, "--chat", help="Wrap the prompt as a user message with the model's "
+                                                             "chat template."),
+    m: ModelArgs = ModelArgs(),
 ) -> None:
     """Generate a completion for one prompt, streamed to stdout."""
     import functools
 
     from moetune.cli import checks
     from moetune.cli.footprint import target_parts
-    from moetune.cli.options import apply_threads, checked_config
+    from moetune.cli.options import apply_threads
     from moetune.engine.target import resolve_target
 
     checks.sampling(max_tokens, temperature, top_p, top_k, seed)
     checks.text("--prompt", prompt)
     for s in stop:
         checks.text("--stop", s)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads,
-                         tp_size, expert_tp_size)
+    cfg = m.checked()
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     limit = target.spec.max_position
     if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too

@@ -6,13 +6,11 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, ExpertTpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt, TpSizeOpt)
+from moetune.cli.options import ModelArgs, flag, model_options
 
 
+@model_options("ep", "tp", "spec")
 def profile(
-    model: Optional[str] = ModelOpt,
-    recipe: Optional[str] = RecipeOpt,
     prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL with a 'prompt' field, or text: one per line "
                                                                   "(default: the bundled held-out prompts)."),
     num_requests: int = typer.Option(64, "--num-requests", help="Requests (prompts are cycled)."),
@@ -20,40 +18,31 @@ def profile(
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Cut or pad every prompt to this many tokens."),
     output_len: int = typer.Option(64, "--output-len", help="Tokens generated per request (EOS ignored)."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", help="Steps run first and excluded from all figures."),
-    ep_size: Optional[int] = typer.Option(None, "--ep-size", help="Expert-parallel ranks R: runs R ranks (spawned, or "
-                                                                  "torchrun's) and measures each (default: recipe, else 1)."),
     ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="Ranks per node (default: the recipe's; else ranks this command starts share one node, torchrun's LOCAL_WORLD_SIZE, a --what-if 1)."),
-    placement: Optional[str] = PlacementOpt,
-    redundant_experts: Optional[int] = RedundantOpt,
-    tp_size: Optional[int] = TpSizeOpt,
-    expert_tp_size: Optional[int] = ExpertTpSizeOpt,
-    what_if: bool = typer.Option(False, "--what-if", help="Do not start R ranks: compute EP-R traffic from one process."),
+    what_if: bool = flag(False, "--what-if", help="Do not start R ranks: compute EP-R traffic "
+                                                                       "from one process."),
     capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help="Count drops over ceil(cf·T·K/E)."),
-    trace: bool = typer.Option(False, "--trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
+    trace: bool = flag(False, "--trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<model>-<timestamp>)."),
-    report: bool = typer.Option(False, "--report", help="Also write RUN/report.html and RUN/report.md."),
-    overhead: bool = typer.Option(False, "--overhead", help="Only measure probe overhead (probes on vs off)."),
-    dtype: Optional[str] = DtypeOpt,
-    device: Optional[str] = DeviceOpt,
-    kernel_backend: Optional[str] = BackendOpt,
-    threads: Optional[int] = ThreadsOpt,
+    report: bool = flag(False, "--report", help="Also write RUN/report.html and RUN/report.md."),
+    overhead: bool = flag(False, "--overhead", help="Only measure probe overhead (probes on "
+                                                                          "vs off)."),
+    m: ModelArgs = ModelArgs(),
 ) -> None:
     """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
     from dataclasses import replace
     from pathlib import Path
 
     from moetune.cli import checks
-    from moetune.cli.options import apply_threads, checked_config
+    from moetune.cli.options import apply_threads
     from moetune.profile.runner import ProfileSettings
     from moetune.profile.workload import Workload
 
     workload = Workload(prompts, num_requests, batch_size, input_len, output_len, warmup_steps)
     workload.check()
     checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
-    cfg = checked_config(model, recipe, dtype, device, kernel_backend, placement=placement,
-                         redundant_experts=redundant_experts, threads=threads, tp_size=tp_size,
-                         expert_tp_size=expert_tp_size)
-    settings = ProfileSettings(cfg, workload, ep_size, ranks_per_node, capacity_factor, trace,
+    cfg = m.checked(ep_size=None)  # R ranks are the profile's own: ProfileSettings
+    settings = ProfileSettings(cfg, workload, m.ep_size, ranks_per_node, capacity_factor, trace,
                                Path(out) if out else None, what_if=what_if)
     if not overhead:
         checks.output_dir("--out", settings.out or settings.runs_root)

@@ -35,6 +35,7 @@ class PlainProgress:
         self.start = time.monotonic()
         self.begun = False
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="moetune-progress", daemon=True)
         self._thread.start()
@@ -46,7 +47,7 @@ class PlainProgress:
             self.name, self.total, self.done, self.note = name, total, 0, ""
             self.start = time.monotonic()
         if closing is not None:
-            print(closing, file=self.stream, flush=True)
+            self._emit(closing)
 
     def update(self, done: int | None = None, advance: int = 0, note: str | None = None) -> None:
         with self._lock:
@@ -76,7 +77,13 @@ class PlainProgress:
             with self._lock:
                 text = self.line() if self.begun else None
             if text is not None:
-                print(text, file=self.stream, flush=True)
+                self._emit(text)
+
+    def _emit(self, text: str) -> None:
+        """One whole line per write: the beat thread and a phase's closing line never interleave."""
+        with self._write_lock:
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
     def finish(self) -> None:
         """The work ended well: the last phase's closing line."""

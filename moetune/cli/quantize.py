@@ -6,10 +6,11 @@ from typing import Optional
 
 import typer
 
+from moetune.cli.options import ModelArgs, model_options
 
+
+@model_options("source")
 def quantize(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Checkpoint directory or bundled name "
-                                                                    "(default: stdlib-moe)."),
     policy: Optional[str] = typer.Option(None, "--policy", help="FORMAT for every expert (fp32 bf16 fp16 fp8 int8 "
                                          "int4-g32/64/128), or hot=F,high=FORMAT,low=FORMAT (needs --loads)."),
     table: Optional[str] = typer.Option(None, "--table", help="JSON precision table (moetune/quant/table.py)."),
@@ -18,12 +19,14 @@ def quantize(
     dense: Optional[str] = typer.Option(None, "--dense", help="int8 | int4-g32/64/128: pack every dense projection "
                                         "too (attention, dense and shared-expert MLPs, the LM head)."),
     out: str = typer.Option(..., "--out", "-o", help="Directory of the mixed checkpoint to write."),
+    m: ModelArgs = ModelArgs(),
 ) -> None:
     """Pack each routed expert in its own format (--policy / --table) and/or the dense projections
     (--dense); the router, norms and embedding are copied."""
     from pathlib import Path
 
     from moetune.cli import checks
+    from moetune.cli.options import apply_threads
     from moetune.errors import UsageError
     from moetune.model.registry import resolve_model
     from moetune.model.validate import read_spec, validate_checkpoint
@@ -32,7 +35,9 @@ def quantize(
         raise UsageError("give one of --policy or --table, not both")
     if policy is None and table is None and dense is None:
         raise UsageError("give --policy or --table (the experts' formats) and/or --dense (the dense projections')")
-    model_dir = resolve_model(model)
+    cfg = m.config()  # --recipe: its model (its quant and offload sections are a run's, not this checkpoint's)
+    apply_threads(cfg)
+    model_dir = resolve_model(cfg.model.path)
     if Path(out).absolute() == model_dir.absolute():
         raise UsageError(f"--out '{out}' is the source checkpoint; write the quantized one elsewhere")
     checks.output_dir("--out", Path(out))
@@ -51,7 +56,16 @@ def quantize(
 
     if precision is not None:
         check_precision(None, precision, spec, "torch")  # every refusal before writing
-    sizes = write_quantized(model_dir, spec, precision, Path(out), dense)
+    from moetune.cli.progress import progress
+
+    with progress("quantize") as bar:
+        if precision is not None:
+            bar.phase("packing layers", total=len(spec.moe_layers))
+        else:
+            bar.phase("packing the dense projections")
+        sizes = write_quantized(model_dir, spec, precision, Path(out), dense,
+                                on_layer=lambda done, _: bar.update(done=done))
+        bar.phase("writing the checkpoint")
     parts = []
     if precision is not None:
         mix = ", ".join(f"{n} {c}" for n, c in sorted(precision.counts().items()))

@@ -6,18 +6,12 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (ArrivalSeedOpt, CalibrateOnOpt, ConcurrencyOpt, RateOpt, RecalibrateOpt, SloTpotOpt,
-                                  SloTtftOpt, WarmupOpt)
+from moetune.cli.options import TraceArgs, flag, trace_options
 
 
+@trace_options("Base recipe (default: the run's model).")
 def search(
-    trace: str = typer.Option(..., "--trace", "-t", help="Run directory of `moetune profile` (routing + workload)."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Base recipe (default: the run's model)."),
     evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here)."),
-    hardware: str = typer.Option("this-machine", "--hardware", help="H100 | H200 | B200 | NxH200 | this-machine "
-                                                                    "| a YAML file."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes of the hardware."),
-    scale_model: Optional[str] = typer.Option(None, "--scale-model", help="config.json of a larger model."),
     study: str = typer.Option("moetune-search", "--study", help="Study name; the same name continues the study."),
     storage: Optional[str] = typer.Option(None, "--storage", help="RDB URL (default: sqlite:///OUT/study.db; "
                                                                   "postgresql://... for several workers)."),
@@ -29,49 +23,38 @@ def search(
     n_trials: int = typer.Option(40, "--n-trials", help="Trials in the study in total (all workers)."),
     seed: Optional[int] = typer.Option(0, "--seed", help="Sampler seed."),
     space: Optional[str] = typer.Option(None, "--space", help="YAML: knob → value or list (narrow or fix)."),
-    what_if: bool = typer.Option(False, "--what-if", help="Also search knobs a recipe cannot say yet "
+    what_if: bool = flag(False, "--what-if", help="Also search knobs a recipe cannot say yet "
                                  "(simulate only; none at present: every knob is a recipe key)."),
     max_mem_gb: Optional[float] = typer.Option(None, "--max-mem-gb", help="Constraint: peak GB per rank."),
     max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT."),
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT."),
     max_low_share: Optional[float] = typer.Option(None, "--max-low-share", help="Constraint (quality stand-in): "
                                                                                 "share of copies on low-bit experts."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests (default: the run's)."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens (default: the run's)."),
-    concurrency: Optional[int] = ConcurrencyOpt,
-    request_rate: Optional[float] = RateOpt,
-    warmup_requests: Optional[int] = WarmupOpt,
-    arrival_seed: int = ArrivalSeedOpt,
-    slo_ttft_ms: Optional[float] = SloTtftOpt,
-    slo_tpot_ms: Optional[float] = SloTpotOpt,
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
                                                     "failed and re-queued (after a crash)."),
     remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
-    allow_changed_inputs: bool = typer.Option(False, "--allow-changed-inputs", help="Continue a study under another "
+    allow_changed_inputs: bool = flag(False, "--allow-changed-inputs", help="Continue a study under another "
                                               "--trace or --space (refused by default: its trials would mix)."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
     hf_id: Optional[str] = typer.Option(None, "--hf-id", help="Model id the emitted vLLM/SGLang commands load "
                                         "(default: the run's checkpoint; $MODEL_DIR for a scaled model)."),
-    calibrate_on: str = CalibrateOnOpt,
-    recalibrate: bool = RecalibrateOpt,
+    w: TraceArgs = TraceArgs(""),
 ) -> None:
     """Search EP size, replicas, placement and batching knobs for the best deployment; emit the winner."""
     from pathlib import Path
 
     from moetune.cli import checks
-    from moetune.search.study.setup import Inputs
     from moetune.search.study.optuna_study import Constraints, StudySettings
 
-    for flag, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
+    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
-        checks.number(flag, value, 0, low_open=True)
+        checks.number(name, value, 0, low_open=True)
     checks.number("--remeasure", remeasure, 0)
     checks.number("--grace-s", grace_s, 2)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
     objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
-    if "goodput" in objectives and (slo_ttft_ms is None or slo_tpot_ms is None):
+    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
         from moetune.errors import UsageError
 
         raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
@@ -82,9 +65,7 @@ def search(
                                    allow_changed_inputs=allow_changed_inputs)
     from moetune.search.study.run import SearchSettings
 
-    inputs = Inputs(trace, hardware, nodes, recipe, scale_model, num_requests, input_len, output_len, calibrate_on,
-                    recalibrate, concurrency, request_rate, warmup_requests, arrival_seed, slo_ttft_ms, slo_tpot_ms)
-    settings = SearchSettings(inputs, study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id)
+    settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id)
     _run(settings)
 
 

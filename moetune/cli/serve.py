@@ -6,13 +6,11 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import (BackendOpt, DeviceOpt, DtypeOpt, EpSizeOpt, ModelOpt, PlacementOpt, RecipeOpt,
-                                 RedundantOpt, ThreadsOpt, apply_threads, run_config)
+from moetune.cli.options import ModelArgs, apply_threads, model_options
 
 
+@model_options("ep", "tp", "spec")
 def serve(
-    model: Optional[str] = ModelOpt,
-    recipe: Optional[str] = RecipeOpt,
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default: recipe, else 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port (default: recipe, else 8000; 0 = any free port)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),
@@ -21,31 +19,25 @@ def serve(
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Sequences running at once."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens",
                                                          help="Tokens computed per engine step."),
-    dtype: Optional[str] = DtypeOpt,
-    device: Optional[str] = DeviceOpt,
-    kernel_backend: Optional[str] = BackendOpt,
-    ep_size: Optional[int] = EpSizeOpt,
-    placement: Optional[str] = PlacementOpt,
-    redundant_experts: Optional[int] = RedundantOpt,
-    threads: Optional[int] = ThreadsOpt,
+    scheduling: Optional[str] = typer.Option(None, "--scheduling", help="Admission order: fcfs (default) or "
+                                             "affinity (requests whose experts the step already wakes first)."),
+    affinity_max_wait: Optional[int] = typer.Option(None, "--affinity-max-wait", help="Under affinity: steps a "
+                                                    "request may wait beyond its FCFS admission (default 8)."),
+    m: ModelArgs = ModelArgs(),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
     from moetune.config import parse_config
     from moetune.serve.server import run_server
 
-    cfg = run_config(model, recipe, dtype, device, kernel_backend, ep_size, placement, redundant_experts, threads)
+    cfg = m.config()
     serve_over = {"host": host, "port": port, "max_queue": max_queue}
-    engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                   "scheduling": scheduling, "affinity_max_wait": affinity_max_wait}
     data = cfg.model_dump()
     data["serve"].update({k: v for k, v in serve_over.items() if v is not None})
     data["engine"].update({k: v for k, v in engine_over.items() if v is not None})
     cfg = parse_config(data, source="command line")
-    if cfg.parallel.group_size > 1:  # the rank server hands requests to ranks, not to TP groups (yet)
-        from moetune.errors import MoetuneError
-
-        raise MoetuneError(f"moetune serve does not run tensor parallelism yet (the recipe sets parallel.tp_size="
-                           f"{cfg.parallel.tp_size}, expert_tp_size={cfg.parallel.expert_tp}); set both to 1 to serve")
-    if cfg.parallel.ep_size > 1:  # R ranks, one thread each on the CPU (engine/ep_launch.py)
+    if cfg.parallel.world > 1:  # ep_size × G ranks, one thread each on the CPU (engine/ep_launch.py)
         from moetune.serve.rank_server import run_rank_server
 
         run_rank_server(cfg, api_key)

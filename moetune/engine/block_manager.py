@@ -79,6 +79,16 @@ class BlockManager:
             if self._key_of[block] is None and h not in self._by_hash:
                 self._key_of[block], self._by_hash[h] = key, block
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (a verify step's rejected draft
+        tokens: their blocks were granted fresh this step and hold no committed prefix)."""
+        keep = self.blocks_for(num_tokens)
+        while len(seq.block_table) > keep:
+            block = seq.block_table.pop()
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self._free[block] = None
+
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks (last block first, so a prefix's tail is reused first)."""
         for block in reversed(seq.block_table):

@@ -82,11 +82,40 @@ def offload_factory(offload: OffloadConfig | None, spec: ModelSpec, device: torc
 
     E = spec.moe.num_experts
     capacity = offload.resident_experts or math.ceil(offload.resident_fraction * E - 1e-9)
-    warm = None
-    if offload.warm_start is not None:
-        warm = read_expert_loads(offload.warm_start, list(spec.moe_layers), E)
-    settings = OffloadSettings(capacity, offload.policy, offload.tier, offload.dir, offload.prefetch_depth)
+    warm = None if offload.warm_start is None else warm_loads(offload.warm_start, list(spec.moe_layers), E)
+    settings = OffloadSettings(capacity, offload.policy, offload.tier, offload.dir, offload.prefetch_depth,
+                               offload.hints, offload.demote_after)
     return lambda layers, _spec: OffloadingExpertStore(layers, spec.moe.router.top_k, settings, device, warm)
+
+
+def warm_loads(source: str, layers: list[int], num_experts: int):
+    """offload.warm_start → [Lm, E] loads: a run directory (profile, or serve's recording) or a JSON
+    loads file (`moetune placement --loads`' format: one list of E numbers per MoE layer)."""
+    if not str(source).endswith(".json"):
+        return read_expert_loads(source, layers, num_experts)
+    from moetune.errors import RecipeError
+    from moetune.moe.placement import read_loads
+
+    loads = read_loads(source)
+    if loads.shape != (len(layers), num_experts):
+        raise RecipeError(f"offload.warm_start '{source}' holds {loads.shape[0]} layers × {loads.shape[1]} experts; "
+                          f"this model has {len(layers)} MoE layers × {num_experts} experts")
+    return loads
+
+
+def capacity_counts(model, reset: bool = False) -> dict[str, int]:
+    """Copies the MoE layers' capacity dropped, rerouted and buffered (second pass) since the last
+    reset, summed over layers; `reset` zeroes them after reading."""
+    from moetune.moe.layer import MoELayer
+
+    out = {"dropped": 0, "rerouted": 0, "buffered": 0}
+    for layer in model.layers:
+        if isinstance(layer.mlp, MoELayer):
+            for k in out:
+                out[k] += getattr(layer.mlp, k)
+            if reset:
+                layer.mlp.reset_counts()
+    return out
 
 
 def set_capacity(model, factor: float | None, policy: str) -> None:

@@ -2,8 +2,11 @@
 
 Requests may be added or aborted between any two steps (continuous batching); each step mixes
 decodes of running sequences with (chunks of) new prompts under the scheduler's token budget. The
-KV cache is paged and shared through prefix caching. `Generator` wraps this for batch generation
-and streaming; a server drives `step()` from its own loop.
+KV cache is paged and shared through prefix caching. With `engine.speculative` a speculator
+drafts tokens for each decoding sequence before the step, the step verifies them (1 to k + 1
+tokens per sequence: engine/speculative/), and the KV of rejected draft tokens is rolled back.
+`Generator` wraps this for batch generation and streaming; a server drives `step()` from its own
+loop.
 
 A sequence whose sampling or stop check fails is finished alone, with finish_reason "error" and
 the reason in `RequestOutput.error`; the step's other sequences carry on. Anything else that
@@ -17,12 +20,16 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
-from moetune.config import EngineConfig
+from moetune.config import EngineConfig, parse_speculative
 from moetune.engine.block_manager import BlockManager
+from moetune.engine.expert_trace import ExpertTraces
 from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams, TokenLogprobs
-from moetune.engine.scheduler import Scheduler, SchedulerOutput
+from moetune.engine.routing import StepRouting
+from moetune.engine.scheduler import Admission, FCFSAdmission, Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
+from moetune.engine.speculative.experts import VerifyExperts
+from moetune.engine.speculative.make import make_speculator
 from moetune.errors import RequestError
 from moetune.model.kv_cache import bytes_per_token
 from moetune.model.transformer import MoETransformer
@@ -47,6 +54,21 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
     computed_tokens: int = 0  # tokens run through the model, recomputation included
     preemptions: int = 0
+    expert_steps: int = 0  # steps whose distinct experts were counted (while experts are tracked)
+    distinct_experts: list[int] = field(default_factory=list)  # Σ_layers distinct experts woken, per counted step
+    verify_steps: int = 0  # steps that verified at least one draft (speculative decoding)
+    verified: int = 0  # sequence-steps that verified a draft
+    draft_tokens: int = 0  # draft tokens verified
+    accepted_tokens: int = 0  # of which the target accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Tokens a sequence gained per verify: accepted drafts + the target's own one."""
+        return (self.accepted_tokens + self.verified) / self.verified if self.verified else 0.0
 
 
 class Engine:
@@ -56,9 +78,21 @@ class Engine:
         self.max_len = min(model.spec.max_position, config.max_model_len or model.spec.max_position)
         num_blocks = config.num_kv_blocks or _auto_blocks(model, config, self.max_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
-        self.scheduler = Scheduler(config, self.blocks)
+        self.routing: StepRouting | None = None  # on under affinity, or `track_experts()`
+        self.scheduler = Scheduler(config, self.blocks, self._admission())
         self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.speculator = None
+        if config.speculative is not None:
+            spec = parse_speculative(config.speculative)
+            self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine)
+        if self.speculator is not None:
+            self.runner.experts = VerifyExperts()
         self.stats = EngineStats()
+        self.traces: ExpertTraces | None = None  # on when the store takes history hints, or `keep_traces()`
+        if config.scheduling == "affinity":
+            self.track_experts()
+        if model.experts.wants_hints:
+            self.keep_traces()
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
 
@@ -69,6 +103,29 @@ class Engine:
     @observer.setter
     def observer(self, value: StepObserver | None) -> None:
         self.runner.observer = value
+
+    def _admission(self) -> Admission:
+        if self.config.scheduling != "affinity":
+            return FCFSAdmission()
+        from moetune.engine.affinity import AffinityAdmission, PromptExperts
+
+        return AffinityAdmission(self.config.affinity_max_wait, PromptExperts(self.model))
+
+    def track_experts(self) -> None:
+        """Record each step's distinct experts (stats.distinct_experts) and each sequence's last
+        routing (`Sequence.last_experts`, affinity's prediction) from the MoE layers' taps."""
+        if self.routing is None:
+            self.routing = StepRouting(self.model)
+            self.routing.attach()
+
+    def keep_traces(self) -> None:
+        """Keep every computed token's routing beside its KV (engine/expert_trace.py); with a store that
+        takes hints, hand it each step's history prediction before the forward."""
+        self.track_experts()
+        if self.traces is None and self.routing.mlps:
+            spec = self.model.spec
+            self.traces = ExpertTraces(self.blocks.num_blocks, self.config.block_size, len(self.routing.mlps),
+                                       spec.moe.router.top_k)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
         """Queue a request; returns its id. Raises RequestError when it can never run."""
@@ -93,7 +150,7 @@ class Engine:
         if seq is None:
             return False
         seq.finish_reason = seq.finish_reason or "abort"
-        self.scheduler.finish(seq)
+        self._finish(seq)
         return True
 
     def has_unfinished(self) -> bool:
@@ -103,30 +160,93 @@ class Engine:
         return self._seqs.get(request_id)
 
     def step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.draft()
         sched = self.scheduler.schedule()
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.prefix_cache_hit_tokens = self.scheduler.cached_tokens
         if not sched.entries:
             return []
+        if self.routing is not None:
+            self.routing.begin()
+        if self.traces is not None and self.model.experts.wants_hints:
+            self._hint(sched)
         tokens = self.runner.execute(sched)
+        if self.routing is not None:
+            self._note_experts(sched)
         self.stats.steps[sched.kind.value] += 1
         self.stats.computed_tokens += sched.num_tokens
+        self.stats.verify_steps += any(e.num_draft for e in sched.entries)
         return self._postprocess(sched, tokens)
 
-    def _postprocess(self, sched: SchedulerOutput, tokens: list[int | None]) -> list[RequestOutput]:
+    def _hint(self, sched: SchedulerOutput) -> None:
+        """History hints: per MoE layer, the experts the step's decodes chose in their last tokens."""
+        predicted = self.traces.predict([e.seq for e in sched.entries if e.is_decode])  # [Lm] sets
+        for mlp, experts in zip(self.routing.mlps, predicted):
+            self.model.experts.hint(mlp.layer, sorted(experts))
+
+    def _note_experts(self, sched: SchedulerOutput) -> None:
+        heard = self.routing.finish([e.num_tokens for e in sched.entries])
+        at = 0
+        for e, keys in zip(sched.entries, heard.last):
+            if keys:
+                e.seq.last_experts = keys
+            if self.traces is not None and heard.ids is not None:
+                rows = heard.ids[at : at + e.num_tokens].numpy().astype("int16")  # [n, Lm, K]
+                self.traces.write(e.seq, e.seq.num_computed_tokens, rows)
+            at += e.num_tokens
+        self.stats.expert_steps += 1
+        self.stats.distinct_experts.append(heard.distinct)
+
+    def draft(self) -> None:
+        """Draft tokens for every decoding sequence before a step (the scheduler may cut them). A
+        sequence asking for logprobs decodes plainly (its output carries one token's logprobs)."""
+        seqs = [s for s in self.scheduler.running if not s.in_prefill and s.params.logprobs is None]
+        for s in self.scheduler.running:
+            s.draft_ids, s.draft_probs = [], None
+        # a draft fills positions up to num_tokens - 1 + k; keep them inside the sequence's limit
+        limits = [min(self.speculator.k, s.max_len - s.num_tokens - 1) for s in seqs]
+        for seq, draft in zip(seqs, self.speculator.propose(seqs, limits)):
+            seq.draft_ids, seq.draft_probs = draft.tokens, draft.probs
+
+    def _postprocess(self, sched: SchedulerOutput, tokens: list[list[int]]) -> list[RequestOutput]:
         out, failures = [], self.runner.failures
-        for e, token in zip(sched.entries, tokens):
+        for e, new in zip(sched.entries, tokens):
             seq = e.seq
-            seq.num_computed_tokens += e.num_tokens
-            self.blocks.commit(seq)
-            if token is None and seq.seq_id not in failures:
-                continue
-            seq.in_prefill = False
-            out.append(self._output(seq, token, failures.get(seq.seq_id)))
+            if e.num_draft:  # the KV kept: the last token's and the accepted drafts' (appended below)
+                valid = seq.num_computed_tokens + 1 + max(len(new) - 1, 0)
+            else:
+                seq.num_computed_tokens += e.num_tokens
+                self.blocks.commit(seq)
+            if new or seq.seq_id in failures:
+                seq.in_prefill = False
+                for token in new or [None]:
+                    out.append(self._output(seq, token, failures.get(seq.seq_id)))
+                    if seq.finished:
+                        break
+            if e.num_draft:
+                self._verified(e, new, min(valid, seq.num_tokens))
             if seq.finished:
-                self.scheduler.finish(seq)
+                self._finish(seq)
                 del self._seqs[seq.seq_id]
         return out
+
+    def _verified(self, e, new: list[int], valid: int) -> None:
+        """After a verify entry's tokens are appended: `valid` tokens have their KV computed; the
+        rejected draft tokens' blocks go back; stats; the speculator told."""
+        seq, accepted = e.seq, max(len(new) - 1, 0)
+        seq.num_computed_tokens = valid
+        self.blocks.commit(seq)
+        self.blocks.trim(seq, seq.num_tokens)
+        self.stats.verified += 1
+        self.stats.draft_tokens += e.num_draft
+        self.stats.accepted_tokens += accepted
+        self.speculator.accepted(seq, accepted)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.forget(seq)
 
     def _output(self, seq: Sequence, token: int | None, error: str | None) -> RequestOutput:
         """The sampled token appended (stop strings, detokenization), or the sequence failed alone."""
@@ -145,9 +265,12 @@ class Engine:
         the engine) and start again from empty queues, a fresh block pool and an empty prefix cache.
         The KV pool's contents need no clearing: a block is zeroed when it is handed out."""
         old = self.scheduler
+        if self.speculator is not None:
+            for seq in self._seqs.values():
+                self.speculator.forget(seq)
         self._seqs.clear()
         self.blocks = BlockManager(self.blocks.num_blocks, self.config.block_size, self.config.prefix_caching)
-        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler = Scheduler(self.config, self.blocks, self._admission())
         self.scheduler.policy = old.policy
         self.scheduler.num_preemptions, self.scheduler.cached_tokens = old.num_preemptions, old.cached_tokens
         self.runner.logprobs, self.runner.failures = {}, {}

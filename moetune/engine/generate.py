@@ -35,7 +35,8 @@ class Generator:
         self.engine.eos_ids = value
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)  # BOS as the tokenizer says
+        # BOS as the tokenizer says; not verbose: a text longer than the context (eval windows it) is no warning
+        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt, verbose=False)
         if not ids:
             bos = self.model.spec.bos_token_id
             ids = [bos if bos is not None else next(iter(self.eos_ids), 0)]

@@ -2,19 +2,24 @@
 model's forward → logits of the rows that sample → sampled tokens.
 
 Only sequences whose known tokens are all computed after this step sample (decodes, and prompts
-whose last chunk this is); the LM head runs on their rows alone. Greedy rows are sampled with one
+whose last chunk this is); the LM head runs on their rows alone, and on every row of a verify
+entry (its last token and its draft tokens: engine/speculative/verify.py). Greedy rows are sampled with one
 argmax over the batch. A row whose sampling raises (a NaN in its logits, a bad generator) is
 reported in `failures` and gets no token; the other rows of the step are unaffected.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Protocol
 
 import torch
 
 from moetune.engine.sampling import TokenLogprobs, greedy_tokens, sample, token_logprobs
 from moetune.engine.scheduler import SchedulerOutput
+from moetune.engine.speculative.base import Draft
+from moetune.engine.speculative.experts import VerifyExperts
+from moetune.engine.speculative.verify import verify
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.transformer import MoETransformer
@@ -36,40 +41,87 @@ class ModelRunner:
         self.observer: StepObserver | None = None
         self.logprobs: dict[int, TokenLogprobs] = {}  # seq_id → of the last execute(), for seqs that asked
         self.failures: dict[int, str] = {}  # seq_id → why its sampling failed in the last execute()
+        self.experts: VerifyExperts | None = None  # set: verify steps count the experts they wake
 
-    def execute(self, sched: SchedulerOutput) -> list[int | None]:
-        """Run one scheduled step; the sampled token of each entry (None: prompt not finished yet)."""
+    def execute(self, sched: SchedulerOutput) -> list[list[int]]:
+        """Run one scheduled step; the tokens each entry yields ([] while its prompt is unfinished
+        or its sampling failed; 1 .. num_draft + 1 for a verify entry)."""
         if sched.new_blocks:
             self.cache.zero_blocks(sched.new_blocks)
         batch = self.prepare(sched)
         samplers = [i for i, e in enumerate(sched.entries)
-                    if e.seq.num_computed_tokens + e.num_tokens == e.seq.num_tokens]
+                    if e.seq.num_computed_tokens + e.num_tokens - e.num_draft == e.seq.num_tokens]
         if self.observer is not None:
             self.observer.step_begin(batch.kind.value, batch)
-        hidden = self.model.forward(batch, self.cache)  # [T, D]
-        if len(samplers) == batch.num_seqs == hidden.shape[0]:  # one token per sequence, all sample (decode)
-            last = hidden  # [S, D]
-        else:
-            rows = batch.last_token_index()[samplers] if len(samplers) < batch.num_seqs else batch.last_token_index()
-            last = hidden[rows]  # [S, D]
-        logits = self.model.logits(last)  # [S, V]
+        with self._counting_experts(sched, batch):
+            hidden = self.model.forward(batch, self.cache)  # [T, D]
+        rows = self._logit_rows(sched, batch, samplers, hidden.shape[0])  # [S'] or None: every row
+        logits = self.model.logits(hidden if rows is None else hidden[rows])  # [S', V]
         if self.observer is not None:
             self.observer.step_end(batch.kind.value, batch)
-        tokens: list[int | None] = [None] * batch.num_seqs
-        seqs = [sched.entries[i].seq for i in samplers]
-        sampled = self._sample(logits, seqs)
-        for i, token in zip(samplers, sampled):
-            tokens[i] = token
+        self.failures = {}
+        tokens: list[list[int]] = [[] for _ in sched.entries]
+        plain = [i for i in samplers if not sched.entries[i].num_draft]
+        at = self._verify_all(sched, samplers, logits, tokens)
+        seqs = [sched.entries[i].seq for i in plain]
+        plain_logits = logits if len(plain) == len(samplers) else logits[at]  # [S, V]
+        sampled = self._sample(plain_logits, seqs)
+        for i, token in zip(plain, sampled):
+            tokens[i] = [] if token is None else [token]
         if self.failures:  # logprobs of the rows that sampled
             ok = [j for j, t in enumerate(sampled) if t is not None]
-            logits, seqs, sampled = logits[ok], [seqs[j] for j in ok], [sampled[j] for j in ok]
-        self.logprobs = self._logprobs(logits, seqs, sampled)
+            plain_logits, seqs, sampled = plain_logits[ok], [seqs[j] for j in ok], [sampled[j] for j in ok]
+        self.logprobs = self._logprobs(plain_logits, seqs, sampled)
         return tokens
 
     def prepare(self, sched: SchedulerOutput) -> StepBatch:
-        spans = [(e.seq.token_ids(e.seq.num_computed_tokens, e.seq.num_computed_tokens + e.num_tokens),
-                  e.seq.num_computed_tokens, e.seq.block_table) for e in sched.entries]
+        spans = [(e.seq.token_ids(e.seq.num_computed_tokens, e.seq.num_computed_tokens + e.num_tokens - e.num_draft)
+                  + e.seq.draft_ids[: e.num_draft], e.seq.num_computed_tokens, e.seq.block_table)
+                 for e in sched.entries]
         return self._batch(spans, sched.kind)
+
+    def _counting_experts(self, sched: SchedulerOutput, batch: StepBatch):
+        """On a verify step (with `experts` set): count the experts of its decode rows and of the
+        rows a plain decode would compute (engine/speculative/experts.py)."""
+        if self.experts is None or not any(e.num_draft for e in sched.entries):
+            return nullcontext()
+        decode_rows, plain_rows = [], []
+        for e, start, n in zip(sched.entries, batch.starts(), batch.query_lens):
+            if e.is_decode:
+                decode_rows += range(start, start + n)
+                plain_rows.append(start)
+        return self.experts.watching(self.model, decode_rows, plain_rows)
+
+    def _logit_rows(self, sched: SchedulerOutput, batch: StepBatch, samplers: list[int], T: int):
+        """Rows of the step's hidden states whose logits are needed: each sampling entry's last
+        row, every row of a verify entry; None when that is every row in order (a decode step)."""
+        if len(samplers) == batch.num_seqs == T:
+            return None
+        ends = batch.last_token_index().tolist()
+        rows = []
+        for i in samplers:
+            rows += range(ends[i] - sched.entries[i].num_draft, ends[i] + 1)
+        return rows
+
+    def _verify_all(self, sched: SchedulerOutput, samplers: list[int], logits: torch.Tensor,
+                    tokens: list[list[int]]) -> list[int]:
+        """Verify each verify entry's draft on its k + 1 logit rows (into `tokens`); returns the
+        logit rows of the other sampling entries."""
+        plain_rows, r = [], 0
+        for i in samplers:
+            e = sched.entries[i]
+            if not e.num_draft:
+                plain_rows.append(r)
+                r += 1
+                continue
+            seq, k = e.seq, e.num_draft
+            draft = Draft(seq.draft_ids[:k], None if seq.draft_probs is None else seq.draft_probs[:k])
+            try:
+                tokens[i] = verify(logits[r : r + k + 1], draft, seq.params, seq.generator)
+            except Exception as exc:  # this sequence alone fails, as a plain row's sampling does
+                self.failures[seq.seq_id] = f"sampling failed: {type(exc).__name__}: {exc}"
+            r += k + 1
+        return plain_rows
 
     def forward_prompts(self, prompts: list[list[int]]) -> torch.Tensor:
         """Hidden states [T, D] of every token of fresh prompts, run as one prefill step outside the
@@ -117,7 +169,8 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, seqs) -> list[int | None]:
         """logits [S, V] → one token per sequence (None where its sampling failed: see `failures`)."""
-        self.failures = {}
+        if not seqs:
+            return []
         if all(s.params.greedy for s in seqs):
             return greedy_tokens(logits)
         tokens = [self._sample_one(row, s) for row, s in zip(logits, seqs)]

@@ -73,6 +73,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits: [V] fp32 → one token id."""
     if params.greedy:
         return int(torch.argmax(logits))
+    return int(torch.multinomial(target_probs(logits, params).cpu(), 1, generator=generator))
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits: [V] fp32 → the distribution a non-greedy `sample` draws from (temperature, top-k,
+    top-p applied) [V]; speculative verification accepts and resamples against it."""
     # ≤ 0 with the most likely token at 0, so never inf/inf. A temperature below MIN_TEMPERATURE is
     # sampled as 1e-30: logits more than 1e-28 apart then differ by over 100 (a factor e^-100) either
     # way, so only logits closer than that (in practice: equal ones) could be treated differently
@@ -83,7 +89,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     probs = torch.softmax(logits, dim=-1)  # [V]
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    return probs
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

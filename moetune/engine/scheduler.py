@@ -2,13 +2,19 @@
 
 Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`).
 Running sequences go first, in priority then arrival order: a decode takes one token, a prompt
-being prefilled in chunks takes what is left of the budget. Then waiting sequences are admitted
-(prefix-cache hits first count as computed) while budget, sequence slots and KV blocks last; a
-prompt longer than the remaining budget is split into chunks over several steps (chunked
-prefill), running beside the decodes of other sequences. When a running sequence needs a KV block
-and none is free, the latest-arrived running sequence is preempted: its blocks are freed and it
-waits to be recomputed from its tokens (preemption by recompute); no new sequence is admitted in
-that step.
+being prefilled in chunks takes what is left of the budget. Decodes with draft tokens (speculative
+decoding) then get up to their draft's length of lookahead tokens from what is left of the budget
+and the free blocks. Then waiting sequences are admitted (prefix-cache hits first count as
+computed) while budget, sequence slots and KV blocks last; a prompt longer than the remaining
+budget is split into chunks over several steps (chunked prefill), running beside the decodes of
+other sequences. When a running sequence needs a KV block and none is free, the latest-arrived
+running sequence is preempted: its blocks are freed and it waits to be recomputed from its tokens
+(preemption by recompute); no new sequence is admitted in that step.
+
+Which waiting request is admitted next is the `Admission` policy's choice: `FCFSAdmission` (the
+queue head: priority, then arrival) or expert affinity (engine/affinity.py: the request whose
+predicted experts the step already wakes, with a bounded extra wait). Running sequences are
+scheduled alike under both.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from moetune.model.batch import StepKind
 @dataclass
 class Scheduled:
     seq: Sequence
-    num_tokens: int  # tokens computed this step
+    num_tokens: int  # tokens computed this step (a verify step: the last token + num_draft drafted ones)
+    num_draft: int = 0  # of which the sequence's draft tokens to verify (seq.draft_ids[:num_draft])
 
     @property
     def is_decode(self) -> bool:
@@ -57,10 +64,44 @@ class StepPolicy(Protocol):
     def scheduled(self, out: "SchedulerOutput") -> None: ...
 
 
+class Admission(Protocol):
+    """Chooses the order in which waiting requests are admitted within a step."""
+
+    def start(self, waiting: deque[Sequence], scheduled: list[Sequence]) -> None: ...
+
+    def pick(self, waiting: deque[Sequence]) -> int: ...
+
+    def admitted(self, seq: Sequence) -> None: ...
+
+    def done(self) -> None: ...
+
+    def forget(self, seq: Sequence) -> None: ...
+
+
+class FCFSAdmission:
+    """The queue head first (the queue is ordered by priority, then arrival)."""
+
+    def start(self, waiting: deque[Sequence], scheduled: list[Sequence]) -> None:
+        return None
+
+    def pick(self, waiting: deque[Sequence]) -> int:
+        return 0
+
+    def admitted(self, seq: Sequence) -> None:
+        return None
+
+    def done(self) -> None:
+        return None
+
+    def forget(self, seq: Sequence) -> None:
+        return None
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager):
+    def __init__(self, config: EngineConfig, blocks: BlockManager, admission: Admission | None = None):
         self.config = config
         self.blocks = blocks
+        self.admission: Admission = admission or FCFSAdmission()
         self.policy: StepPolicy | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -85,6 +126,7 @@ class Scheduler:
         elif seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
         self.blocks.free(seq)
+        self.admission.forget(seq)
         seq.status = SeqStatus.FINISHED
 
     def schedule(self) -> SchedulerOutput:
@@ -104,18 +146,41 @@ class Scheduler:
                 self.blocks.grow(seq, seq.num_computed_tokens + n)
                 entries.append(Scheduled(seq, n))
                 budget -= n
+        budget = self._lookahead(entries, budget)
+        self.admission.start(self.waiting, [e.seq for e in entries])
         if not preempted:
             budget = self._admit(entries, budget)
-        entries.sort(key=lambda e: not e.is_decode)  # stable: decodes first
+        self.admission.done()
+        entries.sort(key=lambda e: (not e.is_decode, e.num_tokens != 1))  # stable: decodes, verifies, prefills
         new_blocks, self.blocks.granted = self.blocks.granted, []
         out = SchedulerOutput(entries, _kind(entries), preempted, new_blocks)
         if self.policy is not None:
             self.policy.scheduled(out)
         return out
 
+    def _lookahead(self, entries: list[Scheduled], budget: int) -> int:
+        """Extend decodes with their draft tokens (speculative decoding) while budget and free KV
+        blocks last; after every running sequence got its token, before new ones are admitted. A
+        draft never preempts: without room it is cut, or dropped."""
+        for e in entries:
+            seq = e.seq
+            if budget == 0:
+                break
+            if seq.in_prefill or not seq.draft_ids:
+                continue
+            d = min(len(seq.draft_ids), budget)
+            while d and not self.blocks.can_grow(seq, seq.num_computed_tokens + e.num_tokens + d):
+                d -= 1
+            if d:
+                self.blocks.grow(seq, seq.num_computed_tokens + e.num_tokens + d)
+                e.num_tokens, e.num_draft = e.num_tokens + d, d
+                budget -= d
+        return budget
+
     def _admit(self, entries: list[Scheduled], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            at = self.admission.pick(self.waiting)
+            seq = self.waiting[at]
             self.blocks.admit(seq)
             n = min(seq.num_remaining, budget)
             fits = self.config.chunked_prefill or n == seq.num_remaining
@@ -124,7 +189,8 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.blocks.grow(seq, seq.num_computed_tokens + n)
-            self.waiting.popleft()
+            del self.waiting[at]
+            self.admission.admitted(seq)
             self.cached_tokens += seq.num_cached_tokens
             seq.status, seq.in_prefill = SeqStatus.RUNNING, True
             self.running.append(seq)

@@ -36,6 +36,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache hash of each full, computed block
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    last_experts: frozenset[int] | None = None  # keys layer_row·E + expert its last computed token chose
+    draft_ids: list[int] = field(default_factory=list)  # tokens a speculator guessed follow (verified next step)
+    draft_probs: torch.Tensor | None = None  # [len(draft_ids), V] the draft's distributions; None: deterministic
     _text: IncrementalText = field(init=False)  # the completion's text, extended token by token
 
     def __post_init__(self):

@@ -31,6 +31,19 @@ this layer's input `hidden` (`bind_routers`), and their predicted experts queued
 thread (on CUDA it copies on its own stream). The thread never evicts an expert of the layer being
 computed that this step uses.
 
+Hints: `settings.hints` picks the prefetch sources — `router` (router-ahead, above), `history`
+(`hint(layer, experts)`: before each step the engine hands every MoE layer the experts the step's
+decodes chose in their last tokens, from the per-sequence traces beside the KV blocks,
+engine/expert_trace.py), or `both`. Each prefetched expert remembers its source; issued, used and
+hits are counted per source (precision = used / issued, recall = hits / (prefetch hits + misses)).
+
+Lifecycle (`settings.demote_after` N > 0): a resident expert that N consecutive steps of its layer
+did not use is demoted — its slot freed, the expert back in its backing tier only (device → host, or
+device → disk) — and promoted again on its next use (a demand fetch or a prefetch). A freed slot
+is taken before any eviction. Warm-up fills the slots most loaded first (`warm_loads`: a profile
+or serve recording run dir, or a JSON loads file). Counters per tier (`stats()["tiers"]`): device
+resident experts, demotions and promotions; the backing tier's reads and bytes.
+
 Eviction among a layer's slots (never a slot the step needs):
   lru    least recently used        lfu    least often used (ties: least recent)
   score  lowest 0.5·recency + 0.3·frequency + 0.2·prediction, each in [0, 1]: recency = 1/(1+age in
@@ -64,6 +77,8 @@ from moetune.experts.store import ExpertWeights, FormatGroup, SlotMap
 from moetune.kernels.quant_formats import PackedWeight
 
 POLICIES = ("lru", "lfu", "score")
+HINTS = ("router", "history", "both")
+SOURCES = ("router", "history")
 TIERS = ("host", "disk")
 
 
@@ -78,6 +93,8 @@ class OffloadSettings:
     tier: str = "host"
     dir: str | None = None  # disk tier; None = a temporary directory removed by close()
     prefetch_depth: int = 1
+    hints: str = "router"  # prefetch sources: router (router-ahead) | history (traces) | both
+    demote_after: int = 0  # steps of a layer an expert may stay resident unused (0: never demoted)
 
 
 def region_sizes(capacity: int, group_sizes: list[int]) -> list[int]:
@@ -110,6 +127,14 @@ class LayerStats:
     bytes_disk: int = 0
     wait_s: float = 0.0
     overflow_steps: int = 0
+    by_source: dict = field(default_factory=lambda: {s: [0, 0, 0] for s in SOURCES})  # issued, used, hits
+    demotions: int = 0  # resident experts demoted to the backing tier after demote_after idle steps
+    promotions: int = 0  # demoted experts made resident again on use
+
+    def source_rows(self) -> dict:
+        wanted = self.prefetch_hits + self.misses
+        return {src: {"issued": i, "used": u, "hits": h, "precision": u / i if i else None,
+                      "recall": h / wanted if wanted else None} for src, (i, u, h) in self.by_source.items()}
 
     def row(self) -> dict:
         looked = self.hits + self.misses
@@ -119,7 +144,8 @@ class LayerStats:
                 "prefetch_recall": (self.prefetch_hits / (self.prefetch_hits + self.misses)
                                     if self.prefetch_hits + self.misses else None),
                 "bytes_host": self.bytes_host, "bytes_disk": self.bytes_disk, "offload_wait_s": self.wait_s,
-                "overflow_steps": self.overflow_steps}
+                "overflow_steps": self.overflow_steps, "prefetch_by_source": self.source_rows(),
+                "demotions": self.demotions, "promotions": self.promotions}
 
 
 @dataclass(frozen=True)
@@ -250,9 +276,10 @@ class _LayerCache:
     last_used: np.ndarray | None = None  # [E] step tick of last use
     uses: np.ndarray | None = None  # [E]
     predicted: dict[int, int] = field(default_factory=dict)  # expert → distance of the latest prediction
-    prefetched: set[int] = field(default_factory=set)  # resident by prefetch, not used yet
+    prefetched: dict[int, str] = field(default_factory=dict)  # resident by prefetch, not used yet → its source
     tick: int = 0
     stats: LayerStats = field(default_factory=LayerStats)
+    demoted: set[int] = field(default_factory=set)  # demoted, not resident again yet
 
     @property
     def capacity(self) -> int:
@@ -281,7 +308,7 @@ class OffloadingExpertStore:
         self._tmpdir = None
         self._dir = self._disk_dir() if settings.tier == "disk" else None
         self._lock = threading.Condition()
-        self._queue: collections.deque = collections.deque()  # (layer, expert, distance)
+        self._queue: collections.deque = collections.deque()  # (layer, expert, distance, source)
         self._thread: threading.Thread | None = None
         self._stop = False
         self._routers: dict[int, object] = {}
@@ -294,8 +321,8 @@ class OffloadingExpertStore:
     # --- setup -------------------------------------------------------------------------------------
     def _check(self, layers: dict[int, ExpertWeights], top_k: int) -> None:
         s = self.settings
-        if s.policy not in POLICIES or s.tier not in TIERS:
-            raise OffloadError(f"offload policy must be one of {POLICIES} and tier one of {TIERS}")
+        if s.policy not in POLICIES or s.tier not in TIERS or s.hints not in HINTS:
+            raise OffloadError(f"offload policy must be one of {POLICIES}, tier one of {TIERS} and hints one of {HINTS}")
         E = next(iter(layers.values())).slots.num_experts
         if s.capacity < top_k:
             raise OffloadError(f"offload resident capacity {s.capacity} experts per layer is below top-k {top_k}: "
@@ -382,6 +409,8 @@ class OffloadingExpertStore:
             for e in needed:
                 cache.last_used[e], cache.uses[e] = cache.tick, cache.uses[e] + 1
             self._in_use = (layer, set(needed))
+            if self.settings.demote_after:
+                self._demote_idle(cache, set(needed))
             if self._overflows(cache, needed):
                 weights = self._overflow(cache, needed)
             else:
@@ -390,9 +419,29 @@ class OffloadingExpertStore:
         cache.stats.wait_s += time.perf_counter() - start
         return weights
 
+    @property
+    def wants_hints(self) -> bool:
+        return self.settings.hints in ("history", "both") and self.settings.prefetch_depth > 0
+
+    def hint(self, layer: int, experts: list[int]) -> None:
+        """History hints: `experts` of `layer` are likely needed this step; queued for the thread."""
+        if not self.wants_hints or not experts:
+            return
+        cache = self._caches[layer]
+        with self._lock:
+            if self.settings.hints == "history":  # the latest hint is the layer's prediction (router-ahead's too)
+                cache.predicted = {}
+            for e in experts:
+                cache.predicted.setdefault(int(e), 1)
+            self._queue.extend((layer, int(e), 1, "history") for e in experts)
+            self._lock.notify_all()
+        self._start_thread()
+
     def prefetch(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         depth = self.settings.prefetch_depth
         if depth == 0 or hidden is None or hidden.shape[0] == 0 or not self._routers:
+            return
+        if self.settings.hints == "history":
             return
         j = self._order.index(layer)
         tasks = []
@@ -402,7 +451,7 @@ class OffloadingExpertStore:
             ids = torch.unique(self._routers[nxt](hidden)).tolist()  # [K'] predicted experts of layer nxt
             cache = self._caches[nxt]
             cache.predicted = {int(e): d for e in ids}
-            tasks += [(nxt, int(e), d) for e in ids]
+            tasks += [(nxt, int(e), d, "router") for e in ids]
         with self._lock:
             self._queue.extend(tasks)
             self._lock.notify_all()
@@ -425,7 +474,9 @@ class OffloadingExpertStore:
             if slot >= 0:
                 s.hits += 1
                 if e in cache.prefetched:
-                    cache.prefetched.discard(e)
+                    counts = s.by_source[cache.prefetched.pop(e)]
+                    counts[1] += 1
+                    counts[2] += 1
                     s.prefetch_used += 1
                     s.prefetch_hits += 1
                 continue
@@ -437,6 +488,22 @@ class OffloadingExpertStore:
             self._evict(cache, slot)
             self._fill(cache, e, slot, None)
             cache.expert_in[slot], cache.slot_of[e] = e, slot
+            self._promoted(cache, e)
+
+    def _demote_idle(self, cache: _LayerCache, needed: set[int]) -> None:
+        """Under the lock: free the slots of experts unused for demote_after steps of this layer."""
+        N, busy = self.settings.demote_after, set(cache.loading.values())
+        for slot, e in enumerate(cache.expert_in):
+            if e >= 0 and e not in needed and slot not in busy and cache.tick - cache.last_used[e] >= N \
+                    and e not in cache.prefetched:
+                self._evict(cache, slot)
+                cache.demoted.add(e)
+                cache.stats.demotions += 1
+
+    def _promoted(self, cache: _LayerCache, e: int) -> None:
+        if e in cache.demoted:
+            cache.demoted.discard(e)
+            cache.stats.promotions += 1
 
     def _victim(self, cache: _LayerCache, keep: set[int], incoming: int) -> int:
         """The slot of `incoming`'s region to reuse: a free one, else the policy's choice among
@@ -468,7 +535,7 @@ class OffloadingExpertStore:
         old = cache.expert_in[slot]
         if old >= 0:
             cache.slot_of[old] = -1
-            cache.prefetched.discard(old)
+            cache.prefetched.pop(old, None)
         cache.expert_in[slot] = -1
 
     def _fill(self, cache: _LayerCache, e: int, slot: int, stream) -> None:
@@ -537,7 +604,7 @@ class OffloadingExpertStore:
                     self._lock.wait()
                 if self._stop:
                     return
-                layer, e, _ = self._queue.popleft()
+                layer, e, _, source = self._queue.popleft()
                 cache = self._caches[layer]
                 if cache.slot_of[e] >= 0 or e in cache.loading:
                     continue
@@ -552,8 +619,10 @@ class OffloadingExpertStore:
             with self._lock:
                 del cache.loading[e]
                 cache.expert_in[slot], cache.slot_of[e] = e, slot
-                cache.prefetched.add(e)
+                cache.prefetched[e] = source
+                self._promoted(cache, e)
                 cache.stats.prefetch_issued += 1
+                cache.stats.by_source[source][0] += 1
                 self._lock.notify_all()
 
     def _fill_async(self, cache: _LayerCache, e: int, slot: int) -> None:
@@ -570,8 +639,16 @@ class OffloadingExpertStore:
         out = {}
         for i, c in self._caches.items():
             out[i] = {**c.stats.row(), "capacity": c.capacity,
-                      "resident_bytes": sum(p.untyped_storage().nbytes() for r in c.regions for p in r.parts)}
+                      "resident_bytes": sum(p.untyped_storage().nbytes() for r in c.regions for p in r.parts),
+                      "tiers": self._tier_row(c)}
         return out
+
+    def _tier_row(self, c: _LayerCache) -> dict:
+        """Counters per tier: the device cache's residents, demotions, promotions; the backing tier's reads."""
+        s, tier = c.stats, c.backing.tier
+        return {"device": {"resident": sum(e >= 0 for e in c.expert_in), "demotions": s.demotions,
+                           "promotions": s.promotions},
+                tier: {"reads": s.misses + s.prefetch_issued, "bytes": s.bytes_disk if tier == "disk" else s.bytes_host}}
 
     def reset_stats(self) -> None:
         for c in self._caches.values():

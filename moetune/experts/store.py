@@ -3,7 +3,8 @@
 The MoE layer never touches checkpoint tensors. After routing it calls
 `store.acquire(layer, topk_ids)` (inside the `offload_wait` phase) and receives that layer's
 `ExpertWeights`; then `store.prefetch(layer, topk_ids, hidden)` lets a store that offloads experts start
-loading what the next layers will likely need. The resident store here holds every expert on the
+loading what the next layers will likely need, and `store.hint(layer, experts)` (before a step) what
+the step's sequences' routing history predicts. The resident store here holds every expert on the
 compute device, so both return at once. Stores that quantize per expert, offload to host or disk,
 or hold hot-expert replicas implement the same two calls.
 
@@ -148,6 +149,13 @@ class ExpertStore(Protocol):
         loading what later layers will need (e.g. by applying their gates to `hidden`)."""
         ...
 
+    wants_hints: bool  # whether `hint` does anything (the engine keeps expert traces for it only then)
+
+    def hint(self, layer: int, experts: list[int]) -> None:
+        """Before a step: experts of `layer` that the step's sequences' history predicts (their
+        recent tokens' routing, engine/expert_trace.py); a store that prefetches may start loading them."""
+        ...
+
     def layers(self) -> list[int]: ...
 
     def nbytes(self) -> int: ...
@@ -175,6 +183,7 @@ class ResidentExpertStore:
 
     resident = True
     settings = None
+    wants_hints = False
 
     def __init__(self, layers: dict[int, ExpertWeights]):
         self._layers = layers
@@ -183,6 +192,9 @@ class ResidentExpertStore:
         return self._layers[layer]
 
     def prefetch(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        return None
+
+    def hint(self, layer: int, experts: list[int]) -> None:
         return None
 
     def layers(self) -> list[int]:

@@ -16,14 +16,18 @@ from moetune.spec import GQASpec
 
 class GQAAttention:
     def __init__(self, layer: int, spec: GQASpec, qkv: Linear, o: Linear,
-                 q_norm: RMSNorm | None, k_norm: RMSNorm | None, rotary: Rotary, decode_kernel: bool = False):
+                 q_norm: RMSNorm | None, k_norm: RMSNorm | None, rotary: Rotary, decode_kernel: bool = False,
+                 qk_split=None):
         """qkv: the q, k and v projections fused (`Linear.fused`), output [H*Dh | Hkv*Dh | Hkv*Dh].
         decode_kernel: one-token sequences read the paged cache in place through the CPU kernel
-        (fp32 CPU models under the `cpu` backend) instead of gathering it for SDPA."""
+        (fp32 CPU models under the `cpu` backend) instead of gathering it for SDPA.
+        qk_split: a q/k norm over the whole projection whose heads are split over a TP group
+        (model/tp_norm.py `SplitQKNorm`: the norms of the group's parts together); None: q_norm, k_norm."""
         self.layer, self.spec = layer, spec
         self.decode_kernel = decode_kernel
         self.qkv, self.o = qkv, o
         self.q_norm, self.k_norm = q_norm, k_norm
+        self.qk_split = qk_split
         self.rotary = rotary
         self.scale = spec.head_dim**-0.5
         kv = spec.num_kv_heads * spec.head_dim
@@ -59,7 +63,7 @@ class GQAAttention:
         T, s = qkv.shape[0], self.spec
         q, k, v = qkv.split(self.split, dim=-1)  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
         if s.qk_norm == "full":
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = (self.q_norm(q), self.k_norm(k)) if self.qk_split is None else self.qk_split(q, k)
         if s.clip_qkv is not None:
             q, k, v = (t.clamp(-s.clip_qkv, s.clip_qkv) for t in (q, k, v))
         q = q.view(T, s.num_heads, s.head_dim)  # [T, H, Dh]

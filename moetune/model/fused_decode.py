@@ -179,6 +179,8 @@ class FusedDecode:
         """The store's seams, then `moe_block` (h += the MoE output, in place); the unfused phases
         when the kernel does not take the experts the store handed out."""
         i, ids, xt = mlp.layer, torch.from_numpy(topk_ids), torch.from_numpy(x)
+        if mlp.tap is not None:  # the engine's routing record (engine/routing.py), as in the unfused layer
+            mlp.tap(i, ids)
         weights = mlp.store.acquire(i, ids)
         mlp.store.prefetch(i, ids, xt)
         e = self._experts_of(mlp, weights, xt)

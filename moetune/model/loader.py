@@ -19,6 +19,7 @@ from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.naming import TensorNames
 from moetune.model.norm import RMSNorm
+from moetune.model.tp_norm import split_qk_norm
 from moetune.model.rope import Rotary
 from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
@@ -74,7 +75,7 @@ def load_model(
     names = TensorNames(spec.model_type)
     stored = read_quantization(model_dir, spec)
     table = check_precision(stored, precision, spec, backend.name)
-    check_dense(dense_format(read_block(model_dir)), dense, tp)
+    check_dense(dense_format(read_block(model_dir)), dense, tp.plan.size if tp is not None else 1)
     if placement is not None and table is not None:  # a rank's slots of one format: one contiguous group
         placement = placement.by_format(table.formats)
     full, spec = spec, local_spec(spec, plan)  # `spec` from here on: the shapes this rank computes
@@ -84,7 +85,7 @@ def load_model(
               for i in spec.moe_layers}
     experts = store_factory(layers, spec) if store_factory is not None else ResidentExpertStore(layers)
     rotary = Rotary(spec.rope, torch.device(device), kernel=small_m > 0)
-    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m, tp)
+    layers = [_decoder_layer(source, names, spec, i, rotary, experts, backend, dispatcher, small_m, tp, full)
               for i in range(spec.num_layers)]
     experts.bind_routers(  # an offloading store predicts later layers' experts with their routers
         {layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
@@ -143,18 +144,22 @@ def _gated_mlp(source: WeightSource, prefix: str, small_m: int = 0,
     return GatedMLP(gate, up, down, small_m)
 
 
-def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, small_m: int = 0):
+def _attention(source: WeightSource, spec: ModelSpec, i: int, rotary: Rotary, small_m: int = 0,
+               tp: TPComm | None = None, full: ModelSpec | None = None):
+    """full: the whole model's spec (`spec` is this rank's shapes under tensor parallelism)."""
     p = f"model.layers.{i}.self_attn."
     eps, kernel = spec.rms_norm_eps, small_m > 0
     if isinstance(spec.attention, GQASpec):
         has_norm = spec.attention.qk_norm != "none"
         qkv = Linear.fused([_linear(source, p + n) for n in ("q_proj", "k_proj", "v_proj")], small_m)
-        return GQAAttention(
-            i, spec.attention, qkv, _linear(source, p + "o_proj", small_m),
-            _norm(source, p + "q_norm.weight", eps, kernel) if has_norm else None,
-            _norm(source, p + "k_norm.weight", eps, kernel) if has_norm else None,
-            rotary, decode_kernel=small_m > 0,
-        )
+        q_norm = _norm(source, p + "q_norm.weight", eps, kernel) if has_norm else None
+        k_norm = _norm(source, p + "k_norm.weight", eps, kernel) if has_norm else None
+        split = None
+        if spec.attention.qk_norm == "full" and tp is not None and tp.plan.attention:  # over the group's heads
+            whole = (full or spec).attention
+            split = split_qk_norm(i, q_norm, k_norm, tp, whole.num_heads, whole.num_kv_heads, whole.head_dim)
+        return GQAAttention(i, spec.attention, qkv, _linear(source, p + "o_proj", small_m), q_norm, k_norm,
+                            rotary, decode_kernel=small_m > 0, qk_split=split)
     mla = spec.attention
     lora = mla.q_lora_rank is not None
     return MLAttention(
@@ -188,14 +193,16 @@ def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None,
     return table
 
 
-def check_dense(stored: str | None, asked: str | None, tp: TPComm | None) -> None:
-    """Refuse packing dense projections twice, or under tensor parallelism (which splits float weights)."""
+def check_dense(stored: str | None, asked: str | None, group: int = 1) -> None:
+    """Refuse packing dense projections twice, or over a tensor-parallel group of `group` > 1 ranks
+    (its shards split float weights, not packed rows; engine/distributed.py asks before any rank starts)."""
     if stored is not None and asked is not None:
         raise QuantError(f"this checkpoint's dense projections are already {stored} (moetune quantize --dense); "
                          "drop the recipe's quant.dense or start from the full-precision checkpoint")
-    if tp is not None and (stored or asked):
-        raise QuantError("dense quantization runs on one rank: tensor parallelism splits float projections; "
-                         "drop quant.dense (or use a checkpoint without --dense) with tp_size > 1")
+    if group > 1 and (stored or asked):
+        what = f"quant.dense {asked}" if asked else f"this checkpoint's {stored} dense projections (quantize --dense)"
+        raise QuantError(f"{what} over a tensor-parallel group of {group}: packed dense projections run on one "
+                         "rank; use tp_size and expert_tp_size 1, or a checkpoint and recipe without dense packing")
 
 
 def _rank_experts(whole: WeightSource, source, names: TensorNames, full: ModelSpec, spec: ModelSpec, i: int,
@@ -236,7 +243,8 @@ def _moe(source: WeightSource, names: TensorNames, spec: ModelSpec, i: int, expe
 
 
 def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: Rotary, experts, backend,
-                   dispatcher=None, small_m: int = 0, tp: TPComm | None = None) -> DecoderLayer:
+                   dispatcher=None, small_m: int = 0, tp: TPComm | None = None,
+                   full: ModelSpec | None = None) -> DecoderLayer:
     p = names.layer(i)
     if spec.layers[i].is_moe:
         mlp = _moe(source, names, spec, i, experts, backend, dispatcher, small_m)
@@ -245,7 +253,7 @@ def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: 
     return DecoderLayer(
         index=i,
         attn_norm=_norm(source, p + "input_layernorm.weight", spec.rms_norm_eps, small_m > 0),
-        attention=_attention(source, spec, i, rotary, small_m),
+        attention=_attention(source, spec, i, rotary, small_m, tp, full),
         mlp_norm=_norm(source, p + "post_attention_layernorm.weight", spec.rms_norm_eps, small_m > 0),
         mlp=mlp,
         tp=tp,

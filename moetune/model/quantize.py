@@ -28,10 +28,10 @@ from moetune.spec import ModelSpec
 
 
 def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable | None, out: Path,
-                    dense: str | None = None) -> dict[str, int]:
+                    dense: str | None = None, on_layer=None) -> dict[str, int]:
     """Write the mixed checkpoint to `out` (experts packed by `table` unless None; dense projections
     in `dense` unless None); returns {"expert_bytes_before", "expert_bytes_after", "dense_bytes_before",
-    "dense_bytes_after"}."""
+    "dense_bytes_after"}. on_layer: progress, on_layer(done, total) after each MoE layer's experts are packed."""
     from safetensors.torch import save_file
 
     model_dir, out = Path(model_dir), Path(out)
@@ -41,7 +41,7 @@ def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable | No
                                         "dense_bytes_after"), 0)
     expert_sources = _expert_source_names(source, names, spec) if table is not None else set()
     if table is not None:
-        _pack_experts(source, names, spec, table, tensors, sizes)
+        _pack_experts(source, names, spec, table, tensors, sizes, on_layer)
     for name in source.names():
         if name in expert_sources:
             continue
@@ -56,8 +56,9 @@ def write_quantized(model_dir: Path, spec: ModelSpec, table: PrecisionTable | No
 
 
 def _pack_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, table: PrecisionTable,
-                  tensors: dict, sizes: dict) -> None:
-    for i in spec.moe_layers:
+                  tensors: dict, sizes: dict, on_layer=None) -> None:
+    layers = list(spec.moe_layers)
+    for done, i in enumerate(layers, 1):
         dense = read_experts(source, names, spec, i)
         w13, w2 = dense.w13.data, dense.w2.data  # [E, 2I, D], [E, D, I]
         sizes["expert_bytes_before"] += _source_expert_bytes(source, names, spec, i)
@@ -69,6 +70,8 @@ def _pack_experts(source: WeightSource, names: TensorNames, spec: ModelSpec, tab
                 if packed.scale is not None:
                     tensors[n[w + "_scale"]] = packed.scale.float().contiguous()
                 sizes["expert_bytes_after"] += packed_bytes(packed)
+        if on_layer is not None:
+            on_layer(done, len(layers))
 
 
 def _pack_dense(name: str, w: torch.Tensor, fmt: str, tensors: dict, sizes: dict) -> None:

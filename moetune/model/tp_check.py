@@ -30,9 +30,6 @@ def _check_attention(spec: ModelSpec, G: int) -> None:
     att = spec.attention
     _divides(G, att.num_heads, "the attention heads", "--tp-size")
     if isinstance(att, GQASpec):
-        if att.qk_norm == "full":
-            raise TPError(f"--tp-size {G}: {spec.model_type}'s q/k norm over the whole projection is not split "
-                          "by tensor parallelism yet; use --tp-size 1 (expert TP works)")
         kv = att.num_kv_heads
         if kv % G and G % kv:
             raise TPError(f"--tp-size {G} neither divides nor is a multiple of the model's {kv} KV heads")

@@ -85,6 +85,11 @@ class ShardedSource:
                 return (slice(first * Dh, stop * Dh),)
             if proj == "o_proj.weight":
                 return self._cols(att.num_heads * Dh)
+            if att.qk_norm == "full" and proj == "q_norm.weight":  # over the whole projection: this rank's part
+                return self._rows(att.num_heads * Dh)
+            if att.qk_norm == "full" and proj == "k_norm.weight":
+                first, stop = p.kv_heads(att.num_kv_heads)
+                return (slice(first * Dh, stop * Dh),)
         else:
             H = att.num_heads
             if proj in ("q_proj.weight", "q_b_proj.weight"):

@@ -6,9 +6,12 @@ expert keeps its first C copies. The overflow:
 - `drop`: the copy is dropped — its weight becomes 0, so it adds nothing to the token's output;
 - `reroute`: in the same order, the copy moves to the token's next-best expert (router score
   order) that still has room and that the token has not chosen; it keeps its weight. With no such
-  expert it is dropped.
-Counts are exact and returned. (A dropped copy still travels and is computed, with weight 0: the
-output is the dropped one, the time is not saved.)
+  expert it is dropped;
+- `buffer`: the copy keeps its expert and its weight and is computed in a second pass of the same
+  step (moe/passes.py): the first pass holds at most C copies per expert, nothing is lost.
+Counts are exact and returned, with the mask `over` of the copies beyond capacity (dropped or
+buffered). The MoE layer computes only the copies within capacity in its first pass: a dropped copy
+neither travels nor is computed (moe/passes.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-POLICIES = ("none", "drop", "reroute")
+POLICIES = ("none", "drop", "reroute", "buffer")
 
 
 class CapacityOutput(NamedTuple):
@@ -26,6 +29,8 @@ class CapacityOutput(NamedTuple):
     topk_weights: torch.Tensor  # [T, K]
     dropped: int  # copies whose weight became 0
     rerouted: int  # copies moved to another expert
+    over: torch.Tensor | None = None  # [T, K] bool: beyond capacity (dropped, or buffered for the second pass)
+    buffered: int = 0  # copies left for the second pass (`buffer`)
 
 
 def capacity_of(factor: float, num_tokens: int, top_k: int, num_experts: int) -> int:
@@ -37,7 +42,7 @@ def apply_capacity(topk_ids: torch.Tensor, topk_weights: torch.Tensor, scores: t
     """topk_ids, topk_weights [T, K]; scores [T, E] (higher = preferred) rank the reroute targets."""
     T, K = topk_ids.shape
     if policy == "none" or T == 0:
-        return CapacityOutput(topk_ids, topk_weights, 0, 0)
+        return CapacityOutput(topk_ids, topk_weights, 0, 0, torch.zeros_like(topk_ids, dtype=torch.bool))
     E = scores.shape[1]
     flat_ids, flat_w = topk_ids.reshape(-1), topk_weights.reshape(-1)  # [T*K]
     order = torch.argsort(-flat_w.float(), stable=True)  # [T*K] copies, heaviest first
@@ -64,5 +69,8 @@ def apply_capacity(topk_ids: torch.Tensor, topk_weights: torch.Tensor, scores: t
             ids[copy] = target
             over[copy] = False
             rerouted += 1
+    n_over = int(over.sum())
+    if policy == "buffer":
+        return CapacityOutput(topk_ids, topk_weights, 0, 0, over.view(T, K), n_over)
     weights[over] = 0
-    return CapacityOutput(ids.view(T, K), weights.view(T, K), int(over.sum()), rerouted)
+    return CapacityOutput(ids.view(T, K), weights.view(T, K), n_over, rerouted, over.view(T, K))

@@ -25,7 +25,33 @@ def offload_summary(store) -> dict:
     total["hit_rate"] = total["hits"] / looked if looked else 1.0
     total["prefetch_precision"] = (total["prefetch_used"] / total["prefetch_issued"]
                                    if total["prefetch_issued"] else None)
+    total["prefetch_by_source"] = source_totals(list(layers.values()))
     return {"enabled": True, "settings": store.settings.__dict__, "total": total, "layers": layers}
+
+
+def capacity_applied(model, cfg: RunConfig) -> dict:
+    """The recipe's capacity as it ran (parallel.capacity_policy): copies dropped, rerouted and
+    buffered (computed in the second pass, whose time is the phase `overflow`) over the measured
+    steps; {"policy": "none"} without one. (`--capacity-factor` alone only counts, in `kinds`.)"""
+    from moetune.engine.build import capacity_counts
+
+    p = cfg.parallel
+    if p.capacity_policy == "none":
+        return {"policy": "none"}
+    return {"policy": p.capacity_policy, "factor": p.capacity_factor, **capacity_counts(model)}
+
+
+def source_totals(rows: list[dict]) -> dict:
+    """Per prefetch source (router-ahead, history): issued, used, hits over layers; precision =
+    used / issued, recall = hits / (prefetch hits + misses)."""
+    wanted = sum(r["misses"] for r in rows) + sum(sum(x["hits"] for x in r["prefetch_by_source"].values())
+                                                  for r in rows)
+    out = {}
+    for src in rows[0]["prefetch_by_source"] if rows else ():
+        n = {k: sum(r["prefetch_by_source"][src][k] for r in rows) for k in ("issued", "used", "hits")}
+        out[src] = {**n, "precision": n["used"] / n["issued"] if n["issued"] else None,
+                    "recall": n["hits"] / wanted if wanted else None}
+    return out
 
 
 def quant_summary(model) -> dict:
@@ -34,7 +60,7 @@ def quant_summary(model) -> dict:
 
 
 def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
-               kv_bytes: int) -> dict:
+               kv_bytes: int, speculative: dict | None = None) -> dict:
     """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
     from moetune.profile.rates import model_dims
     from moetune.profile.tables import build_tables
@@ -42,13 +68,15 @@ def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, l
     dims = model_dims(profiler.model).as_dict()
     trace = profiler.trace()
     tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
-    return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes),
-                     model_dir)
+    return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes,
+                                                  speculative=speculative), model_dir)
 
 
 def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunParts, model_dir: Path) -> dict:
     import yaml
 
+    from moetune.bench.roofline import expert_bytes
+    from moetune.engine.speculative.experts import speculative_summary
     from moetune.profile.analysis import summarize
     from moetune.profile.env import environment
     from moetune.profile.memory import memory_breakdown
@@ -68,6 +96,9 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
         nvml=parts.nvml_summary,
         offload=offload_summary(model.experts),
         quant=quant_summary(model),
+        capacity_applied=capacity_applied(model, cfg),
+        speculative=speculative_summary(cfg.engine.speculative, parts.speculative, expert_bytes(model))
+        if parts.speculative is not None else {"enabled": False},
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)

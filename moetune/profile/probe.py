@@ -38,6 +38,7 @@ class Profiler:
         self._moved = [0, 0]  # dispatch, combine bytes of the current step
         self._start = 0.0
         self._range = None
+        self.trace_step = None  # torch_trace's step (profile --trace), called after each recorded step
         self._saved_layers = None
 
     @property
@@ -97,6 +98,12 @@ class Profiler:
         self.timer.reset()
         self._raw = {}
         self._moved = [0, 0]
+        self.start_clock(kind)
+
+    def start_clock(self, kind: str) -> None:
+        """A step begins: its ProfilerStep#N (a torch trace), its named range (annotate), its clock."""
+        if self.trace_step is not None and self.recording:
+            self.trace_step()
         if self.annotate:
             self._range = torch.profiler.record_function(kind)
             self._range.__enter__()

@@ -42,14 +42,16 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
 
         return run_rank_profile(settings, cfg, texts, writer, write_run, on_start, on_step)
     writer.check_free()
-    one_rank = target.with_config(cfg.model_copy(update={"parallel": ParallelConfig()}))  # EP is computed
+    p = cfg.parallel  # EP is computed; the capacity runs as the recipe sets it
+    one_rank = target.with_config(cfg.model_copy(update={"parallel": ParallelConfig(
+        capacity_factor=p.capacity_factor, capacity_policy=p.capacity_policy)}))
     generator = build_generator(one_rank)
     requests = request_tokens(texts, generator.encode, w)
     check_lengths(requests, w, spec.max_position)
     if on_start is not None:
         on_start(min(w.warmup_steps, w.output_len) + w.measured_steps())
     with writer as tmp:
-        summary = _profile_into(tmp, settings, cfg, generator, requests, layout, model_dir, on_step)
+        summary = _profile_into(tmp, settings, cfg, generator, requests, layout, model_dir, on_step, writer.final)
     return ProfileResult(writer.final, summary)
 
 
@@ -66,7 +68,9 @@ def engine_for(config: RunConfig, w: Workload, texts: list[str], context: int) -
 
 
 def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generator, requests, layout,
-                  model_dir: Path, on_step: Hooks | None) -> dict:
+                  model_dir: Path, on_step: Hooks | None, final: Path | None = None) -> dict:
+    from moetune.engine.build import capacity_counts
+    from moetune.engine.speculative.experts import speculative_counters
     from moetune.profile.nvml import NvmlSampler
     from moetune.profile.probe import Profiler
 
@@ -82,11 +86,17 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
                 profiler.recording = True
             model.experts.drain()  # the store's counters (offloading) cover measured steps only
             model.experts.reset_stats()
-            with torch_trace(tmp if settings.trace else None, model.device):
+            capacity_counts(model, reset=True)  # so are the capacity's dropped / buffered copies
+            engine = generator.engine
+            before = speculative_counters(engine.stats, engine.runner.experts)
+            with torch_trace(tmp if settings.trace else None, model.device, final) as step:
+                profiler.trace_step = step
                 for group in groups:
                     generator.generate(group, greedy_params(w.output_len))
+            after = speculative_counters(engine.stats, engine.runner.experts)
         finally:
             profiler.detach(generator.engine)
-    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, generator.engine.runner.cache.nbytes())
+    spec = {k: after[k] - before[k] for k in after} if engine.speculator is not None else None
+    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, engine.runner.cache.nbytes(), spec)
 
 

@@ -76,21 +76,44 @@ def cuda_index(device) -> int:
 
 
 @contextlib.contextmanager
-def torch_trace(root: Path | None, device):
+def torch_trace(root: Path | None, device, final: Path | None = None):
+    """A torch.profiler trace of the block into root/tb (TensorBoard) and root/trace.json; yields the
+    `step` to call as each engine step begins (ProfilerStep#N, TensorBoard's steps: #0 opens with the
+    trace, so the first call only counts), or None.
+    The trace's traceName names where it will be: `final` (the run directory root becomes)."""
     if root is None:
-        yield
+        yield None
         return
-    from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile, tensorboard_trace_handler
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, on_trace_ready=tensorboard_trace_handler(str(root / "tb"))):
-        yield
+    # a schedule that records every step: one trace, and a ProfilerStep#N range per prof.step()
+    with profile(activities=activities, schedule=lambda step: ProfilerAction.RECORD,
+                 on_trace_ready=tensorboard_trace_handler(str(root / "tb"))) as prof:
+        begun = []
+
+        def step() -> None:
+            if begun:
+                prof.step()
+            begun.append(True)
+
+        yield step
     written = sorted((root / "tb").glob("*.pt.trace.json"))  # the handler's file is a Chrome trace
     if written:
+        _name_trace(written[-1], root, final or root)
         try:  # the same file under a plain name; a hard link costs no space
             os.link(written[-1], root / "trace.json")
         except OSError:
             shutil.copyfile(written[-1], root / "trace.json")
+
+
+def _name_trace(path: Path, root: Path, final: Path) -> None:
+    """traceName: the trace's path once the run directory is in place (not the temporary one)."""
+    import json
+
+    data = json.loads(path.read_text())
+    data["traceName"] = str(Path(final).absolute() / path.relative_to(root))
+    path.write_text(json.dumps(data))
 
 
 @dataclass
@@ -104,3 +127,4 @@ class RunParts:
     nvml_summary: dict
     kv_bytes: int
     ranks: dict | None = None  # runs on R ranks: dispatcher counters, wire row bytes, dispatch dtype
+    speculative: dict | None = None  # speculative-decoding counters over the measured steps (engine.speculative)

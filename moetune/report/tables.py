@@ -153,7 +153,8 @@ def gemm_table(summary: dict) -> Table:
 
 def deployment_table(summary: dict) -> Table | None:
     """What the run's deployment did, where it says something: the expert formats (quant), the
-    offload cache and the tokens dropped over capacity (None when the run used none of them)."""
+    offload cache, speculative decoding and the tokens dropped over capacity (None when the run used
+    none of them)."""
     rows = []
     formats = summary.get("quant", {}).get("formats")
     if formats:
@@ -167,12 +168,24 @@ def deployment_table(summary: dict) -> Table | None:
                                 f"resident), prefetch precision {num(t['prefetch_precision'], '.2f')}, fetched "
                                 f"{mb(t['bytes_host'] + t['bytes_disk'])}, offload_wait {1e3 * t['offload_wait_s']:.1f} ms; "
                                 f"{s['capacity']} resident experts/layer, {s['policy']}, {s['tier']} tier"])
+    spec = summary.get("speculative", {})
+    if spec.get("enabled"):
+        rows.append(["speculative", _speculative_line(spec)])
     for kind in _kinds(summary):
         cap = summary["kinds"][kind].get("capacity")
         if cap:
             rows.append([f"{kind} capacity drops", f"{100 * cap['drop_rate']:.2f}% of copies ({cap['dropped_copies']} "
                                                    f"of {cap['copies']}) over capacity factor {cap['capacity_factor']}"])
     return Table("Deployment", ["", "value"], rows) if rows else None
+
+
+def _speculative_line(s: dict) -> str:
+    ratio = s["experts_per_layer_verify"] / s["experts_per_layer_plain"] if s["experts_per_layer_plain"] else 0.0
+    return (f"{s['method']}: acceptance {100 * s['acceptance_rate']:.0f}% ({s['accepted_tokens']}/{s['draft_tokens']} "
+            f"drafts), {s['tokens_per_verify']:.2f} tokens per verify, {s['verify_steps']} verify steps; experts per "
+            f"MoE layer and step {s['experts_per_layer_verify']:.1f} verify vs {s['experts_per_layer_plain']:.1f} "
+            f"plain decode ({ratio:.2f}×), expert bytes per step {mb(s['expert_bytes_per_step_verify'])} vs "
+            f"{mb(s['expert_bytes_per_step_plain'])}")
 
 
 def memory_table(summary: dict) -> Table:

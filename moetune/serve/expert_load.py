@@ -28,11 +28,13 @@ class ExpertLoadWindow:
         self._buf = torch.zeros(window_steps, len(self.layers), self.num_experts, dtype=torch.long,
                                 device=model.device)  # [W, Lm, E]
         self._pos = 0
+        self._filled = 0  # rows of the ring that hold a step
         self.last_ids: list = [None] * len(self.layers)  # per MoE layer [T, K] of the latest step (device)
 
     # the engine thread -----------------------------------------------------------------------
     def begin_step(self) -> None:
         self._pos = (self._pos + 1) % self._buf.shape[0]
+        self._filled = min(self._filled + 1, self._buf.shape[0])
         self._buf[self._pos].zero_()
         self.last_ids = [None] * len(self.layers)
 
@@ -51,6 +53,13 @@ class ExpertLoadWindow:
     def counts(self) -> np.ndarray:
         """[Lm, E] token copies per layer and expert over the window."""
         return self._buf.sum(0).cpu().numpy()
+
+    def distinct_per_step(self) -> np.ndarray:
+        """[S] Σ over MoE layers of the distinct experts each of the window's steps woke (S ≤ W; the
+        step in progress, if any, counts what it has routed so far)."""
+        woken = (self._buf > 0).sum(dim=(1, 2)).cpu().numpy()  # [W]
+        rows = [(self._pos - j) % self._buf.shape[0] for j in range(self._filled)]  # the newest first
+        return woken[rows]
 
     def stats(self) -> list[tuple[int, np.ndarray, LoadStats]]:
         counts = self.counts()

@@ -6,6 +6,7 @@ live expert load are read from the worker's snapshot and the load window when /m
 
 from __future__ import annotations
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -63,6 +64,7 @@ class _EngineCollector:
             ("moetune_engine_healthy", "1 while the engine takes requests, 0 once it failed and could not be "
              "reset (the server then exits non-zero)", s.healthy),
             ("moetune_engine_resets", "Times the engine was reset after a step failed", s.resets),
+            *_speculative(s),
         ]:
             yield GaugeMetricFamily(name, doc, value=value)
         load = GaugeMetricFamily("moetune_expert_load", "Token copies routed to each expert over the last "
@@ -77,3 +79,34 @@ class _EngineCollector:
             balance.add_metric([str(layer)], stats.balancedness)
             imbalance.add_metric([str(layer)], stats.imbalance)
         yield from (load, balance, imbalance)
+        yield self._distinct()
+
+    def _distinct(self) -> GaugeMetricFamily:
+        """Distinct experts woken per engine step over the window (Σ over MoE layers): what expert-
+        affinity scheduling lowers; quantiles of the window's steps, and their mean."""
+        per_step = self.window.distinct_per_step()  # [S]
+        g = GaugeMetricFamily("moetune_distinct_experts_per_step", "Distinct experts (summed over MoE layers) "
+                              "an engine step woke, over the last window of steps", labels=["stat"])
+        if len(per_step):
+            for name, value in (("mean", per_step.mean()), ("p50", np.quantile(per_step, 0.5)),
+                                ("p90", np.quantile(per_step, 0.9)), ("max", per_step.max())):
+                g.add_metric([name], float(value))
+        return g
+
+
+def _speculative(s: WorkerSnapshot) -> list[tuple[str, str, float]]:
+    """Speculative decoding since start (all 0 without engine.speculative)."""
+    per_layer = 1 / s.expert_layers if s.expert_layers else 0.0
+    return [
+        ("moetune_spec_verify_steps", "Engine steps that verified draft tokens", s.verify_steps),
+        ("moetune_spec_draft_tokens", "Draft tokens verified", s.draft_tokens),
+        ("moetune_spec_accepted_tokens", "Draft tokens the target model accepted", s.accepted_tokens),
+        ("moetune_spec_acceptance_rate", "Accepted / verified draft tokens",
+         s.accepted_tokens / s.draft_tokens if s.draft_tokens else 0.0),
+        ("moetune_spec_tokens_per_verify", "Tokens a sequence gained per verify (accepted drafts + 1)",
+         (s.accepted_tokens + s.verified) / s.verified if s.verified else 0.0),
+        ("moetune_spec_experts_per_layer_verify", "Distinct experts an MoE layer computed per verify step "
+         "(the step's decode rows: last tokens and drafts)", s.experts_verify * per_layer),
+        ("moetune_spec_experts_per_layer_plain", "Distinct experts the same steps' last tokens alone route to "
+         "(a plain decode step at the same batch)", s.experts_plain * per_layer),
+    ]

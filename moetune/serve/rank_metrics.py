@@ -3,6 +3,8 @@ all ranks together (for the metrics one rank has).
 
 Read on scrape from what the ranks last reported to rank 0 (serve/rank_worker.py): engine gauges
 after every lock-step, each rank's expert-load window every LOAD_EVERY lock-steps and on idle ticks.
+Over a tensor-parallel mesh a "rank" here is a DP group (label `rank="d"`), as its TP rank 0
+reports it: the group's other ranks hold the same sequences and route the same tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class RanksLoad:
     def stats(self):
         counts = self.counts()
         return list(zip(self.layers, counts, per_layer_stats(counts)))
+
+    def distinct_per_step(self) -> np.ndarray:
+        """Not gathered over ranks (each rank's window holds its own steps): empty, so /metrics
+        leaves moetune_distinct_experts_per_step without samples over R ranks."""
+        return np.zeros(0, dtype=np.int64)
 
 
 class RankCollector:

@@ -10,56 +10,26 @@ them; `dump` gathers every rank's record on rank 0 and writes the run directory 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-from moetune.errors import MoetuneError
-from moetune.serve.protocol import APIError
-from moetune.serve.recording import Recorder, cuda_index, live_settings
+from moetune.serve.recording import Recorder, live_settings
 
 
 class RankRecorder(Recorder):
-    """The Recorder's routes over every rank (worker: a RanksWorker)."""
+    """The Recorder's routes over every rank (worker: a RanksWorker): the profilers live on the ranks."""
 
-    async def start(self) -> dict:
-        if self.recording:
-            raise APIError(409, "a recording is already running; stop or dump it first", code="recording_running")
-        from moetune.profile.nvml import NvmlSampler
-
+    async def _attach(self):
         await asyncio.wrap_future(self.worker.call_all(_attach))
-        self.profiler = True  # the profilers live on the ranks
-        self.nvml = NvmlSampler(cuda_index(self.worker.side.dp.model.device)).__enter__()
-        self.recording, self.sequences, self.generated = True, 0, 0
-        return {"recording": True}
+        return True  # the profilers live on the ranks
 
-    async def stop(self) -> dict:
-        if not self.recording:
-            raise APIError(409, "no recording is running; POST /v1/expert_distribution/start first",
-                           code="not_recording")
+    async def _detach(self) -> int:
         steps = await asyncio.wrap_future(self.worker.call_all(_detach))
-        self.nvml.__exit__(None, None, None)
-        self.recording = False
-        self.steps = steps[0]
-        return {"recording": False, "steps": self.steps}
+        return steps[0]
 
-    async def dump(self, name: str | None) -> dict:
-        if self.recording:
-            await self.stop()
-        if self.profiler is None or not getattr(self, "steps", 0):
-            raise APIError(400, "nothing recorded: start a recording and send traffic before dumping",
-                           code="nothing_recorded")
-        root = Path(self.config.serve.record_dir)
-        path = root / (name or f"{self.model_dir.name}-serve-{time.strftime('%Y%m%d-%H%M%S')}")
-        if path.exists():
-            raise APIError(409, f"the run directory {path} exists; choose another name", code="run_dir_exists")
+    async def _write(self, path: Path) -> tuple[dict, dict]:
         records = await asyncio.wrap_future(self.worker.call_all(_record))
-        try:
-            summary = await asyncio.to_thread(self._write_ranks, path, records)
-        except MoetuneError as exc:
-            raise APIError(409, str(exc), code="run_dir_exists") from None
-        self.profiler = None  # dumped once
-        return {"path": str(path.resolve()), "steps": self.steps, "ranks": len(records),
-                "kinds": sorted(summary["kinds"])}
+        summary = await asyncio.to_thread(self._write_ranks, path, records)
+        return summary, {"ranks": len(records)}
 
     def _write_ranks(self, path: Path, records: list) -> dict:
         from moetune.profile.finish import write_run
@@ -96,5 +66,7 @@ def _record(side):
     from moetune.profile.ranks.run import dispatcher_of, wire_row_bytes
 
     profiler, side.profiler = side.profiler, None
-    return profiler.record(wire_row_bytes(dispatcher_of(side.dp.model), side.dp.model))
+    record = profiler.record(wire_row_bytes(dispatcher_of(side.dp.model), side.dp.model))
+    record.coords = (side.dp_rank, side.tp_rank)  # the run's tables take each DP group's tokens once
+    return record
 

@@ -19,81 +19,50 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
 from moetune.errors import RequestError
 from moetune.serve.ranks import Add, Mail, Payload, RankSide, RankSnapshot, Report, exchange, plan
-from moetune.serve.worker import Stream, WorkerSnapshot
+from moetune.serve.worker import CommandWorker, Stream, WorkerSnapshot
 
 log = logging.getLogger("moetune.serve")
 IDLE_TICK_S = 1.0
 
 
-class RanksWorker:
+class RanksWorker(CommandWorker):
+    """Requests go to the R data-parallel groups of the mesh (`groups` = R: one rank each without
+    tensor parallelism); every rank of a group gets the same mail and steps alike, and the group's
+    TP rank 0 alone reports its outputs, state and load (serve/ranks.py)."""
+
+    thread_name = "moetune-ranks"
+    stop_timeout_s = 30.0
+    late_event = "aborted"
+
     def __init__(self, side: RankSide, on_failure: Callable[[BaseException], None] | None = None):
-        self.side, self.world = side, side.world
+        super().__init__()
+        self.side, self.world, self.groups = side, side.world, side.dp_size
         self.engine = side.engine  # rank 0's: checks requests (and `call` runs on it)
         self.on_failure = on_failure
-        self.snapshot = WorkerSnapshot(kv_blocks_total=self.engine.blocks.num_blocks * self.world)  # all ranks
-        self.ranks = [RankSnapshot(kv_blocks_total=self.engine.blocks.num_blocks) for _ in range(self.world)]
-        self.assigned = [0] * self.world  # sequences sent to each rank since start
-        self.loads: list = [None] * self.world  # [Lm, E] per rank, the latest reported window
-        self.failure: str | None = None  # why the ranks stopped (a collective failed), for /health and 503s
+        blocks = self.engine.blocks.num_blocks
+        self.snapshot = WorkerSnapshot(kv_blocks_total=blocks * self.groups)  # all groups
+        self.ranks = [RankSnapshot(kv_blocks_total=blocks) for _ in range(self.groups)]  # per DP group
+        self.assigned = [0] * self.groups  # sequences sent to each DP group since start
+        self.loads: list = [None] * self.groups  # [Lm, E] per DP group, the latest reported window
         self.error: BaseException | None = None  # the collective's error, for rank 0's main thread to raise
-        self.on_fatal: Callable[[str], None] | None = None  # (the one-rank worker's hook; on_failure here)
-        self._pending = [0] * self.world  # tokens assigned since the rank last reported
-        self._sent = [0] * self.world  # of which in the latest mails
-        self._cmds: deque = deque()
-        self._wake = threading.Event()
+        self._pending = [0] * self.groups  # tokens assigned since the group last reported
+        self._sent = [0] * self.groups  # of which in the latest mails
         self._gids = itertools.count()
         self._calls = itertools.count()
-        self._routes: dict[int, tuple[Stream, int, int]] = {}  # gid → (stream, choice, rank)
-        self._waiting_calls: dict[int, tuple[Future, list]] = {}  # call id → (future, results by rank)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="moetune-ranks", daemon=True)
-
-    # called from any thread -------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
-    @property
-    def healthy(self) -> bool:
-        return self.failure is None and (self._thread.is_alive() or self._thread.ident is None)
-
-    def abort_all(self, reason: str) -> None:
-        """Abort every sequence on every rank; their streams get ("aborted", reason) (the drain's deadline)."""
-        self._send(("abort_all", reason))
-
-    def submit(self, stream: Stream) -> None:
-        self._send(("add", stream))
-
-    def abort(self, stream: Stream) -> None:
-        self._send(("abort", stream))
-
-    def call(self, fn: Callable) -> Future:
-        """fn(rank 0's engine) between two lock-steps, on this thread."""
-        fut: Future = Future()
-        self._send(("call", fn, fut))
-        return fut
+        self._routes: dict[int, tuple[Stream, int, int]] = {}  # gid → (stream, choice, DP group)
+        self._waiting_calls: dict[int, tuple[Future, list]] = {}  # call id → (future, results by global rank)
 
     def call_all(self, fn: Callable) -> Future:
-        """fn(RankSide) on every rank between two lock-steps (fn picklable); the results by rank."""
+        """fn(RankSide) on every rank between two lock-steps (fn picklable); the results by global rank."""
         fut: Future = Future()
         self._send(("call_all", fn, fut))
         return fut
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Abort what still runs on every rank, then end the loop (and with it every rank's)."""
-        self._send(("stop",))
-        self._thread.join(timeout)
-
-    def _send(self, cmd: tuple) -> None:
-        self._cmds.append(cmd)
-        self._wake.set()
 
     # the loop ---------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -110,9 +79,9 @@ class RanksWorker:
                 self._route([report], fresh=True)
                 stopped = mail.stop
         except Exception as exc:  # a collective failed: a rank is gone
-            self.error, self.failure = exc, "an expert-parallel rank failed; the server is stopping"
+            self.error = exc
             self.snapshot.healthy = 0
-            self._fail_all(self.failure)
+            self._fail_all("a serving rank failed; the server is stopping")
             if self.on_failure is not None:
                 self.on_failure(exc)
             return
@@ -123,8 +92,9 @@ class RanksWorker:
         return any(r.unfinished for r in self.ranks) or any(self._sent) or bool(self._waiting_calls)
 
     def _mails(self) -> list[Mail]:
-        mails = [Mail() for _ in range(self.world)]
-        self._sent = [0] * self.world
+        """This lock-step's mail for each DP group."""
+        mails = [Mail() for _ in range(self.groups)]
+        self._sent = [0] * self.groups
         while self._cmds:
             cmd = self._cmds.popleft()
             if cmd[0] == "add":
@@ -163,18 +133,18 @@ class RanksWorker:
             stream.post("error", exc)
             return
         for i, (prompt, params) in enumerate(zip(stream.prompts, stream.params)):
-            gid, rank = next(self._gids), self._least_work()
+            gid, group = next(self._gids), self._least_work()
             stream.rids.append(gid)
-            self._routes[gid] = (stream, i, rank)
-            self._pending[rank] += len(prompt)
-            self._sent[rank] += len(prompt) or 1
-            self.assigned[rank] += 1
-            mails[rank].adds.append(Add(gid, prompt, params, stream.priority))
+            self._routes[gid] = (stream, i, group)
+            self._pending[group] += len(prompt)
+            self._sent[group] += len(prompt) or 1
+            self.assigned[group] += 1
+            mails[group].adds.append(Add(gid, prompt, params, stream.priority))
         stream.post("admitted", None)
 
     def _least_work(self) -> int:
         work = [r.work_tokens + p for r, p in zip(self.ranks, self._pending)]
-        return min(range(self.world), key=lambda k: (work[k], k))
+        return min(range(self.groups), key=lambda k: (work[k], k))
 
     def _route(self, reports: list[Report], fresh: bool) -> None:
         """fresh: reports of the lock-step just taken (rank 0's own), which include the latest mails'
@@ -182,10 +152,16 @@ class RanksWorker:
         now = time.monotonic()
         by_stream: dict[int, tuple[Stream, list]] = {}
         for report in reports:
-            self.ranks[report.rank] = report.snapshot
-            self._pending[report.rank] = 0 if fresh else self._sent[report.rank]
+            for call_id, ok, value in report.calls:
+                fut, results = self._waiting_calls[call_id]
+                results[report.rank] = (ok, value)
+            if report.tp_rank != 0:  # the group's rank 0 speaks for it
+                continue
+            group = report.dp_rank
+            self.ranks[group] = report.snapshot
+            self._pending[group] = 0 if fresh else self._sent[group]
             if report.load is not None:
-                self.loads[report.rank] = report.load
+                self.loads[group] = report.load
             for gid, out in report.outputs:
                 route = self._routes.get(gid)
                 if route is None:
@@ -198,9 +174,6 @@ class RanksWorker:
                 route = self._routes.pop(gid, None)
                 if route is not None:
                     self._abort_stream(route[0], f"rank {report.rank} refused the request: {why}")
-            for call_id, ok, value in report.calls:
-                fut, results = self._waiting_calls[call_id]
-                results[report.rank] = (ok, value)
         for stream, items in by_stream.values():
             stream.post("out", items, now)
         self._finish_calls()
@@ -239,9 +212,4 @@ class RanksWorker:
         for fut, _ in self._waiting_calls.values():
             fut.set_exception(RuntimeError(reason))
         self._waiting_calls.clear()
-        while self._cmds:  # streams submitted after the last lock-step
-            cmd = self._cmds.popleft()
-            if cmd[0] == "add":
-                cmd[1].post("aborted", reason)
-            elif cmd[0] in ("call", "call_all"):
-                cmd[2].set_exception(RuntimeError(reason))
+        self._fail(reason)  # streams and calls submitted after the last lock-step, and any later

@@ -1,10 +1,13 @@
 """Serving over R ranks, the part every rank runs: one lock-step of the serving loop.
 
 Rank 0 hosts the HTTP API and decides; every rank (rank 0 included) owns an Engine over its share
-of the requests. One serving lock-step, on every rank, in the same order:
+of the requests. Requests go to the mesh's DP groups (engine/mesh.py; one rank each without tensor
+parallelism): the G ranks of a group get the same mail, hold the same sequences under the same ids
+and step in lockstep, and the group's TP rank 0 alone reports its outputs and load. One serving
+lock-step, on every rank, in the same order:
 
     exchange  one all_gather of a Payload per rank: rank 0's carries this lock-step's mail for every
-              rank (new sequences, aborts, calls; stop), every rank's its report of the previous
+              DP group (new sequences, aborts, calls; stop), every rank's its report of the previous
               lock-step (outputs by request, state, results of calls)
     plan      from the same payloads every rank concludes alike whether to step: some rank reported
               unfinished work, or the mail brings new sequences
@@ -74,7 +77,9 @@ class RankSnapshot(WorkerSnapshot):
 
 @dataclass
 class Report:
-    rank: int
+    rank: int  # global
+    dp_rank: int = 0  # its DP group: the requests it serves
+    tp_rank: int = 0  # its place in the group; rank 0 reports for the group (outputs, snapshot, load)
     outputs: list[tuple[int, RequestOutput]] = field(default_factory=list)  # (gid, output)
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (gid, why) for adds the engine refused
     calls: list[tuple[int, bool, Any]] = field(default_factory=list)  # (call id, ok, value or error text)
@@ -88,6 +93,7 @@ class RankSide:
     def __init__(self, dp, window, group):
         self.dp, self.window, self.group = dp, window, group  # DPGenerator, ExpertLoadWindow, gloo group
         self.rank, self.world = dp.rank, dp.world
+        self.dp_rank, self.dp_size, self.tp_rank = dp.dp_rank, dp.dp_size, dp.tp_rank  # (d, t) in the mesh
         self.profiler = None  # a RankProfiler while /v1/expert_distribution records (serve/rank_recording.py)
         self._comm_base = (0.0, 0.0, 0)  # the dispatcher's totals before its last reset (a recording's start)
         self._rids: dict[int, int] = {}  # gid → engine request id
@@ -98,8 +104,9 @@ class RankSide:
         return self.dp.engine
 
     def take(self, mail: Mail, step: bool) -> Report:
-        """Apply the mail, take the lock-step if `step` (every rank agreed, `plan`); this rank's report."""
-        report = Report(self.rank)
+        """Apply the mail, take the lock-step if `step` (every rank agreed, `plan`); this rank's report
+        (outputs and load only from a DP group's TP rank 0: the group's other ranks compute the same)."""
+        report, lead = Report(self.rank, self.dp_rank, self.tp_rank), self.tp_rank == 0
         for gid in mail.aborts:
             rid = self._rids.pop(gid, None)
             if rid is not None:
@@ -123,13 +130,14 @@ class RankSide:
                 gid = self._gids.get(out.request_id)
                 if gid is None:
                     continue
-                report.outputs.append((gid, out))
+                if lead:
+                    report.outputs.append((gid, out))
                 if out.finish_reason is not None:
                     del self._gids[out.request_id], self._rids[gid]
         if mail.stop:
             self.abort_all()
         report.snapshot = self.snapshot()
-        if not step or self.dp.steps % LOAD_EVERY == 0:
+        if lead and (not step or self.dp.steps % LOAD_EVERY == 0):
             report.load = self.window.counts()
         return report
 
@@ -186,12 +194,13 @@ def exchange(side: RankSide, payload: Payload) -> list[Payload]:
     return [pickle.loads(t[: int(n)].numpy().tobytes()) for t, n in zip(got, sizes)]
 
 
-def plan(payloads: list[Payload], rank: int) -> tuple[Mail, bool]:
-    """This rank's mail, and whether every rank steps: the same answer on every rank."""
+def plan(payloads: list[Payload], dp_rank: int) -> tuple[Mail, bool]:
+    """The mail of this rank's DP group (every rank of the group gets the same), and whether every
+    rank steps: the same answer on every rank."""
     mails = payloads[0].mails
     step = any(m.adds for m in mails) or any(p.report is not None and p.report.snapshot.unfinished
                                              for p in payloads)
-    return mails[rank], step
+    return mails[dp_rank], step
 
 
 def follow(side: RankSide) -> None:
@@ -204,7 +213,7 @@ def follow(side: RankSide) -> None:
         signal.signal(sig, signal.SIG_IGN)
     report = None
     while True:
-        mail, step = plan(exchange(side, Payload(report)), side.rank)
+        mail, step = plan(exchange(side, Payload(report)), side.dp_rank)
         report = side.take(mail, step)
         if mail.stop:
             return

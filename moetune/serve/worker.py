@@ -1,4 +1,6 @@
 """EngineWorker: the one thread that owns the Engine; asyncio handlers talk to it through commands.
+(`CommandWorker` is what it shares with rank 0's RanksWorker over R ranks: the command queue, the
+thread, its health, and answering commands at once after the thread failed.)
 
 The engine is not thread-safe, so every call on it (add, abort, step, attaching a profiler) runs
 on this thread, between two steps. Handlers submit a `Stream` (one HTTP request, n sequences) and
@@ -70,26 +72,34 @@ class WorkerSnapshot:
     computed_tokens: int = 0
     healthy: int = 1  # 0 once the engine failed and could not be reset
     resets: int = 0  # times the engine was reset after a failed step
+    # speculative decoding (engine.speculative), since start: verify steps, draft tokens verified and
+    # accepted, Σ over verify steps × MoE layers of the distinct experts woken / a plain decode's
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verified: int = 0
+    experts_verify: int = 0
+    experts_plain: int = 0
+    expert_layers: int = 0
 
 
-class EngineWorker:
-    def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None,
-                 after_step: Callable[[], None] | None = None, qos=None):
-        self.engine = engine
-        self.before_step = before_step  # e.g. the live expert-load window advancing
-        self.after_step = after_step  # e.g. the QoS policy reading the step's routing
-        self.qos = qos  # moetune.serve.qos.ExpertQoS (the scheduler's policy) or None
-        if qos is not None:
-            engine.scheduler.policy = qos
-        self.snapshot = WorkerSnapshot(kv_blocks_total=engine.blocks.num_blocks)
-        self.failure: str | None = None  # set once, when the engine is dead
-        self.on_fatal: Callable[[str], None] | None = None  # called on the engine thread with `failure`
+class CommandWorker:
+    """What both drivers of the engine share (this EngineWorker, and rank 0's RanksWorker over R
+    ranks, serve/rank_worker.py): the handlers' commands queued for one thread that runs `_run`,
+    the thread's health, and the answer a command gets once that thread has failed (`failure`)."""
+
+    thread_name = "moetune-engine"
+    stop_timeout_s = 10.0
+    late_event = "failed"  # what a stream submitted after the failure receives
+
+    def __init__(self):
+        self.failure: str | None = None  # set once, when the engine (or a rank) is dead
+        self.on_fatal: Callable[[str], None] | None = None  # called on the worker's thread with `failure`
         self._cmds: deque = deque()
         self._lock = threading.Lock()  # orders _send against the thread's death
         self._wake = threading.Event()
-        self._routes: dict[int, tuple[Stream, int]] = {}  # rid → (stream, choice index); engine thread only
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="moetune-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
     # called from any thread -------------------------------------------------------------------
     def start(self) -> None:
@@ -97,7 +107,7 @@ class EngineWorker:
 
     @property
     def healthy(self) -> bool:
-        """The engine can take requests: not failed, and its thread alive once started."""
+        """Requests are taken: not failed, and the thread alive once started."""
         return self.failure is None and (self._thread.is_alive() or self._thread.ident is None)
 
     def submit(self, stream: Stream) -> None:
@@ -107,19 +117,19 @@ class EngineWorker:
         self._send(("abort", stream))
 
     def abort_all(self, reason: str) -> None:
-        """Abort every request the engine holds; their streams get ("aborted", reason) (the drain's deadline)."""
+        """Abort every request the engine(s) hold; their streams get ("aborted", reason) (the drain's deadline)."""
         self._send(("abort_all", reason))
 
     def call(self, fn: Callable[[Engine], object]) -> Future:
-        """Run fn(engine) on the engine thread between two steps; its result as a Future."""
+        """Run fn(engine) on the worker's thread between two steps; its result as a Future."""
         fut: Future = Future()
         self._send(("call", fn, fut))
         return fut
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Abort whatever still runs, then end the thread."""
         self._send(("stop",))
-        self._thread.join(timeout)
+        self._thread.join(self.stop_timeout_s if timeout is None else timeout)
 
     def _send(self, cmd: tuple) -> None:
         with self._lock:
@@ -127,7 +137,31 @@ class EngineWorker:
                 self._cmds.append(cmd)
                 self._wake.set()
                 return
-        _refuse(cmd, self.failure)  # the thread is gone: answer here
+        _refuse(cmd, self.failure, self.late_event)  # the thread is gone: answer here
+
+    def _fail(self, reason: str) -> None:
+        """On the worker's thread: no command is queued from now on; those queued are answered."""
+        with self._lock:
+            self.failure = reason
+        while self._cmds:
+            _refuse(self._cmds.popleft(), reason, self.late_event)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class EngineWorker(CommandWorker):
+    def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None,
+                 after_step: Callable[[], None] | None = None, qos=None):
+        super().__init__()
+        self.engine = engine
+        self.before_step = before_step  # e.g. the live expert-load window advancing
+        self.after_step = after_step  # e.g. the QoS policy reading the step's routing
+        self.qos = qos  # moetune.serve.qos.ExpertQoS (the scheduler's policy) or None
+        if qos is not None:
+            engine.scheduler.policy = qos
+        self.snapshot = WorkerSnapshot(kv_blocks_total=engine.blocks.num_blocks)
+        self._routes: dict[int, tuple[Stream, int]] = {}  # rid → (stream, choice index); engine thread only
 
     # the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -169,15 +203,12 @@ class EngineWorker:
 
     def _die(self, reason: str) -> None:
         log.error("%s; the server is unhealthy and stops", reason)
-        with self._lock:
-            self.failure = reason
         self.snapshot.healthy = 0
         streams = {id(s): s for s, _ in self._routes.values()}
         self._routes.clear()
         for stream in streams.values():
             stream.post("failed", reason)
-        while self._cmds:
-            _refuse(self._cmds.popleft(), reason)
+        self._fail(reason)
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
@@ -275,11 +306,17 @@ class EngineWorker:
         snap.preemptions = e.stats.preemptions
         snap.prefix_cache_hit_tokens = e.stats.prefix_cache_hit_tokens
         snap.computed_tokens = e.stats.computed_tokens
+        st, ex = e.stats, e.runner.experts
+        snap.verify_steps, snap.draft_tokens, snap.accepted_tokens = st.verify_steps, st.draft_tokens, st.accepted_tokens
+        snap.verified = st.verified
+        if ex is not None:
+            snap.experts_verify, snap.experts_plain, snap.expert_layers = ex.verify, ex.plain, ex.layers
 
 
-def _refuse(cmd: tuple, reason: str) -> None:
-    """A command that reaches a dead worker: answered at once, so that nobody waits for it."""
+def _refuse(cmd: tuple, reason: str, event: str = "failed") -> None:
+    """A command that reaches a dead worker: answered at once, so that nobody waits for it (a new
+    stream gets (event, reason); a call's future the error)."""
     if cmd[0] == "add":
-        cmd[1].post("failed", reason)
-    elif cmd[0] == "call":
+        cmd[1].post(event, reason)
+    elif cmd[0] in ("call", "call_all"):
         cmd[2].set_exception(RuntimeError(reason))

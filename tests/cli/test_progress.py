@@ -10,7 +10,7 @@ import pytest
 from moetune.cli.progress import PlainProgress
 from tests.cli_run import moetune
 
-LINE = re.compile(r"^(profile|eval|search): [a-z ]+( \d+/\d+ \(\d+%\))?(, [\d.]+/s)?, elapsed [\d.]+ (s|min|h)"
+LINE = re.compile(r"^(profile|eval|search|bench|simulate|quantize): [a-z -]+( \d+/\d+ \(\d+%\))?(, [\d.]+/s)?, elapsed [\d.]+ (s|min|h)"
                   r"(, ETA [\d.]+ (s|min|h))?(, .*)?$")
 
 
@@ -71,3 +71,30 @@ def test_search_piped_prints_its_trials(fast_progress, tmp_path):
     lines = progress_lines(r.stderr, "search")
     assert any(re.match(r"search: trials 12/12 \(100%\), [\d.]+/s, elapsed .*, (best|no feasible)", line)
                for line in lines), r.stderr
+
+
+def test_bench_piped_prints_its_workloads(fast_progress):
+    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "3")
+    assert r.returncode == 0, r.stderr
+    lines = progress_lines(r.stderr, "bench")
+    assert any(re.match(r"bench: workloads (\d+)/\1 \(100%\), [\d.]+/s", line) for line in lines), r.stderr
+    assert "bench:" not in r.stdout
+
+
+def test_simulate_piped_prints_its_lock_steps(fast_progress, tmp_path):
+    run = tmp_path / "run"
+    r = moetune("profile", "--num-requests", "4", "--batch-size", "4", "--input-len", "8", "--output-len", "4",
+                "--warmup-steps", "0", "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    r = moetune("simulate", "--trace", str(run), "--hardware", "H100")
+    assert r.returncode == 0, r.stderr
+    lines = progress_lines(r.stderr, "simulate")
+    assert any(re.match(r"simulate: pricing lock-steps (\d+)/\1 \(100%\)", line) for line in lines), r.stderr
+
+
+def test_quantize_piped_prints_its_layers(fast_progress, tmp_path):
+    r = moetune("quantize", "--policy", "int8", "--out", str(tmp_path / "q"))
+    assert r.returncode == 0, r.stderr
+    lines = progress_lines(r.stderr, "quantize")
+    assert any(re.match(r"quantize: packing layers (\d+)/\1 \(100%\)", line) for line in lines), r.stderr
+    assert r.stdout.startswith("experts: ")

@@ -92,3 +92,15 @@ def loaded(dp):
     every: list = [None] * dp.world
     dist.all_gather_object(every, mine)
     return every if dp.rank == 0 else None
+
+
+def parity_with_capacity(prompts: list[list[int]], max_tokens: list[int], dp):
+    """`parity`, plus the copies this rank's capacity buffered, dropped and rerouted (every rank's)."""
+    from moetune.engine.build import capacity_counts
+
+    logits = dp.prompt_logits(prompts)
+    done = dp.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
+    counts = capacity_counts(dp.model)
+    if dp.rank != 0:
+        return None
+    return logits, [c.token_ids for c in done], counts

@@ -155,3 +155,18 @@ def test_sorting_a_placement_by_format_keeps_ranks_and_replica_order():
         assert names == sorted(names, key=["int8", "fp32"].index)
     for e in range(5):  # replicas keep their rank order, so token t's copy reaches the same rank
         assert [s // n for s in by.replicas(0)[e]] == [s // n for s in placed.replicas(0)[e]]
+
+
+def test_buffer_capacity_on_ranks_equals_one_rank_without_limit(checkpoints):
+    """`buffer` on 2 ranks (each rank's copies beyond its capacity in a second pass; an empty second
+    pass still takes part in the all-to-alls) computes what one rank without a limit computes."""
+    path = checkpoints["mixtral"]
+    ref_logits, ref_tokens = reference(path)
+    cfg = parse_config({"model": {"path": str(path), "device": "cpu"},
+                        "parallel": {"ep_size": 2, "redundant_experts": 1, "capacity_factor": 1.0,
+                                     "capacity_policy": "buffer", "timeout_s": 60}})
+    logits, tokens, counts = run_ranks(cfg, functools.partial(jobs.parity_with_capacity, prompts(), MAX_TOKENS))
+    assert counts["buffered"] > 0 and counts["dropped"] == 0  # rank 0 had copies over its capacity
+    assert tokens == ref_tokens
+    for got, want in zip(logits, ref_logits):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

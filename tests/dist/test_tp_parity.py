@@ -2,7 +2,7 @@
 prompt logits within 1e-4 and the same greedy tokens (32 for the longest request), for every model
 family, with attention and experts split (TP 2), experts alone split (expert-TP 2), attention alone
 split, TP 2 × EP 2 on 4 ranks, and TP 4 (fewer KV heads than ranks: each rank holds a copy of one),
-offloaded experts per rank;
+offloaded experts per rank, olmoe's q/k norm over the whole projection at TP 2 and 4;
 int8 / int4 experts under expert-TP equal the same quantized model on one rank; sampling agrees
 across a TP group; each rank reads about its share of the checkpoint."""
 
@@ -28,6 +28,7 @@ def checkpoints(tmp_path_factory):
     # int4-g32 needs D and I / 2 to be multiples of 32
     out["mixtral_wide"] = build_checkpoint("mixtral", tmp_path_factory.mktemp("wide"), shard=False,
                                            hidden_size=64, intermediate_size=128)
+    out["olmoe"] = build_checkpoint("olmoe", tmp_path_factory.mktemp("olmoe"), shard=False)
     return out
 
 
@@ -80,6 +81,13 @@ def test_attention_tp_with_whole_experts(checkpoints):
 ])
 def test_tp2_by_ep2_on_four_ranks(checkpoints, model, parallel):
     assert_same_as_one_rank(checkpoints[model], parallel)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_olmoe_full_qk_norm_split_over_the_group(checkpoints, tp):
+    """olmoe's q/k RMSNorm over the whole projection (and its qkv clip): each rank's part normed by
+    the group's summed squares; at TP 4 each of the 2 KV heads is held by 2 ranks and counted once."""
+    assert_same_as_one_rank(checkpoints["olmoe"], {"tp_size": tp})
 
 
 def test_tp4_with_fewer_kv_heads_than_ranks(checkpoints):

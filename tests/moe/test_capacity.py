@@ -45,3 +45,12 @@ def test_reroute_drops_when_nobody_has_room():
 def test_none_changes_nothing():
     out = apply_capacity(IDS, W, SCORES, 1, "none")
     assert out.dropped == out.rerouted == 0 and torch.equal(out.topk_ids, IDS)
+
+
+def test_buffer_keeps_every_copy_and_marks_the_overflow_for_the_second_pass():
+    out = apply_capacity(IDS, W, SCORES, 2, "buffer")
+    # the copies drop would drop (t2's and t3's of expert 0) are kept, weights and all, and marked
+    assert out.buffered == 2 and out.dropped == out.rerouted == 0
+    assert torch.equal(out.topk_ids, IDS) and torch.equal(out.topk_weights, W)
+    assert out.over.tolist() == [[False, False], [False, False], [True, False], [False, True]]
+    assert torch.equal(apply_capacity(IDS, W, SCORES, 2, "drop").over, out.over)

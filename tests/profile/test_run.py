@@ -87,8 +87,14 @@ def test_torch_profiler_trace_names_the_phases(checkpoint, tmp_path):
     tiny = Workload(num_requests=1, batch_size=1, input_len=8, output_len=2, warmup_steps=0)
     path = run_profile(ProfileSettings(cfg, tiny, trace=True, out=tmp_path / "traced")).path
     assert list((path / "tb").glob("*.pt.trace.json")) and (path / "trace.json").is_file()
-    names = {e.get("name") for e in json.loads((path / "trace.json").read_text())["traceEvents"]}
+    trace = json.loads((path / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
     assert {"router", "experts", "attention", "prefill", "decode"} <= names
+    # TensorBoard's steps: one ProfilerStep#N per engine step (a prefill and a decode), and the
+    # trace's own name is where it now lies, not the temporary directory it was written in
+    steps = {n for n in names if n and n.startswith("ProfilerStep#")}
+    assert len(steps) == 2, sorted(steps)
+    assert trace["traceName"] == str(path.absolute() / "tb" / list((path / "tb").glob("*.pt.trace.json"))[0].name)
 
 
 def test_run_dir_round_trips(run, tmp_path):
@@ -168,3 +174,21 @@ def test_rows_made_in_batches_equal_rows_made_at_once(checkpoint, monkeypatch):
     assert [r["step"] for r in every3.steps] == list(range(len(every3.steps)))
     np.testing.assert_array_equal(trace3.topk_ids, trace_once.topk_ids)
     assert all((c == o).all() for c, o in zip(every3.counts, once.counts))
+
+
+@pytest.mark.parametrize("policy", ["buffer", "drop"])
+def test_a_recipe_capacity_is_counted_and_its_second_pass_timed(checkpoint, tmp_path, policy):
+    """summary `capacity_applied` counts the copies beyond capacity over the measured steps; under
+    `buffer` their pass is the phase `overflow` (inside the layer: the closure still holds)."""
+    cfg = parse_config({"model": {"path": str(checkpoint("qwen2_moe", shard=False))},
+                        "parallel": {"capacity_factor": 1.0, "capacity_policy": policy}})
+    run = read_run(run_profile(ProfileSettings(cfg, WORKLOAD, out=tmp_path / policy)).path)
+    applied = run.summary["capacity_applied"]
+    assert applied["policy"] == policy and applied["factor"] == 1.0
+    moved = "buffered" if policy == "buffer" else "dropped"
+    assert applied[moved] > 0 and applied["buffered" if policy == "drop" else "dropped"] == 0
+    overflow = run.tables.phases[run.tables.phases.phase == "overflow"]
+    assert (len(overflow) > 0 and (overflow.seconds > 0).all()) if policy == "buffer" else len(overflow) == 0
+    per_layer = layer_closure(run.tables).groupby("layer")[["seconds_phases", "seconds_layer"]].sum()
+    ratio = per_layer.seconds_phases / per_layer.seconds_layer
+    assert ((ratio > 0.9) & (ratio <= 1.0 + 1e-9)).all(), ratio

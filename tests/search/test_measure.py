@@ -33,6 +33,10 @@ def test_a_measured_study_runs_one_and_two_ranks_and_its_winner_profiles(run_dir
     assert {r.deployment.ep_size for r in done} == {1, 2}
     assert all(r.metrics["estimated"] is False and r.metrics["output_tok_s"] > 0 for r in done)
     assert {r["figures"] for r in csv.DictReader((tmp_path / "out" / "trials.csv").open())} == {"measured"}
+    # measured trials record no phases: the report's per-phase comparison is the cost model's, so labelled
+    table = (tmp_path / "out" / "report.md").read_text().split("### Winner vs baseline, per step kind and phase")[1]
+    table = table.split("\n### ")[0]
+    assert table.startswith(" (estimated by the cost model") and "| decode | experts |" in table
     cfg = load_recipe(tmp_path / "out" / "winner.yaml")
     w = Workload(num_requests=2, batch_size=2, input_len=16, output_len=3, warmup_steps=0)
     profiled = run_profile(ProfileSettings(cfg, w, out=tmp_path / "winner-run"))
@@ -63,13 +67,13 @@ def test_top_trials_are_remeasured_beside_their_estimates_and_the_winner_serves(
 
 
 def test_a_measured_winner_with_two_ranks_is_served_over_two_ranks(run_dir, tmp_path):
-    from tests.serve.rank_server import RankServer, metric, wait_for
+    from tests.serve.conftest import ServeProcess, metric, wait_for
 
     result = run_search(_settings(run_dir, tmp_path, "measure", "ep_size: 2\n" + SPACE, n=1))
     assert [r.deployment.ep_size for r in result.rows if r.state == "COMPLETE"] == [2]
     winner = tmp_path / "out" / "winner.yaml"
     assert load_recipe(winner).parallel.ep_size == 2
-    srv = RankServer("--recipe", str(winner), cwd=tmp_path)
+    srv = ServeProcess("--recipe", str(winner), cwd=tmp_path)
     try:
         reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3
@@ -78,3 +82,52 @@ def test_a_measured_winner_with_two_ranks_is_served_over_two_ranks(run_dir, tmp_
         assert srv.stop() == 0, srv.stderr
     finally:
         srv.kill()
+
+
+def test_a_measured_study_at_tp2_runs_the_mesh_and_its_winner_serves(run_dir, tmp_path):
+    """Measured trials over expert-TP alone and TP 2 (each a mesh of 2 real gloo ranks), then the
+    winner's recipe served over its ranks."""
+    from tests.serve.conftest import ServeProcess
+
+    space = "ep_size: 1\ntp_size: [1, 2]\nexpert_tp_size: 2\n" + SPACE
+    result = run_search(_settings(run_dir, tmp_path, "measure", space, n=2))
+    done = [r for r in result.rows if r.state == "COMPLETE"]
+    assert sorted((r.deployment.tp_size, r.deployment.expert_tp_size) for r in done) == [(1, 2), (2, 2)]
+    assert all(r.metrics["estimated"] is False and r.metrics["output_tok_s"] > 0 for r in done)
+    winner = tmp_path / "out" / "winner.yaml"
+    cfg = load_recipe(winner)
+    best = max(done, key=lambda r: r.metrics["output_tok_s"]).deployment
+    assert (cfg.parallel.tp_size, cfg.parallel.expert_tp) == (best.tp_size, best.expert_tp_size)
+    srv = ServeProcess("--recipe", str(winner), cwd=tmp_path)
+    try:
+        assert "2 tensor-parallel" in srv.stderr
+        reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens == 3
+        assert srv.stop() == 0, srv.stderr
+    finally:
+        srv.kill()
+
+
+def test_a_simulated_search_over_tp_and_ep_prices_each_mesh_and_keeps_the_memory_budget(run_dir, big_config,
+                                                                                      tmp_path):
+    """DeepSeek-V3-shaped (scaled) on one node of 8 H100: one GPU cannot hold the experts, a TP or EP
+    mesh can; pairs the engine cannot run are pruned with the reason; the winner's recipe says its mesh."""
+    path = tmp_path / "space.yaml"
+    path.write_text("ep_size: [1, 2, 4]\ntp_size: [1, 2, 4]\nexpert_tp_size: [1, 2, 4]\nreplicas: 1\n" + SPACE)
+    out = tmp_path / "out"
+    st = StudySettings("tp", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", 27, 0)
+    inputs = Inputs(str(run_dir), "8xH100", scale_model=str(big_config), num_requests=16, input_len=128,
+                    output_len=8)
+    result = run_search(SearchSettings(inputs, st, out, "simulate", str(path), False, 0))
+    by_point = {(r.deployment.ep_size, r.deployment.tp_size, r.deployment.expert_tp_size): r for r in result.rows}
+    assert len(by_point) == 27
+    assert "must each be 1 or the group size 4" in by_point[(1, 2, 4)].reason
+    assert "= 16 ranks; the hardware has 8" in by_point[(4, 4, 4)].reason
+    assert "GB per rank" in by_point[(1, 1, 1)].reason  # the experts alone are over one H100
+    fits = [p for p, r in by_point.items() if r.state == "COMPLETE"]
+    assert (1, 4, 4) in fits and (2, 2, 2) in fits and (4, 1, 1) in fits
+    assert all(r.metrics["estimated"] for r in result.rows if r.state == "COMPLETE")
+    cfg = load_recipe(out / "winner.yaml")
+    w = result.winner.deployment
+    assert (cfg.parallel.ep_size, cfg.parallel.tp_size, cfg.parallel.expert_tp) == (w.ep_size, w.tp_size,
+                                                                                    w.expert_tp_size)

@@ -69,7 +69,9 @@ def test_max_num_seqs_reaches_1024_and_holds_a_replicas_share():
     assert canonical(Deployment(ep_size=2, replicas=4, max_num_seqs=1024), burst)[0].max_num_seqs == 128
 
 
-def test_a_grid_over_replicas_and_ep_prunes_the_invalid_pairs_with_the_reason(run_dir, tmp_path):
+def test_a_grid_over_replicas_and_ep_repairs_the_pairs_that_do_not_fill_the_gpus(run_dir, tmp_path):
+    """replicas > 1 are copies filling the GPUs: a pair that does not fill them runs (and says it runs)
+    as GPUs / R copies, with the figures of that deployment."""
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2, 4, 8]\nreplicas: [1, 2, 4, 8]\nredundant_experts: 0\nplacement: contiguous\n"
                      "max_num_seqs: 16\nmax_num_batched_tokens: 2048\nquant_low_format: none\n"
@@ -79,13 +81,20 @@ def test_a_grid_over_replicas_and_ep_prunes_the_invalid_pairs_with_the_reason(ru
                   "--concurrency", "8", "--objective", "throughput_per_gpu", "--space", str(space), "--out", str(out))
     assert got.returncode == 0, got.stderr
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == 16
+    assert len(rows) == 16 and {r["state"] for r in rows} == {"COMPLETE"}
     pairs = {(int(r["replicas"]), int(r["ep_size"])): r for r in rows}
     valid = {(1, 1), (1, 2), (1, 4), (1, 8), (2, 4), (4, 2), (8, 1)}
-    for pair, r in pairs.items():
-        if pair in valid:
-            assert r["state"] == "COMPLETE", (pair, r["reason"])
+    for (n, R), r in pairs.items():
+        if (n, R) in valid:
+            assert "replicas" not in r["reason"], (n, R, r["reason"])
         else:
-            assert r["state"] == "PRUNED" and "replicas × ep_size" in r["reason"], pair
+            runs = 8 // R
+            assert f"replicas {n} → {runs}" in r["reason"], (n, R, r["reason"])
+            assert r["deployment"].startswith(f"{runs} replicas ×" if runs > 1 else f"R={R}"), r["deployment"]
+            if (runs, R) in pairs:  # the grid sampler may visit a point twice and leave another out
+                assert r["throughput_per_gpu"] == pairs[(runs, R)]["throughput_per_gpu"]
     best = max((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: float(r["throughput_per_gpu"]))
-    assert int(best["replicas"]) * int(best["ep_size"]) == 8  # idle GPUs never win per GPU
+    import re
+
+    ran = re.match(r"(?:(\d+) replicas × )?R=(\d+)", best["deployment"])  # the deployment it ran
+    assert int(ran.group(1) or 1) * int(ran.group(2)) == 8  # idle GPUs never win per GPU

@@ -38,11 +38,11 @@ def test_a_space_that_names_a_format_this_backend_lacks_is_refused_in_one_line(r
 
 def test_a_this_machine_winner_with_low_bit_experts_serves(run_dir, tmp_path):
     from moetune.config import load_recipe
-    from tests.serve.rank_server import RankServer
+    from tests.serve.conftest import ServeProcess
 
     _, out = _search(run_dir, tmp_path, FIXED + "quant_low_format: int4\n", n=1, name="int4")
     assert load_recipe(out / "winner.yaml").quant.experts == "int4-g64"
-    srv = RankServer("--recipe", str(out / "winner.yaml"), cwd=tmp_path)
+    srv = ServeProcess("--recipe", str(out / "winner.yaml"), cwd=tmp_path)
     try:
         reply = srv.client().completions.create(model="stdlib-moe", prompt="def f(", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3

@@ -73,6 +73,21 @@ def test_each_step_pays_the_engines_collectives():
     assert (step_s >= collective).all()
 
 
+def test_a_whole_projection_qk_norm_adds_its_sums_all_reduce_per_layer():
+    """olmoe under tp_size 2: L more all-reduces of the [T, 2] fp32 sums of squares (model/tp_norm.py)."""
+    import dataclasses
+
+    m = source().model
+    d = Deployment(tp_size=2, expert_tp_size=2)
+    plain = tp_costs.tp_collectives(m, d, 64, 4, 1e9, 1e-5, 4)
+    normed = tp_costs.tp_collectives(dataclasses.replace(m, whole_qk_norm=True), d, 64, 4, 1e9, 1e-5, 4)
+    assert normed["tp_allreduce"] - plain["tp_allreduce"] == pytest.approx(m.L * (64 * 2 * 4 / 1e9 + 1e-5))
+    assert (normed["tp_embed"], normed["tp_gather"]) == (plain["tp_embed"], plain["tp_gather"])
+    expert_only = Deployment(expert_tp_size=2)  # attention whole: no split norm
+    assert tp_costs.tp_collectives(dataclasses.replace(m, whole_qk_norm=True), expert_only, 64, 4, 1e9, 1e-5, 4) == \
+        tp_costs.tp_collectives(m, expert_only, 64, 4, 1e9, 1e-5, 4)
+
+
 def test_memory_per_rank_shrinks():
     sim = Simulator(source(), H200)
     assert sim.memory(Deployment(tp_size=2, expert_tp_size=2)).total < sim.memory(Deployment()).total

@@ -49,7 +49,7 @@ def test_a_simulated_study_emits_a_loadable_winner_and_its_files(run_dir, tmp_pa
     assert all(r["reason"] for r in rows if r["state"] == "PRUNED")  # every pruned trial says why
     assert {r["figures"] for r in rows if r["state"] == "COMPLETE"} == {"estimated"}
     html = (out / "report.html").read_text()
-    assert "Why the winner wins" in html and "data:image/png;base64" in html and "estimated" in html
+    assert "The winner against the baseline" in html and "data:image/png;base64" in html and "estimated" in html
     assert "vllm serve" in (out / "winner.vllm.sh").read_text()
     assert result.calibrated_on.startswith("calibrated on microbenchmarks of this machine")
     assert result.calibrated_on in (out / "report.md").read_text()  # the report says what it was calibrated on

@@ -22,9 +22,11 @@ def test_metrics_parse_and_show_expert_load(server):
                  "moetune_time_to_first_token_seconds", "moetune_inter_token_latency_seconds",
                  "moetune_e2e_request_latency_seconds", "moetune_queue_depth", "moetune_running_sequences",
                  "moetune_kv_blocks_used", "moetune_expert_load", "moetune_expert_balancedness",
-                 "moetune_expert_imbalance", "moetune_expert_flops"):
+                 "moetune_expert_imbalance", "moetune_expert_flops", "moetune_distinct_experts_per_step"):
         assert name in m, name
     spec = server.state.generator.model.spec
+    distinct = {s.labels["stat"]: s.value for s in m["moetune_distinct_experts_per_step"].samples}
+    assert 0 < distinct["p50"] <= distinct["max"] <= len(spec.moe_layers) * spec.moe.num_experts
     load = [s for s in m["moetune_expert_load"].samples]
     assert len(load) == len(spec.moe_layers) * spec.moe.num_experts and sum(s.value for s in load) > 0
     balance = [s.value for s in m["moetune_expert_balancedness"].samples]
@@ -59,3 +61,9 @@ def test_recording_start_stop_dump_gives_a_run_dir_report_renders(server):
     assert result.returncode == 0, result.stderr
     assert "expert" in open(result.stdout.strip()).read().lower()
     assert _metrics(server)["moetune_expert_load"]  # the live window is back on after the recording
+    assert post("start").json() == {"recording": True}
+    client.completions.create(model=server.model, prompt="import os\n", max_tokens=4, temperature=0)
+    taken = post("dump", json={"name": "live"})  # that run dir exists: refused before anything is written
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "run_dir_exists", taken.text
+    again = post("dump", json={"name": "live-2"})  # the recording was kept for another name
+    assert again.status_code == 200 and again.json()["steps"] >= 4

@@ -5,21 +5,13 @@ alone; SIGTERM to it drains both and every process exits 0."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.serve.rank_server import alive
-from tests.serve.test_ranks import PROMPTS, _ask, alone  # noqa: F401  (the fixture)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.serve.conftest import PROMPTS, alive, ask, free_port
 
 
 class Node:
@@ -55,8 +47,8 @@ class _Url:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=180)
 
 
-def test_two_torchrun_nodes_serve_as_one_rank_would(alone):  # noqa: F811
-    port = _free_port()
+def test_two_torchrun_nodes_serve_as_one_rank_would(alone):
+    port = free_port()
     nodes = [Node(n, port) for n in (0, 1)]
     try:
         deadline = time.monotonic() + 240
@@ -67,7 +59,7 @@ def test_two_torchrun_nodes_serve_as_one_rank_would(alone):  # noqa: F811
         front = next(n for n in nodes if n.url)
         srv = _Url(front.url)
         with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(lambda p: _ask(srv, p, True), PROMPTS[:8]))
+            got = list(pool.map(lambda p: ask(srv, p, True), PROMPTS[:8]))
         assert got == alone[:8]
         workers = [n.worker() for n in nodes]
         os.kill(front.worker(), signal.SIGTERM)

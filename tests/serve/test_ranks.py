@@ -16,24 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.serve.rank_server import AUTH, RankServer, alive, metric, wait_for
-
-PROMPTS = [f"def {name}(x):\n" for name in ("parse", "load", "read", "write", "close", "open", "split", "join",
-                                             "walk", "copy", "move", "sort", "find", "match", "encode", "decode")]
-MAX_TOKENS = 20
-
-
-@pytest.fixture(scope="module")
-def alone(server):
-    """What one rank answers to each prompt sent alone."""
-    client = server.client()
-    return [client.completions.create(model=server.model, prompt=p, max_tokens=MAX_TOKENS, temperature=0,
-                                      extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
-
+from tests.serve.conftest import AUTH, MAX_TOKENS, PROMPTS, ServeProcess, alive, ask, metric, recording, wait_for
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4", "--max-queue", "8",
+    srv = ServeProcess("--ep-size", "2", "--max-num-seqs", "4", "--max-queue", "8",
                      cwd=tmp_path_factory.mktemp("serve-r2"))  # recordings go to ./runs
     yield srv
     code = srv.stop()
@@ -41,20 +28,10 @@ def two(tmp_path_factory):
     assert not [pid for pid in srv.ranks if alive(pid)]
 
 
-def _ask(srv, prompt: str, stream: bool) -> str:
-    client = srv.client()
-    if not stream:
-        return client.completions.create(model="stdlib-moe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                         extra_body={"ignore_eos": True}).choices[0].text
-    chunks = client.completions.create(model="stdlib-moe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                       stream=True, extra_body={"ignore_eos": True})
-    return "".join(c.choices[0].text for c in chunks if c.choices)
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_16_concurrent_greedy_requests_at_r2_equal_one_rank_alone(two, alone, stream):
     with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(lambda p: _ask(two, p, stream), PROMPTS))
+        got = list(pool.map(lambda p: ask(two, p, stream), PROMPTS))
     assert got == alone
     text = two.metrics()
     assigned = [metric(text, "moetune_rank_assigned_sequences_total", rank=r) for r in (0, 1)]
@@ -110,7 +87,7 @@ def test_a_burst_beyond_the_queue_is_answered_or_refused_none_lost(two):
 
 
 def test_sigterm_drains_every_rank_and_exits_0():
-    srv = RankServer("--ep-size", "2", "--max-num-seqs", "4")
+    srv = ServeProcess("--ep-size", "2", "--max-num-seqs", "4")
     try:
         outcomes, first = [], threading.Event()
 
@@ -146,11 +123,10 @@ def _files(run: Path) -> set[str]:
 
 
 def test_expert_distribution_recording_writes_the_run_dir_of_profile_ep_size_2(two, tmp_path):
-    post = lambda route, **kw: httpx.post(f"{two.url}/v1/expert_distribution/{route}", headers=AUTH,  # noqa: E731
-                                          timeout=120, **kw)
+    post = recording(two)
     assert post("start").json() == {"recording": True}
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda p: _ask(two, p, False), PROMPTS[:4]))
+        list(pool.map(lambda p: ask(two, p, False), PROMPTS[:4]))
     dumped = post("dump", json={"name": "live-r2"})
     assert dumped.status_code == 200, dumped.text
     body = dumped.json()

@@ -3,21 +3,13 @@ drain every request still running gets the documented 503 (a stream: an error ev
 an engine that cannot step makes the process exit 1 for a supervisor."""
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.serve.conftest import ServeProcess
 
 
 # `moetune serve` through the real CLI entry point, its engine's KV pool removed once built: no step can run
@@ -36,25 +28,9 @@ main()
 """
 
 
-def _serve(*args: str, launcher: tuple[str, ...] = ("-m", "moetune")) -> tuple[subprocess.Popen, str]:
-    """`moetune serve` on a free port, once /health answers."""
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, *launcher, "serve", "--port", str(port), "--device", "cpu", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-
-
 def test_sigterm_with_requests_in_flight_exits_cleanly():
-    proc, url = _serve("--max-num-seqs", "4")
+    srv = ServeProcess("--max-num-seqs", "4", api_key=None)  # no key
+    proc, url = srv.proc, srv.url
     try:
         outcomes = []
 
@@ -76,16 +52,16 @@ def test_sigterm_with_requests_in_flight_exits_cleanly():
             t.join(timeout=60)
             assert not t.is_alive()
         assert len(outcomes) == 4 and outcomes.count(200) >= 2, outcomes  # the short ones finish in the drain
-        assert "Traceback" not in proc.stderr.read()
+        assert "Traceback" not in srv.output()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        srv.kill()
 
 
 def test_sigterm_past_the_drain_gives_every_request_a_clean_503_or_final_error_event(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("serve:\n  drain_timeout_s: 1\n")
-    proc, url = _serve("--recipe", str(recipe), "--max-num-seqs", "4")
+    srv = ServeProcess("--recipe", str(recipe), "--max-num-seqs", "4", api_key=None)  # no key
+    proc, url = srv.proc, srv.url
     body = {"prompt": "class Parser:\n", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
     plain, streams = [], []
 
@@ -112,21 +88,20 @@ def test_sigterm_past_the_drain_gives_every_request_a_clean_503_or_final_error_e
         for lines in streams:
             assert lines[-1] == "[DONE]" and "error" in json.loads(lines[-2]), lines[-3:]
             assert len(lines) > 3  # it had been streaming
-        stderr = proc.stderr.read()
+        stderr = srv.output()
         assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        srv.kill()
 
 
 def test_an_engine_that_cannot_step_makes_the_server_exit_1_for_a_supervisor():
-    proc, url = _serve(launcher=("-c", BROKEN))
+    srv = ServeProcess(launcher=("-c", BROKEN), api_key=None)  # no key
+    proc, url = srv.proc, srv.url
     try:
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=60)
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert proc.wait(timeout=60) == 1
-        last = proc.stderr.read().strip().splitlines()[-1]
+        last = srv.output().strip().splitlines()[-1]
         assert last.startswith("error: the engine failed (the engine could not be reset"), last
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        srv.kill()

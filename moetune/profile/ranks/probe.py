@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from moetune.profile.probe import Profiler, attention_pairs
 from moetune.profile.trace import id_dtype
@@ -100,11 +99,7 @@ class RankProfiler(Profiler):
     # StepObserver (the rank's own step inside the lock-step) -----------------------------------
     def step_begin(self, kind: str, batch) -> None:
         self._kind, self._batch = kind, batch
-        if self.annotate:
-            self._range = torch.profiler.record_function(kind)
-            self._range.__enter__()
-        self.timer.sync()
-        self._start = time.perf_counter()
+        self.start_clock(kind)
 
     def step_end(self, kind: str, batch) -> None:
         self.timer.sync()

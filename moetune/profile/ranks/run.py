@@ -35,7 +35,7 @@ def run_rank_profile(settings: ProfileSettings, cfg: RunConfig, texts: list[str]
     if on_start is not None:
         on_start(min(w.warmup_steps, w.output_len) + w.measured_steps())
     with writer as tmp:
-        summary = run_ranks(cfg, RankJob(settings, cfg, texts, tmp, write, on_step))
+        summary = run_ranks(cfg, RankJob(settings, cfg, texts, tmp, write, on_step, writer.final))
     return ProfileResult(writer.final, summary)
 
 
@@ -44,9 +44,9 @@ class RankJob:
     module-level function, travels by name)."""
 
     def __init__(self, settings: ProfileSettings, cfg: RunConfig, texts: list[str], out: Path | None,
-                 write: WriteRun, on_step: Callable[[str], None] | None = None):
+                 write: WriteRun, on_step: Callable[[str], None] | None = None, final: Path | None = None):
         self.settings, self.cfg, self.texts, self.out, self.on_step = settings, cfg, texts, out, on_step
-        self.write = write
+        self.write, self.final = write, final  # final: where `out` will be (the trace's traceName)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "on_step": None}
@@ -67,6 +67,7 @@ class RankJob:
         return finish_rank_run(self.out, self.settings, self.cfg, gathered, dp, nvml, self.write)
 
     def _run(self, dp):
+        from moetune.engine.build import capacity_counts
         from moetune.profile.ranks.probe import RankProfiler
         from moetune.profile.workload import batches, request_tokens
 
@@ -82,7 +83,10 @@ class RankJob:
                 profiler.recording = False
                 dp.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
             profiler.start_measuring()
-            with torch_trace(self.out if self.settings.trace and rank0 else None, dp.model.device):
+            capacity_counts(dp.model, reset=True)  # summary capacity_applied: this rank's measured copies
+            with torch_trace(self.out if self.settings.trace and rank0 else None, dp.model.device,
+                             self.final) as step:
+                profiler.trace_step = step
                 for group in groups:
                     dp.generate(group, greedy_params(w.output_len))
         finally:

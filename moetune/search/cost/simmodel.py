@@ -32,6 +32,8 @@ class SimModel:
     kv_heads: int = 0  # GQA's KV heads (split by tensor parallelism); 0: MLA's latent, whole on every rank
     model_type: str = ""  # config.json's model_type (what the serving engines' support depends on)
     expert_groups: int = 1  # the router's expert groups (DeepSeek-V3's n_group)
+    whole_qk_norm: bool = False  # olmoe: q/k norm over the whole projection (under TP one [T, 2] all-reduce a layer)
+    heads: int = 0  # attention (query) heads, split by tensor parallelism; 0: not known (a hand-made model)
 
     @property
     def Lm(self) -> int:
@@ -66,4 +68,5 @@ def sim_model(spec: ModelSpec, name: str = "") -> SimModel:
     return SimModel(name or spec.model_type, D, spec.moe.num_experts, spec.moe.router.top_k, spec.moe.intermediate_size,
                     spec.moe.shared_intermediate_size, spec.num_layers, tuple(spec.moe_layers), dense,
                     spec.vocab_size, weights, kv, pair, spec.tie_word_embeddings,
-                    att.num_kv_heads if isinstance(att, GQASpec) else 0, spec.model_type, spec.moe.router.n_group)
+                    att.num_kv_heads if isinstance(att, GQASpec) else 0, spec.model_type, spec.moe.router.n_group,
+                    isinstance(att, GQASpec) and att.qk_norm == "full", heads=att.num_heads)

@@ -8,7 +8,8 @@ runs per step, on the T tokens of the largest DP group (the lock-step waits for 
 
   all-reduce(x [T, D])  = 2·(G−1)/G · T·D·b / (link B/s · link_eff) + α_ar     (ring: reduce-scatter + all-gather)
   tp_allreduce          = (L if tp_size > 1) + (dense layers if tp_size > 1) + (MoE layers if expert_tp_size > 1)
-                          all-reduces of [T, D]
+                          all-reduces of [T, D], plus with a q/k norm over the whole projection (olmoe,
+                          tp_size > 1) L all-reduces of the [T, 2] sums of squares (model/tp_norm.py)
   tp_embed              = one all-reduce of [T, D]                                (tp_size > 1)
   tp_gather             = (G−1)/G · S·V·b / (link B/s · link_eff) + α_ar          (tp_size > 1; S rows sample)
 
@@ -28,6 +29,29 @@ TP_PHASES = ("tp_allreduce", "tp_embed", "tp_gather")
 
 def group_size(d) -> int:
     return max(d.tp_size, d.expert_tp_size)
+
+
+def tp_reason(m: SimModel, d) -> str | None:
+    """Why the engine cannot split this model as `d` says (model/tp_check.py's rules, on the simulator's
+    sizes), or None."""
+    tp, etp, G = d.tp_size, d.expert_tp_size, group_size(d)
+    if G == 1:
+        return None
+    if tp not in (1, G) or etp not in (1, G):
+        return f"tp_size {tp} and expert_tp_size {etp} must each be 1 or the group size {G}"
+    sizes = []  # (knob, its size, a size it must divide, what that is)
+    if tp > 1:
+        sizes += [("tp_size", tp, m.heads, "attention heads"), ("tp_size", tp, m.V, "vocabulary")]
+        sizes += [("tp_size", tp, i, "dense intermediate size") for i in m.dense_I]
+        if m.kv_heads and m.kv_heads % tp and tp % m.kv_heads:
+            return f"tp_size {tp} neither divides nor is a multiple of the {m.kv_heads} KV heads"
+    if etp > 1:
+        sizes += [("expert_tp_size", etp, m.I, "expert intermediate size"),
+                  ("expert_tp_size", etp, m.I_shared, "shared expert intermediate size")]
+    for knob, g, n, what in sizes:
+        if n and n % g:
+            return f"{knob} {g} does not divide the {what} ({n})"
+    return None
 
 
 def tp_model(m: SimModel, d) -> SimModel:
@@ -54,8 +78,9 @@ def tp_collectives(m: SimModel, d, tokens: float, sampled: float, bw: float, lat
     ring = 2 * (G - 1) / G
     one = ring * tokens * m.D * act_bytes / bw + latency  # all-reduce of [T, D]
     count = (m.L + len(m.dense_I) if d.tp_size > 1 else 0) + (m.Lm if d.expert_tp_size > 1 else 0)
+    norms = m.L * (ring * tokens * 2 * 4 / bw + latency) if d.tp_size > 1 and m.whole_qk_norm else 0.0  # fp32 sums
     gather = ((G - 1) / G * sampled * m.V * act_bytes / bw + latency) if d.tp_size > 1 and sampled > 0 else 0.0
-    return {"tp_allreduce": count * one, "tp_embed": one if d.tp_size > 1 else 0.0, "tp_gather": gather}
+    return {"tp_allreduce": count * one + norms, "tp_embed": one if d.tp_size > 1 else 0.0, "tp_gather": gather}
 
 
 def allreduce_latency(ranks: int, rounds: int = 200) -> float:

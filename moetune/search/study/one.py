@@ -17,8 +17,9 @@ from moetune.search.study.space import Deployment, Limits, from_config, prune
 
 
 def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None = None,
-                    explain: bool = False) -> tuple[Setup, Deployment, Metrics]:
-    """explain: the simulator keeps the cost model's terms (`setup.sim.terms`, explain.py)."""
+                    explain: bool = False, on_step=None) -> tuple[Setup, Deployment, Metrics]:
+    """explain: the simulator keeps the cost model's terms (`setup.sim.terms`, explain.py). on_step:
+    progress, on_step(done, total or None) after each priced lock-step."""
     from moetune.errors import MoetuneError
 
     setup = prepare(inp)
@@ -33,6 +34,7 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
         raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")
     if explain:
         setup.sim.terms = {}
+    setup.sim.on_step = on_step
     return setup, d, setup.sim.evaluate(d)
 
 

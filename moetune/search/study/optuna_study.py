@@ -27,6 +27,7 @@ from typing import Callable
 from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator
 from moetune.search.cost.metrics import OBJECTIVES, Metrics
+from moetune.search.study.repair import repair
 from moetune.search.study.space import Deployment, Limits, Space, canonical, prune
 
 SAMPLERS = ("tpe", "nsga2", "grid", "random")
@@ -196,8 +197,10 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
             raise optuna.TrialPruned("budget reached by other trials")
         d = suggest(trial, space)
         trial.set_user_attr("constraints", [1.0] * max(s.constraints.count(), 1))
+        d, repaired = repair(d, limits.num_experts, limits.max_ranks)
         reason = prune(d, limits)
         d, notes = canonical(d, limits)
+        notes = repaired + notes
         reason = reason or evaluator.check(d)
         if reason:
             trial.set_user_attr("pruned_reason", reason)

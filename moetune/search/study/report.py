@@ -1,5 +1,7 @@
 """The search report (markdown + one self-contained HTML): Pareto plot, parameter importances, the
-winner's phase breakdown next to the baseline's, and in words why the winner wins."""
+winner's phase breakdown next to the baseline's, and in words whether and why the winner wins: first
+the verdict on the first objective (it is the baseline; it beats it; it does not, and why that can
+be), then each figure marked better or worse."""
 
 from __future__ import annotations
 
@@ -15,15 +17,48 @@ from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.tables import phase_table, states_table, trials_table
 
 
+# a metric's name on axes and in sentences (OBJECTIVES' attributes and the other figures)
+LABELS = {"output_tok_s": "output tokens/s", "output_tok_s_per_rank": "output tokens/s per rank",
+          "output_tok_s_per_gpu": "output tokens/s per GPU", "tpot_ms": "TPOT (ms)", "ttft_ms": "TTFT (ms)",
+          "peak_mem_gb": "peak memory per rank (GB)", "goodput_rps": "goodput (requests/s meeting both SLOs)"}
+
+
+def _versus(w: float, b: float, lower_better: bool) -> str:
+    if w == b or (b and abs(w - b) / abs(b) < 0.005):
+        return "the same"
+    return "better" if (w < b) == lower_better else "worse"
+
+
+def verdict(win: Metrics, base: Metrics | None, objective: str, win_label: str, base_label: str) -> str:
+    """The first sentence: is the winner the baseline, does it beat it on the first objective, or not (and why
+    that can be)."""
+    key, direction = OBJECTIVES[objective]
+    name, w = LABELS.get(key, key), getattr(win, key)
+    if base is None:
+        return (f"The baseline ({base_label}) could not run here, so there is nothing to compare with: the winner "
+                f"({win_label}) is the best trial, {name} {w:,.4g} ({win.tag}).")
+    b = getattr(base, key)
+    if win_label == base_label:
+        return f"The winner is the baseline deployment ({base_label}): no trial beat it on {name} ({w:,.4g})."
+    if _versus(w, b, direction == "minimize") == "better":
+        ratio = f" ({w / b:.2f}×)" if b else ""
+        return (f"The winner ({win_label}) beats the baseline ({base_label}) on {name}: {w:,.4g} vs "
+                f"{b:,.4g}{ratio}, {win.tag} vs {base.tag}.")
+    return (f"The winner ({win_label}) does not beat the baseline ({base_label}) on {name}: {w:,.4g} vs {b:,.4g}. "
+            f"The baseline was not among the trials (--space keeps some knob away from its value) or it breaks "
+            f"a --max-* limit; the winner is the best trial that ran and met the limits.")
+
+
 def why_it_wins(win: Metrics, base: Metrics) -> list[str]:
-    """Sentences comparing the winner to the baseline on what moved: time, imbalance, bytes, memory, stalls."""
+    """Sentences comparing the winner to the baseline on what moved: time, imbalance, bytes, memory, stalls,
+    each marked better / worse / the same for the winner."""
     out = []
     if base.output_tok_s > 0:
         out.append(f"Output throughput {win.output_tok_s:,.4g} vs {base.output_tok_s:,.4g} tokens/s "
-                   f"({win.output_tok_s / base.output_tok_s:.2f}×), per rank {win.output_tok_s_per_rank:,.4g} vs "
-                   f"{base.output_tok_s_per_rank:,.4g} ({win.tag} vs {base.tag}).")
-    out.append(f"Latency: TTFT {win.ttft_ms:,.4g} vs {base.ttft_ms:,.4g} ms, TPOT {win.tpot_ms:,.4g} vs "
-               f"{base.tpot_ms:,.4g} ms (a faster baseline that breaks a TTFT/TPOT limit does not qualify).")
+                   f"({_versus(win.output_tok_s, base.output_tok_s, False)}), per rank "
+                   f"{win.output_tok_s_per_rank:,.4g} vs {base.output_tok_s_per_rank:,.4g}.")
+    out.append(f"TTFT {win.ttft_ms:,.4g} vs {base.ttft_ms:,.4g} ms ({_versus(win.ttft_ms, base.ttft_ms, True)}), "
+               f"TPOT {win.tpot_ms:,.4g} vs {base.tpot_ms:,.4g} ms ({_versus(win.tpot_ms, base.tpot_ms, True)}).")
     wd, bd = win.detail, base.detail
     if "rank_imbalance" in wd and win.ranks > 1:
         out.append(f"Expert load across ranks: imbalance (max/mean rows) {wd['rank_imbalance']:.2f}"
@@ -32,7 +67,8 @@ def why_it_wins(win: Metrics, base: Metrics) -> list[str]:
     if wd.get("a2a_bytes") or bd.get("a2a_bytes"):
         out.append(f"All-to-all bytes {wd.get('a2a_bytes', 0) / 1e9:.3g} GB vs {bd.get('a2a_bytes', 0) / 1e9:.3g} GB "
                    f"(across nodes {wd.get('inter_node_bytes', 0) / 1e9:.3g} GB).")
-    out.append(f"Peak memory per rank {win.peak_mem_gb:.3g} GB vs {base.peak_mem_gb:.3g} GB.")
+    out.append(f"Peak memory per rank {win.peak_mem_gb:.3g} GB vs {base.peak_mem_gb:.3g} GB "
+               f"({_versus(win.peak_mem_gb, base.peak_mem_gb, True)}).")
     if wd.get("offload_stall_s"):
         out.append(f"Offload stalls {wd['offload_stall_s'] * 1e3:.1f} ms in total, cache hit rate "
                    f"{wd.get('cache_hit_rate', 1):.1%}.")
@@ -67,8 +103,9 @@ def pareto_png(rows: list[TrialRow], front: list[TrialRow], objectives: tuple[st
     fr = [r for r in front if r.metrics]
     ax.scatter([r.metrics[x_key] for r in fr], [r.metrics[y_key] for r in fr], s=30, c="#c44e52", label="Pareto front")
     tag = "estimated" if done[0].metrics.get("estimated") else "measured"
-    ax.set_xlabel(f"{x_key} ({tag})")
-    ax.set_ylabel(f"{y_key} ({tag})")
+    ax.set_xlabel(f"{LABELS.get(x_key, x_key)}, {tag}")
+    ax.set_ylabel(f"{LABELS.get(y_key, y_key)}, {tag}")
+    ax.set_title("Every complete trial; the Pareto front in red", fontsize=10)
     ax.legend()
     buf = io.BytesIO()
     fig.tight_layout()
@@ -89,18 +126,24 @@ def importances(study) -> Table:
 
 
 def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list[TrialRow], objectives, study,
-           winner: Metrics, baseline: Metrics, extra: list[Table]) -> tuple[str, str, bytes | None]:
-    """→ (markdown, html, Pareto PNG)."""
+           winner: Metrics, baseline: Metrics | None, extra: list[Table], labels: tuple[str, str] = ("", ""),
+           phases: tuple[Metrics, Metrics] | None = None) -> tuple[str, str, bytes | None]:
+    """→ (markdown, html, Pareto PNG). baseline None: it could not run. labels: the winner's and the
+    baseline's deployments. phases: the pair the per-phase table compares, when not the two above (a
+    measured search records no phases: the cost model's estimates of the same two)."""
     png = pareto_png(rows, front, tuple(objectives))
-    why = why_it_wins(winner, baseline)
+    why = [verdict(winner, baseline, objectives[0], *labels)]
+    why += why_it_wins(winner, baseline) if baseline is not None else []
+    win_p, base_p = phases or (winner, baseline)
     tables = [trials_table(ranked, tuple(objectives)), states_table(rows), importances(study),
-              phase_table("Winner vs baseline, per step kind and phase", winner, baseline, "baseline"), *extra]
-    md = [f"# {title}", "", "## Why the winner wins", "", *[f"- {s}" for s in why], ""]
+              phase_table("Winner vs baseline, per step kind and phase" + (" (estimated by the cost model: the "
+                          "measured trials record no phases)" if phases else ""), win_p, base_p, "baseline"), *extra]
+    md = [f"# {title}", "", "## The winner against the baseline", "", *[f"- {s}" for s in why], ""]
     if png:
         md += ["![Pareto front](pareto.png)", ""]
     md += [table_markdown(t) for t in tables]
     html = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title><style>{CSS}</style>"
-            f"</head><body><h1>{escape(title)}</h1><h2>Why the winner wins</h2><ul>"
+            f"</head><body><h1>{escape(title)}</h1><h2>The winner against the baseline</h2><ul>"
             + "".join(f"<li>{escape(s)}</li>" for s in why) + "</ul>"]
     if png:
         html.append(figure_html("Trials and Pareto front", png))

@@ -12,7 +12,8 @@ from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateE
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
-from moetune.search.study.space import build_space, canonical, from_config, read_space_file, runnable_formats
+from moetune.search.study.space import (build_space, canonical, from_config, named_values, read_space_file,
+                                        runnable_formats)
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -72,7 +73,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
-    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster)
+    par = setup.base.parallel
+    space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
+                        {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp, **named_values(setup.base)})
     if setup.hardware.name == "this-machine":
         space = runnable_formats(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}))
     limits = setup.limits()
@@ -106,10 +109,11 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
     if not best:
         return result
     winner = best[0]
+    base_d = baseline(setup, evaluator)
     try:
-        result.baseline = evaluator.evaluate(baseline(setup, evaluator))
-    except Exception:  # the baseline may not run; the report then compares the winner with itself
-        result.baseline = Metrics(**winner.metrics)
+        result.baseline = evaluator.evaluate(base_d)
+    except Exception:  # the baseline may not run; the report says so
+        result.baseline = None
     extra = [Table("What the figures are calibrated on", ["calibration"], [[result.calibrated_on]])]
     if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
@@ -120,8 +124,10 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
                                 setup.source.loads, serve_target(settings, setup),
                                 engine_price(settings, setup, evaluator), setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
-    md, html, png = render(title, all_rows, best, front, objectives, study, Metrics(**winner.metrics),
-                           result.baseline, extra)
+    win = Metrics(**winner.metrics)
+    md, html, png = render(title, all_rows, best, front, objectives, study, win, result.baseline, extra,
+                           (chosen.label(), canonical(base_d, setup.limits())[0].label()),
+                           _estimated_phases(setup, win, chosen, base_d))
     for path in write_report(out, md, html, png):
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
@@ -183,6 +189,19 @@ def engine_price(settings: SearchSettings, setup: Setup, evaluator: Evaluator):
         return {"reason": why} if why else asdict(evaluator.evaluate(d))
 
     return price
+
+
+def _estimated_phases(setup: Setup, win: Metrics, chosen, base_d):
+    """A measured search's trials record no phases: the cost model's estimate of the winner and the baseline
+    (labelled estimated) fills the per-phase comparison. None when the winner has its own phases."""
+    if win.phases_ms:
+        return None
+    from moetune.errors import MoetuneError
+
+    try:
+        return setup.sim.evaluate(chosen), setup.sim.evaluate(base_d)
+    except MoetuneError:  # an estimate that cannot be made (a recipe the model cannot price) leaves it empty
+        return None
 
 
 def baseline(setup: Setup, evaluator: Evaluator):

@@ -54,7 +54,8 @@ class Setup:
     def limits(self) -> Limits:
         """What the pruning rules need (the most requests in flight: each replica's in a steady state)."""
         m = self.source.model
-        return Limits(m.E, m.K, self.hardware.max_ranks, self.workload.most_in_flight, self.workload.mode != "burst")
+        return Limits(m.E, m.K, self.hardware.max_ranks, self.workload.most_in_flight, self.workload.mode != "burst",
+                      model=m)
 
 
 def prepare(inp: Inputs) -> Setup:

@@ -1,0 +1,122 @@
+"""Speculative decoding on MoE models, in-process and interleaved: decode tokens/s with and without
+a speculator at batch 1, 4, 16 and 64, with the acceptance, the tokens a sequence gains per verify
+step, and the distinct experts per MoE layer a verify step wakes against a plain decode at the same
+batch (its last tokens alone) — the trade-off of speculation on an MoE: draft tokens of different
+sequences route to different experts, so a verify step reads more expert weights than a decode.
+
+  python benchmarks/make_cpu_bench_models.py mixtral /tmp/m340     # the Mixtral-style ~340M model
+  python benchmarks/bench_speculative.py --model stdlib-moe /tmp/m340 --batch 1 4 16 64 [--speculative ngram:4]
+
+Per model and batch: `rounds` rounds; each round runs the plain engine and the speculative one
+(the order flips every round) on the same B prompts (held-out stdlib code, cut to --prompt-len
+tokens, cycled), each timed from after its prefill until every sequence has --output-len tokens
+(greedy; EOS ignored). tok/s = B · (output_len − 1) / time. The speed-up is the median of the
+rounds' paired ratios (speculative ÷ plain), with min–max. Load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+
+def _spread(xs: list[float], fmt: str = ".1f") -> str:
+    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}–{max(xs):{fmt}})"
+
+
+def _prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    from moetune.model.registry import bundled_asset
+
+    lines = bundled_asset("prompts/stdlib-heldout.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["prompt"] for line in lines]
+    ids = [tokenizer.encode(t)[:length] for t in texts]
+    return [ids[i % len(ids)] for i in range(n)]
+
+
+def _timed(engine, prompts: list[list[int]], output_len: int) -> float:
+    """Add the batch, run its prefill step untimed, then time the decode until all finish."""
+    from moetune.engine.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+    for p in prompts:
+        engine.add_request(p, params)
+    engine.step()  # every prompt in one prefill step: each samples its first token
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def _engine(model, batch: int, prompt_len: int, output_len: int, speculative: str | None):
+    from moetune.config import EngineConfig
+    from moetune.engine.engine import Engine
+
+    per_seq = -(-(prompt_len + output_len + 17) // 16)
+    config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch * prompt_len, 2048),
+                          num_kv_blocks=batch * per_seq, prefix_caching=False, speculative=speculative)
+    return Engine(model, None, frozenset(), config)
+
+
+def bench_one(model, tokenizer, batch: int, args) -> dict:
+    from moetune.bench.roofline import expert_bytes
+    from moetune.engine.speculative.experts import speculative_counters, speculative_summary
+
+    prompts = _prompts(tokenizer, batch, args.prompt_len)
+    plain = _engine(model, batch, args.prompt_len, args.output_len, None)
+    spec = _engine(model, batch, args.prompt_len, args.output_len, args.speculative)
+    _timed(plain, prompts, 4), _timed(spec, prompts, 4)  # warm-up (kernels compiled, pools touched)
+    before = speculative_counters(spec.stats, spec.runner.experts)
+    times: dict[str, list[float]] = {"plain": [], "spec": []}
+    for r in range(args.rounds):
+        for side in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
+            times[side].append(_timed(plain if side == "plain" else spec, prompts, args.output_len))
+    after = speculative_counters(spec.stats, spec.runner.experts)
+    s = speculative_summary(args.speculative, {k: after[k] - before[k] for k in after}, expert_bytes(model))
+    tokens = batch * (args.output_len - 1)
+    return {"batch": batch, "plain": [tokens / t for t in times["plain"]], "spec": [tokens / t for t in times["spec"]],
+            "ratio": [p / q for p, q in zip(times["plain"], times["spec"])], **s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", nargs="+", default=["stdlib-moe"])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--speculative", default="ngram:4")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--output-len", type=int, default=33)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+
+    from moetune.engine.threads import choose_wait_policy, use_threads
+
+    choose_wait_policy()
+    use_threads(args.threads)
+    from moetune.config import parse_config
+    from moetune.engine.build import build_model
+    from moetune.engine.tokenizer import load_tokenizer
+    from moetune.engine.target import resolve_target
+
+    print(f"loadavg before: {open('/proc/loadavg').read().strip()}  ·  {args.speculative}, {args.rounds} rounds, "
+          f"prompt {args.prompt_len}, output {args.output_len}, threads {args.threads}, pid {os.getpid()}")
+    print("| model | batch | plain tok/s | speculative tok/s | speed-up | acceptance | tokens/verify "
+          "| experts/layer verify vs plain | expert MiB/step verify vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.model:
+        target = resolve_target(parse_config({"model": {"path": name}}, source="bench_speculative"))
+        model, tokenizer = build_model(target), load_tokenizer(target.model_dir)
+        for batch in args.batch:
+            r = bench_one(model, tokenizer, batch, args)
+            print(f"| {target.model_dir.name} | {batch} | {_spread(r['plain'])} | {_spread(r['spec'])} | "
+                  f"{_spread(r['ratio'], '.2f')}× | {100 * r['acceptance_rate']:.0f}% | {r['tokens_per_verify']:.2f} | "
+                  f"{r['experts_per_layer_verify']:.1f} vs {r['experts_per_layer_plain']:.1f} | "
+                  f"{r['expert_bytes_per_step_verify'] / 2**20:.1f} vs {r['expert_bytes_per_step_plain'] / 2**20:.1f} |",
+                  flush=True)
+    print(f"loadavg after: {open('/proc/loadavg').read().strip()}")
+
+
+if __name__ == "__main__":
+    main()

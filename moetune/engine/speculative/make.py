@@ -1,0 +1,24 @@
+"""`engine.speculative` → its speculator."""
+
+from __future__ import annotations
+
+from moetune.config import SpeculativeSpec
+from moetune.engine.speculative.base import Speculator
+from moetune.engine.speculative.ngram import NgramSpeculator
+
+
+def make_speculator(spec: SpeculativeSpec, model, max_seqs: int, max_len: int, engine_class) -> Speculator:
+    """The speculator for a target `model` (a draft model loads on its device, in its dtype, and
+    runs in an `engine_class` of its own)."""
+    if spec.method == "ngram":
+        return NgramSpeculator(spec.k, spec.max_ngram, spec.min_ngram)
+    from moetune.engine.speculative.draft import DraftModelSpeculator
+    from moetune.errors import CheckpointError
+    from moetune.model.loader import load_model
+    from moetune.model.registry import resolve_model
+
+    try:
+        draft = load_model(resolve_model(spec.path), model.dtype, model.device)
+    except CheckpointError as exc:
+        raise CheckpointError(f"engine.speculative's draft model: {exc}") from None
+    return DraftModelSpeculator(spec.k, draft, model.spec.vocab_size, max_seqs, max_len, engine_class)

@@ -1,0 +1,69 @@
+"""One option vocabulary (moetune/cli/options.py): every command that loads a model takes the shared
+options, booleans are `--flag/--no-flag`, and the README's command table names each command's real
+options (read from the typer app, not from a list kept beside it)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import typer
+
+from moetune.cli.main import COMMANDS, app
+from moetune.cli.options import DEVICE, EP, SOURCE, TP
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CLI = typer.main.get_command(app)
+
+
+def names(group) -> set[str]:
+    return {"--" + name.replace("_", "-") for name, _, _ in group}
+
+
+def options(command: str) -> dict:
+    return {o.opts[0]: o for o in CLI.commands[command].params if o.param_type_name == "option"}
+
+
+# command → the shared groups it takes (quantize reads a checkpoint and runs nothing: no --dtype/--device)
+LOADING = {"generate": SOURCE + DEVICE + EP + TP, "bench": SOURCE + DEVICE + EP + TP,
+           "profile": SOURCE + DEVICE + EP + TP, "serve": SOURCE + DEVICE + EP, "eval": SOURCE + DEVICE,
+           "tune-kernels": SOURCE + DEVICE, "quantize": SOURCE}
+
+
+@pytest.mark.parametrize("command", sorted(LOADING))
+def test_every_model_loading_command_takes_the_shared_options_from_one_definition(command):
+    got = options(command)
+    assert names(LOADING[command]) <= set(got)
+    for name, _, opt in LOADING[command]:  # the same help and default, wherever it is taken
+        assert got["--" + name.replace("_", "-")].help == opt.help
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_booleans_are_flag_no_flag_and_show_no_value(command):
+    for opt in options(command).values():
+        if opt.is_flag and opt.opts[0] != "--help":
+            assert opt.secondary_opts == ["--no-" + opt.opts[0][2:]], opt.opts
+            assert opt.metavar == "", opt.opts
+
+
+def readme_rows() -> dict[str, set[str]]:
+    rows = {}
+    for line in README.read_text().split("## Commands", 1)[1].split("\n## ", 1)[0].splitlines():
+        m = re.match(r"\| `moetune ([\w-]+)(.*?)` \|", line)
+        if m:
+            rows[m.group(1)] = set(re.findall(r"--[a-z][\w-]*", m.group(2)))
+    return rows
+
+
+def test_the_readme_table_has_every_command_and_names_only_real_options():
+    rows = readme_rows()
+    assert set(rows) == set(COMMANDS)
+    for command, flags in rows.items():
+        real = {name for o in CLI.commands[command].params for name in (*o.opts, *getattr(o, "secondary_opts", []))}
+        assert flags <= real, f"{command}: the README names {sorted(flags - real)}, which it does not take"
+
+
+def test_the_readme_table_names_every_option_but_the_shared_ones():
+    shared = names(SOURCE + DEVICE)  # the paragraph under the table says every model-loading command takes them
+    for command, flags in readme_rows().items():
+        missing = set(options(command)) - flags - shared - {"--help"}
+        assert not missing, f"{command}: the README's table does not name {sorted(missing)}"
