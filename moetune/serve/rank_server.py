@@ -47,13 +47,15 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     from moetune.serve.rank_recording import RankRecorder
     from moetune.serve.rank_worker import RanksWorker
     from moetune.serve.server import CleanExitServer, assemble_server, uvicorn_config
+    from moetune.serve.shutdown import stop_after_grace
 
     live: dict = {}  # the state and the uvicorn server, once built
 
-    def on_failure(exc: BaseException) -> None:  # on the worker's thread
-        live["state"].draining = True  # new requests: 503
+    def on_failure(exc: BaseException) -> None:  # on the worker's thread: new requests 503, then stop
         if "server" in live:
-            live["server"].should_exit = True
+            stop_after_grace(live["server"], live["state"])
+        else:
+            live["state"].draining = True
 
     worker = RanksWorker(side, on_failure)
     spec = side.dp.model.spec

@@ -20,7 +20,7 @@ import uvicorn
 
 from moetune.config import RunConfig
 from moetune.errors import MoetuneError
-from moetune.serve.shutdown import DrainingServer
+from moetune.serve.shutdown import DrainingServer, stop_after_grace
 
 
 @dataclass
@@ -118,8 +118,8 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
     uv = CleanExitServer(uvicorn_config(server.app, log_level="info"), server.state, cfg.serve.drain_timeout_s)
 
-    def fatal(reason: str) -> None:  # on the engine thread: uvicorn's loop reads the flag every 0.1 s
-        uv.should_exit = True
+    def fatal(reason: str) -> None:  # on the engine thread
+        stop_after_grace(uv, server.state)
 
     server.state.worker.on_fatal = fatal
     uv.run(sockets=[sock])

@@ -7,17 +7,33 @@ mark the server draining (new requests and /health get 503), give in-flight requ
 `drain_timeout_s`, then abort what still runs through the engine worker, so that every remaining
 request answers the documented 503 error object (a stream: an error event and `data: [DONE]`);
 only then does uvicorn's shutdown run, with nothing left to cancel.
+
+After a fatal failure (the engine cannot step, a rank died) `stop_after_grace` keeps the socket
+open for FATAL_GRACE_S, answering 503 to new requests (and /health), so that a client or load
+balancer sees the documented 503 rather than a refused connection, then stops the server, which
+exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import uvicorn
 
 log = logging.getLogger("moetune.serve")
 ANSWER_S = 5.0  # after the abort: time for the 503s and final events to be written
+FATAL_GRACE_S = 1.0  # after a fatal failure: new requests answered 503 this long, then the server stops
+
+
+def stop_after_grace(server: uvicorn.Server, state) -> None:
+    """A fatal failure: new requests get 503 at once, the server stops FATAL_GRACE_S later (any thread;
+    uvicorn's loop reads `should_exit` every 0.1 s)."""
+    state.draining = True
+    timer = threading.Timer(FATAL_GRACE_S, lambda: setattr(server, "should_exit", True))
+    timer.daemon = True
+    timer.start()
 
 
 class DrainingServer(uvicorn.Server):
