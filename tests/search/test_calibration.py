@@ -146,3 +146,34 @@ def test_a_calibration_taken_busy_is_measured_again_once_quiet():
     assert not stale(quiet_then, 0, 2, later)  # taken quiet: keep
     assert not stale(busy_then, 0, 2, 1767225600.0 + 10)  # just taken: keep (no loop of re-measuring)
     assert not stale(busy_then, None, 2, later)  # the state now unknown: keep
+
+
+def test_a_quant_or_offload_recipe_is_calibrated_on_its_own_path(run_dir, tmp_path, cache):
+    """int4 experts (with a hot fraction) and offloading run other kernels and the store's path, not
+    the fp32 resident one the base microbenchmarks time: each is timed by its own microbenchmark
+    (named in the label and in the cache entry), measured once, and still ignores the trace's times."""
+    slow = slowed(run_dir, tmp_path / "slow", 5.0)
+    recipes = {"variant/int4+hot0.25": Deployment(max_num_seqs=4, quant_low_format="int4", quant_hot_fraction=0.25),
+               "variant/offload0.5-pf2-lru-router": Deployment(max_num_seqs=4, offload_resident_fraction=0.5,
+                                                               offload_prefetch_depth=2)}
+    setup = prepare(Inputs(str(run_dir), "this-machine"))
+    plain = setup.sim.evaluate(Deployment(max_num_seqs=4))
+    cal = setup.calibration
+    est = {key: setup.sim.evaluate(d) for key, d in recipes.items()}
+    for key in recipes:
+        own = cal.rates_of(key)
+        assert {"decode", "prefill"} <= set(own) and all(r.value > 0 for r in own.values()), own
+        assert key in cal.label()
+    assert cal.timed == list(recipes) and not setup.calibration.rates_of("variant/int8")
+    entry = json.loads((cache / "calibration" / f"{cal.key}.json").read_text())
+    assert {f"{key}/decode" for key in recipes} <= set(entry["rates"])
+    five = prepare(Inputs(str(slow), "this-machine"))  # cached: the variants are not measured again
+    assert five.calibration.cached
+    for key, d in recipes.items():
+        assert five.sim.evaluate(d).output_tok_s == pytest.approx(est[key].output_tok_s, rel=1e-9)
+    assert five.calibration.timed == []
+    # the factor is applied: the variant's decode step is the fp32 one × its measured ratio
+    for key in recipes:
+        ratio = cal.rates_of(key)["decode"].value
+        assert est[key].phases_ms["decode"]["step"] == pytest.approx(plain.phases_ms["decode"]["step"] * ratio,
+                                                                     rel=0.05)

@@ -128,6 +128,7 @@ class Calibration:
     key: str = ""  # machine_cache key ("" for a trace calibration)
     cached: bool = False  # read from the cache, not measured in this process
     trace_state: dict | None = None  # trace: the machine state the trace's timings were taken in
+    timed: list = field(default_factory=list)  # recipe paths timed by their own microbenchmark (`ensure`)
 
     def multipliers(self) -> dict[str, float]:
         return {k[2:]: r.value for k, r in self.rates.items() if k.startswith("k/")}
@@ -158,19 +159,44 @@ class Calibration:
                 "measured again once it is quiet" if busy(self.state, cores) else "")
         return (f"calibrated on microbenchmarks of this machine taken {self.state.get('time_utc', '?')} "
                 f"(load {load[0]}, {self.state.get('threads')} threads, {self.repeats} repeats, "
-                f"step times ±{100 * self.spread():.0f} % over repeats, {how}{warn}); the trace gives routing, "
+                f"step times ±{100 * self.spread():.0f} % over repeats, {how}{warn}{self._paths()}); the trace "
+                "gives routing, "
                 "lengths and arrivals only")
+
+    def _paths(self) -> str:
+        """The recipe paths with their own microbenchmark (variant/<key>, ep/R<r>), for the label."""
+        keys = sorted({"/".join(k.split("/")[:2]) for k in self.rates if k.startswith(("variant/", "ep/"))})
+        return f"; own paths timed: {', '.join(keys)}" if keys else ""
 
     def as_entry(self) -> dict:
         data = asdict(self)
         data["rates"] = {k: [r.value, r.spread] for k, r in self.rates.items()}
         data.pop("cached")
+        data.pop("timed")
         return data
 
     @staticmethod
     def from_entry(data: dict) -> "Calibration":
         rates = {k: Rate(float(v[0]), float(v[1])) for k, v in data["rates"].items()}
         return Calibration(**{**data, "rates": rates, "cached": True})
+
+    def rates_of(self, prefix: str) -> dict[str, Rate]:
+        """The rates under `prefix` (`variant/<key>`, `ep/R2`), by what follows it."""
+        return {k[len(prefix) + 1:]: r for k, r in self.rates.items() if k.startswith(prefix + "/")}
+
+    def ensure(self, prefix: str, measure) -> dict[str, Rate]:
+        """The rates under `prefix`, measured by `measure()` (→ {name: Rate}) the first time a deployment
+        needs them (its own microbenchmark: a few seconds), then kept in the calibration and its cache entry."""
+        have = self.rates_of(prefix)
+        if have:
+            return have
+        self.rates.update({f"{prefix}/{k}": r for k, r in measure().items()})
+        self.timed.append(prefix)
+        if self.key:
+            from moetune.search.cost.machine_cache import store_entry
+
+            store_entry(self.key, self.as_entry())
+        return self.rates_of(prefix)
 
     def link_latency(self, ranks: int) -> float:
         """this-machine's seconds per small gloo all-to-all among `ranks` processes: measured the first
@@ -197,8 +223,7 @@ def microbench_calibration(source, cfg, recalibrate: bool = False) -> tuple[Hard
     from moetune.search.cost.machine_cache import cache_key, fingerprint, load_entry, store_entry
     from moetune.search.cost.microbench import plan_for
 
-    if source.model_path and str(cfg.model.path) != str(source.model_path):  # time the model that is priced
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": source.model_path})})
+    cfg = priced_config(source, cfg)
     plan = plan_for(source.workload, source.batch_size)
     fp = fingerprint(f"{cfg.model.kernel_backend}@{cfg.model.device}")
     key = cache_key(fp, {"model": asdict(source.model), "path": str(cfg.model.path), "dtype": cfg.model.dtype,
@@ -219,6 +244,13 @@ def microbench_calibration(source, cfg, recalibrate: bool = False) -> tuple[Hard
     cal.fingerprint, cal.key = fp, key
     store_entry(key, cal.as_entry())
     return Hardware(**cal.hardware), cal
+
+
+def priced_config(source, cfg):
+    """The recipe with the trace's model: the model that is priced is the one timed."""
+    if source.model_path and str(cfg.model.path) != str(source.model_path):
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": source.model_path})})
+    return cfg
 
 
 def measure_calibration(cfg, m: SimModel, plan, hardware_figures) -> Calibration:
@@ -286,3 +318,55 @@ def _spread(values: list[float]) -> float:
     """Half the range over repeats, relative to their median (0 for one repeat or a zero median)."""
     med = float(np.median(values))
     return float((max(values) - min(values)) / 2 / med) if med > 0 and len(values) > 1 else 0.0
+
+
+# ---- the recipe's own path (a quant / offload variant, R expert-parallel ranks) ----------------------
+
+
+def variant_key(d) -> str | None:
+    """The name of a one-rank deployment's own path where it differs from the fp32 resident one the
+    base calibration timed (`int4+hot0.25`, `offload0.5-pf2-lru`, both joined by `,`), else None."""
+    parts = []
+    if d.quant_low_format != "none":
+        parts.append(d.quant_low_format + (f"+hot{d.quant_hot_fraction:g}" if d.quant_hot_fraction else ""))
+    if d.offload_resident_fraction < 1:
+        parts.append(f"offload{d.offload_resident_fraction:g}-pf{d.offload_prefetch_depth}-{d.offload_eviction}"
+                     f"-{d.offload_hints}")
+    return ",".join(parts) or None
+
+
+def bench_plan(cal: Calibration):
+    from moetune.search.cost.microbench import BenchPlan
+
+    p = cal.plan
+    return BenchPlan(int(p["prompt_len"]), tuple(p["batches"]), int(p["decodes"]), int(p["repeats"]))
+
+
+def variant_rates(base_cfg, variant_cfg, plan) -> dict[str, Rate]:
+    """`<kind>`: the variant's plain step seconds over the base's, median over interleaved repeats."""
+    from moetune.search.cost.microbench import run_variant_bench
+
+    runs = run_variant_bench(base_cfg, variant_cfg, plan)
+    kinds = sorted({k for r in runs for k in r})
+    return {k: Rate(float(np.median([r[k] for r in runs if k in r])), _spread([r[k] for r in runs if k in r]))
+            for k in kinds}
+
+
+def ep_rates(base_cfg, plan, ranks: int, probed: dict[str, float]) -> dict[str, Rate]:
+    """From the engine on `ranks` processes at the plan's buckets per rank (microbench.run_ep_bench):
+    `compute/<kind>` = Σ (lock-step − exchange) seconds over Σ probed one-rank step seconds at the
+    same per-rank buckets (`step/<kind>`: what the k multipliers were fitted on), the per-rank path
+    factor at one thread per rank; `exchange/<kind>` = exchange seconds per MoE layer (the split
+    sizes, the wait for the other ranks, the two row all-to-alls), medians over repeats."""
+    from moetune.search.cost.microbench import run_ep_bench
+
+    runs = run_ep_bench(base_cfg, plan, ranks)
+    out: dict[str, Rate] = {}
+    for kind, ref in probed.items():
+        comp = [(r[kind][0] - r[kind][1]) / ref for r in runs if kind in r and ref > 0]
+        exch = [r[kind][1] / r[kind][2] for r in runs if kind in r and r[kind][2] > 0]
+        if comp:
+            out[f"compute/{kind}"] = Rate(float(np.median(comp)), _spread(comp))
+        if exch:
+            out[f"exchange/{kind}"] = Rate(float(np.median(exch)), _spread(exch))
+    return out

@@ -111,9 +111,10 @@ def run_bench(cfg: RunConfig, plan: BenchPlan) -> list[BenchRun]:
     return runs
 
 
-def _bench_config(cfg: RunConfig, plan: BenchPlan) -> RunConfig:
-    """The recipe's model on one rank, no quant / offload / capacity (the cost model prices those),
-    engine sized so that each run is one prefill of all B prompts and then decodes."""
+def _bench_config(cfg: RunConfig, plan: BenchPlan, keep_variant: bool = False) -> RunConfig:
+    """The recipe's model on one rank, no quant / offload / capacity (keep_variant: the recipe's quant
+    and offload sections kept, for run_variant_bench), engine sized so that each run is one prefill
+    of all B prompts and then decodes."""
     from moetune.config import parse_config
 
     data = cfg.model_dump()
@@ -122,7 +123,8 @@ def _bench_config(cfg: RunConfig, plan: BenchPlan) -> RunConfig:
     data["engine"].update(max_num_seqs=B, prefix_caching=False, num_kv_blocks=B * per_seq + 4,
                           max_num_batched_tokens=max(data["engine"]["max_num_batched_tokens"], B * plan.prompt_len))
     data["parallel"] = {}
-    data["quant"] = data["offload"] = None
+    if not keep_variant:
+        data["quant"] = data["offload"] = None
     return parse_config(data, source="calibration microbenchmarks")
 
 
@@ -227,3 +229,118 @@ def median_run(runs: list[BenchRun]) -> BenchRun:
         return [(ref[i][0], float(np.median([getattr(r, name)[i][1] for r in runs]))) for i in range(len(ref))]
 
     return BenchRun(StepTables(steps, phases, first.moe, first.expert_load), steps_of("plain"), steps_of("unfused"))
+
+
+# ---- the recipe's own path: a quant / offload variant at one rank, R expert-parallel ranks ----------
+
+
+def run_variant_bench(cfg: RunConfig, variant: RunConfig, plan: BenchPlan) -> list[dict[str, float]]:
+    """Per repeat and step kind, Σ plain step seconds of `variant` (the recipe's quant / offload
+    sections, one rank) over Σ plain step seconds of the base model, the two interleaved bucket by
+    bucket after one untimed warm-up of each: what the variant's own path (its expert kernels, the
+    offload store's acquire / copy / evict, the unfused layers it forces) costs over the fp32 one."""
+    from moetune.engine.build import build_generator
+
+    base = build_generator(_bench_config(cfg, plan))
+    other = build_generator(_bench_config(variant, plan, keep_variant=True))
+    prompts = _prompts(cfg, plan)
+    start = time.perf_counter()
+    for B in plan.batches:
+        _plain(base, prompts[:B], plan.decodes)
+        _plain(other, prompts[:B], plan.decodes)
+    out: list[dict[str, float]] = []
+    for _ in range(plan.repeats):
+        sums = {"base": {}, "variant": {}}
+        for B in plan.batches:
+            for name, gen in (("base", base), ("variant", other)):
+                for kind, sec in _plain(gen, prompts[:B], plan.decodes):
+                    sums[name][kind] = sums[name].get(kind, 0.0) + sec
+        out.append({k: sums["variant"][k] / s for k, s in sums["base"].items() if s > 0 and k in sums["variant"]})
+        if len(out) >= plan.min_repeats and time.perf_counter() - start > plan.budget_s:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class EPBenchJob:
+    """Picklable: spawned ranks receive it. Every rank runs the same lock-steps: per bucket b, R·b
+    requests (b per rank) of P tokens, one prefill lock-step and `decodes` decode ones; rank 0 times
+    each lock-step and the dispatcher's all-to-alls in it (the split-size exchange and its wait, the
+    two row exchanges: AllToAllDispatcher.wait_s + transfer_s)."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    batches: tuple[int, ...]  # b per rank
+    decodes: int
+    repeats: int
+    min_repeats: int
+    budget_s: float
+
+    def __call__(self, dp) -> list[dict[str, list[float]]] | None:
+        disp = _dispatchers(dp.model)
+        start = time.perf_counter()
+        for b in self.batches:  # warm-up, untimed
+            self._bucket(dp, b, disp)
+        runs: list[dict[str, list[float]]] = []
+        for _ in range(self.repeats):
+            sums: dict[str, list[float]] = {}  # kind → [lock-step s, exchange s, MoE layers exchanged]
+            for b in self.batches:
+                for kind, sec, exch, calls in self._bucket(dp, b, disp):
+                    acc = sums.setdefault(kind, [0.0, 0.0, 0.0])
+                    acc[0], acc[1], acc[2] = acc[0] + sec, acc[1] + exch, acc[2] + calls
+            runs.append(sums)
+            done = len(runs) >= self.min_repeats and time.perf_counter() - start > self.budget_s
+            flag = _agree(done)  # every rank stops after the same repeat
+            if flag:
+                break
+        return runs if dp.rank == 0 else None
+
+    def _bucket(self, dp, b: int, disp) -> list[tuple[str, float, float, int]]:
+        n = b * dp.world
+        for i in dp.mine(n):
+            dp.engine.add_request(list(self.prompts[i]), _params(self.decodes))
+        out = []
+        while True:
+            before = [(d.wait_s + d.transfer_s, d.calls) for d in disp]
+            t0 = time.perf_counter()
+            if dp.step() is None:
+                break
+            sec = time.perf_counter() - t0
+            exch = sum(d.wait_s + d.transfer_s for d in disp) - sum(x for x, _ in before)
+            calls = sum(d.calls for d in disp) - sum(c for _, c in before)
+            out.append(("decode" if out else "prefill", sec, exch, calls))
+        return out
+
+
+def _dispatchers(model) -> list:
+    """The distinct all-to-all dispatchers of the model's MoE layers (one shared by all, in practice)."""
+    seen = {}
+    for layer in model.layers:
+        d = getattr(layer.mlp, "dispatcher", None)
+        if d is not None and hasattr(d, "transfer_s"):
+            seen[id(d)] = d
+    return list(seen.values())
+
+
+def _agree(flag: bool) -> bool:
+    """Whether any rank says stop (an all-reduce of one int)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def run_ep_bench(cfg: RunConfig, plan: BenchPlan, ranks: int) -> list[dict[str, list[float]]]:
+    """The engine on `ranks` expert-parallel processes (contiguous placement, one thread each, as
+    `measure` runs them) at the plan's buckets per rank: per repeat and step kind, [Σ lock-step s,
+    Σ exchange s, MoE layers exchanged]."""
+    from moetune.config import parse_config
+    from moetune.engine.distributed import run_ranks
+
+    data = _bench_config(cfg, plan).model_dump()
+    data["parallel"] = {"ep_size": ranks, "placement": "contiguous", "ranks_per_node": ranks}
+    wide = BenchPlan(plan.prompt_len, tuple(b * ranks for b in plan.batches), plan.decodes)
+    prompts = tuple(tuple(p) for p in _prompts(cfg, wide))
+    job = EPBenchJob(prompts, plan.batches, plan.decodes, plan.repeats, plan.min_repeats, plan.budget_s)
+    return run_ranks(parse_config(data, source="calibration microbenchmarks"), job) or []

@@ -112,6 +112,10 @@ class Simulator:
         self._kind = "decode"  # the kind of the step being priced (picks the fitted multipliers)
         self.group = 1  # processes per priced rank: G in a TP view (they share this-machine's cores too)
         self.on_step = None  # progress: on_step(done, total or None) after each priced lock-step (cli)
+        # this-machine: the base recipe and d → the deployment's RunConfig (study/setup.py), so that a
+        # deployment whose path the base microbenchmarks did not run is timed on its own (`own_path`)
+        self.base_config = None
+        self.config_of = None
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -181,7 +185,9 @@ class Simulator:
                 replica_idx[j, slot] = seen[e]
                 seen[e] += 1
                 to_rank[j, e, slot_rank[slot]] += 1.0 / reps[j, e]
-        eb = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format, d.quant_hot_fraction, m.D)
+        low_format, hot = ((d.quant_low_format, d.quant_hot_fraction) if self.own_path(d) is None
+                           else ("none", 0.0))  # its own path timed: priced as fp32, × the measured ratio
+        eb = expert_bytes(self.src.loads, m.expert_weights, self.b, low_format, hot, m.D)
         slot_bytes = np.take_along_axis(eb, phy2log, axis=1)
         low = (slot_bytes < m.expert_weights * self.b - 1e-6).astype(np.float64)
         return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low)
@@ -283,9 +289,35 @@ class Simulator:
 
     def path_factor(self, d: Deployment) -> float:
         """this-machine's factor of the deployment's path over the probed phases: fused decode layers
-        at one rank without a capacity, the unfused path otherwise."""
+        at one rank without a capacity, the unfused path otherwise; × the variant's own measured ratio
+        over the fp32 path (quant / offload, `own_path`), or, on R expert-parallel ranks, the ranks'
+        own compute factor measured on R processes of one thread each."""
+        own = self.own_path(d)
+        if own is not None and own[0] == "ep" and f"compute/{self._kind}" in own[1]:
+            return own[1][f"compute/{self._kind}"].value
         fused = d.ep_size * tp_costs.group_size(d) == 1 and d.capacity_policy not in CAPACITY_PRICED
-        return self.cal.path_factor(self._kind, 1 if fused else 2)
+        factor = self.cal.path_factor(self._kind, 1 if fused else 2)
+        if own is not None and own[0] == "variant" and self._kind in own[1]:
+            factor *= own[1][self._kind].value
+        return factor
+
+    def own_path(self, d: Deployment):
+        """this-machine: ("variant", rates) for a one-rank quant / offload deployment, ("ep", rates) for
+        R > 1 expert-parallel ranks (no TP), each from its own microbenchmark (calibrate.py, measured the
+        first time it is needed, then cached); None where the base calibration covers the path."""
+        if self.cal is None or self.config_of is None or self.base_config is None or self.cal.source != "microbenchmarks":
+            return None
+        from moetune.search.cost import calibrate as cal_mod
+
+        if d.ep_size > 1 and tp_costs.group_size(d) == 1:
+            probed = {k: r.value for k, r in self.cal.rates_of("step").items()}
+            return "ep", self.cal.ensure(f"ep/R{d.ep_size}", lambda: cal_mod.ep_rates(
+                self.base_config, cal_mod.bench_plan(self.cal), d.ep_size, probed))
+        key = cal_mod.variant_key(d)
+        if d.ep_size == 1 and tp_costs.group_size(d) == 1 and key is not None:
+            return "variant", self.cal.ensure(f"variant/{key}", lambda: cal_mod.variant_rates(
+                self.base_config, self.config_of(d), cal_mod.bench_plan(self.cal)))
+        return None
 
     def _pricing(self, d: Deployment) -> "Pricing":
         if d.ep_size > 1:
@@ -317,13 +349,21 @@ class Simulator:
         expert_s = costs.experts(sim, st, slots)  # [Lm, R]
         totals.add_slots(slots, prep)
         stall = costs.offload_stall(sim, ctx.offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
-        a2a = costs.all_to_all(sim, counts, prep, ctx.links)
+        own = self.own_path(d) if self.cal is not None else None
+        links, step_lat = ctx.links, ctx.links.latency_s
+        if own is not None and own[0] == "variant":
+            stall = np.zeros_like(stall)  # the store's acquire / copy / evict is in the measured ratio
+        elif own is not None and f"exchange/{sim._kind}" in own[1]:  # measured per MoE layer: 3 collectives
+            links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
+            step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
+        a2a = costs.all_to_all(sim, counts, prep, links)
         totals.a2a_bytes += a2a.bytes
         totals.inter_bytes += a2a.inter_node_bytes
         _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
-                  costs.other(sim, st, ctx.links.latency_s), len(m.dense_I), overflow)
+                  costs.other(sim, st, step_lat), len(m.dense_I), overflow)
         if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
-            totals.scale_step(t, sim.path_factor(d))
+            keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
+            totals.scale_step(t, sim.path_factor(d), keep)
         if ctx.tp_lat:
             totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
                                                      self.hw.intra_bw * self.hw.link_eff, ctx.tp_lat, self.b))
@@ -498,11 +538,14 @@ class Totals:
             self.phases[phase][t] = value
             self.step_s[t] += value
 
-    def scale_step(self, t: int, factor: float) -> None:
-        """Step t and each of its phase lines × factor (this-machine's calibrated path factor)."""
-        self.step_s[t] *= factor
-        for v in self.phases.values():
-            v[t] *= factor
+    def scale_step(self, t: int, factor: float, keep: tuple[str, ...] = ()) -> None:
+        """Step t and each of its phase lines × factor (this-machine's calibrated path factor), but the
+        lines in `keep` (priced from their own measurement: the EP exchange)."""
+        kept = sum(self.phases[p][t] for p in keep)
+        self.step_s[t] = (self.step_s[t] - kept) * factor + kept
+        for name, v in self.phases.items():
+            if name not in keep:
+                v[t] *= factor
 
     def add_slots(self, slots: costs.SlotRows, prep: Prepared) -> None:
         self.rank_rows += slots.rows_q
