@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from moetune.kernels.cpu import linear as cpu_linear
+from moetune.kernels.cpu import records
 
 SMALL_M = 16  # rows up to which the CPU kernel runs when it is on
 LARGE_WEIGHT_M = 64  # ... and up to which it runs on weights of LARGE_WEIGHT_BYTES or more
@@ -46,6 +47,10 @@ class Linear:
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.weight] + ([self.bias] if self.bias is not None else [])
+
+    def kernel_record(self) -> records.Projection:
+        """This projection as the fused decode layer's kernels take it (fp32 CPU weights: views)."""
+        return records.projection(self.weight, self.bias)
 
     @classmethod
     def fused(cls, parts: list["Linear"], small_m: int = 0) -> "Linear":

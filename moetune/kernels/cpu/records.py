@@ -1,0 +1,117 @@
+"""The arguments of the fused decode layer kernels (`_jit_layer`), as small typed records.
+
+Each record holds what one module owns, and that module builds it (numpy views of its fp32 CPU
+weights, made once per layer at load and kept by `model/fused_decode.py`; the step's records once
+per step):
+
+  Norm        RMSNorm weight [C] and eps                      `model.norm.kernel_norm`
+  Projection  a Linear: w [N, K], unit scales [N], bias [N]   `projection` (`model.linear.Linear.kernel_record`)
+  Attention   a GQA layer's projections, heads, q/k norms,    `model.attention.GQAAttention.kernel_record`
+              clip and softmax scale
+  StepRows    the step's rotary rows and cache rows           `model/fused_decode.py` (the step's)
+  KVPools     one layer's K and V pools                       `model.kv_cache.PagedKVCache.kernel_pools`
+  DecodePlan  the step's block tables, lengths, scratch       `kernels.cpu.attention.decode_plan`
+  Router      the gate as a Projection, the top-k settings    `routing.router_record` (`MoELayer.kernel_router`)
+  Experts     one layer's expert weights, scales, row limit   `experts.experts_record` (`CPUBackend.kernel_experts`)
+  Tuning      threads, the serial rule, the experts' tiling   `experts.tuning`
+
+numba takes them as named heterogeneous tuples (a field is read by name inside the kernels; a call
+types each record by the types of its fields, so the field types must not vary between layers:
+floats are Python floats, ints Python ints, "none" an empty fp32 array). Importing this module
+imports numpy and torch only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from moetune.kernels.cpu.runtime import numpy_view, ones
+
+QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # Attention.qk_kind
+QK_KINDS = {"none": QK_NONE, "per_head": QK_PER_HEAD, "full": QK_FULL}  # GQASpec.qk_norm → qk_kind
+EMPTY = np.empty(0, np.float32)  # "no bias" / "no norm weight" (read-only by convention)
+
+
+class Norm(NamedTuple):
+    """An RMSNorm: x · rsqrt(mean(x²) + eps) · w."""
+    w: np.ndarray  # [C] fp32 (EMPTY: no norm)
+    eps: float
+
+
+class Projection(NamedTuple):
+    """x [T, K] @ w [N, K].T · ones (+ bias): a Linear as the decode kernel takes it."""
+    w: np.ndarray  # [N, K] fp32
+    ones: np.ndarray  # [N] unit scales (the kernel's per-row scale)
+    bias: np.ndarray  # [N], or EMPTY
+
+
+class Attention(NamedTuple):
+    """A grouped-query attention layer: qkv = x·Wqkv (+b) → q/k norms, clip → rotary → paged
+    attention → ·Wo (+b)."""
+    qkv: Projection  # [(H + 2Hkv)·Dh, D]
+    o: Projection  # [D, H·Dh]
+    heads: int  # H
+    kv_heads: int  # Hkv
+    head_dim: int  # Dh
+    qk_kind: int  # QK_NONE | QK_PER_HEAD | QK_FULL
+    q_norm: Norm  # [Dh] per head, [H·Dh] full, EMPTY none
+    k_norm: Norm
+    clip: float  # ≤ 0: no clip
+    scale: float  # softmax scale
+
+
+class StepRows(NamedTuple):
+    """What a decode step's T tokens share over all layers."""
+    cos: np.ndarray  # [T, Dh] fp32
+    sin: np.ndarray  # [T, Dh] fp32
+    rows: np.ndarray  # [T] int64 cache row of each token
+
+
+class KVPools(NamedTuple):
+    """One layer's paged cache."""
+    k: np.ndarray  # [rows, Hkv, Dh] fp32
+    v: np.ndarray  # [rows, Hkv, Dh] fp32
+
+
+class Router(NamedTuple):
+    """logits = x·Wg → the K best scores (softmax or sigmoid, + bias to pick) → renormalise → scale."""
+    gate: Projection  # [E, D], no bias
+    bias: np.ndarray  # [E] selection bias (unread unless use_bias)
+    use_bias: bool
+    sigmoid: bool
+    top_k: int
+    renormalize: bool
+    scaling: float
+
+
+class Experts(NamedTuple):
+    """One layer's routed experts in one fp32 or int8 format, over num_slots physical slots."""
+    w13: np.ndarray  # [P, 2I, D] fp32 | int8
+    s13: np.ndarray  # [P, 2I] fp32 row scales (ones for fp32)
+    w2: np.ndarray  # [P, D, I]
+    s2: np.ndarray  # [P, D]
+    nbytes: int  # weight bytes of all P slots (`formats.weight_bytes`: `launch`'s rule)
+    num_slots: int  # P
+    row_limit: int  # rows of one slot up to which the kernel computes it (`CPUBackend.row_limit`)
+
+
+class Tuning(NamedTuple):
+    """How the kernels of one step run."""
+    threads: int  # numba threads (1: the serial twins)
+    serial_bytes: int  # calls reading fewer bytes than this run on one thread (`runtime.SERIAL_BYTES`)
+    block13: int  # the experts' work items (`experts.BLOCK_13`, `BLOCK_2`, `SCHEDULES`)
+    block2: int
+    schedule: int
+
+
+def projection(weight, bias=None) -> Projection:
+    """A projection's record from weight [N, K] (+ bias [N]), fp32 CPU tensors (views, not copies
+    when contiguous)."""
+    return Projection(numpy_view(weight), ones(weight.shape[0]).numpy(), EMPTY if bias is None else numpy_view(bias))
+
+
+def norm(weight=None, eps: float = 0.0) -> Norm:
+    """An RMSNorm's record (weight None: the empty norm of a layer without one)."""
+    return Norm(EMPTY if weight is None else numpy_view(weight), float(eps))
