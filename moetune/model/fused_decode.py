@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from moetune.kernels.cpu import records
+from moetune.kernels.cpu.attention import DecodePlan
 from moetune.kernels.cpu.experts import tuning
 from moetune.kernels.cpu.routing import takes_routing
 from moetune.kernels.cpu.runtime import current_threads, jit_layer
@@ -58,13 +59,21 @@ FUSED_ROWS = 64  # decode steps of up to this many sequences are fused (see the 
 
 
 class LayerRecords(NamedTuple):
-    """One decoder layer's records that do not change between steps, each from its module (made on
-    the layer's first fused step; `ptr` notices a weight moved since)."""
+    """One decoder layer's records that do not change between steps, each from its module, as the
+    kernels take them (`records.plain`; made on the layer's first fused step, `ptr` notices a weight
+    moved since)."""
     ptr: int
-    attn_norm: records.Norm  # `RMSNorm.kernel_record`
-    attention: records.Attention  # `GQAAttention.kernel_record`
-    mlp_norm: records.Norm
-    router: records.Router  # `MoELayer.kernel_router`
+    attn_norm: tuple  # records.Norm: `RMSNorm.kernel_record`
+    attention: tuple  # records.Attention: `GQAAttention.kernel_record`
+    mlp_norm: tuple  # records.Norm
+    router: tuple  # records.Router: `MoELayer.kernel_router`
+    top_k: int
+
+    @classmethod
+    def of(cls, layer, ptr: int) -> "LayerRecords":
+        router = layer.mlp.kernel_router()
+        return cls(ptr, records.plain(layer.attn_norm.kernel_record()), records.plain(layer.attention.kernel_record()),
+                   records.plain(layer.mlp_norm.kernel_record()), records.plain(router), router.top_k)
 
 
 class FusedDecode:
@@ -73,7 +82,7 @@ class FusedDecode:
     def __init__(self, max_rows: int = FUSED_ROWS):
         self.max_rows = max_rows  # most sequences a fused step takes
         self._records: dict[int, LayerRecords] = {}
-        self._experts: dict[int, tuple[object, records.Experts | None]] = {}  # layer → (weights, their record)
+        self._experts: dict[int, tuple[object, tuple | None]] = {}  # layer → (weights, plain records.Experts)
         self._covers: dict[int, bool] = {}
 
     def takes(self, batch: StepBatch) -> bool:
@@ -133,12 +142,12 @@ class FusedDecode:
     def _attention_half(self, layer, h: np.ndarray, step: "_Step", cache: PagedKVCache):
         """`attention_block`: h [T, D] updated in place → (x [T, D] the MoE input, topk_w, topk_ids [T, K])."""
         r = self._records_of(layer)
-        plan = layer.attention.decode_plan(step.batch, step.batch.num_seqs, cache.block_size)
-        T, D, K = h.shape[0], h.shape[1], r.router.top_k
+        plan = step.plan(layer.attention.decode_plan(step.batch, step.batch.num_seqs, cache.block_size))
+        T, D, K = h.shape[0], h.shape[1], r.top_k
         x = np.empty((T, D), np.float32)
         topk_w, topk_ids = np.empty((T, K), np.float32), np.empty((T, K), np.int64)
-        jit_layer().attention_block(h, r.attn_norm, r.attention, step.rows, cache.kernel_pools(layer.index), plan,
-                                    r.mlp_norm, r.router, step.tuning, x, topk_w, topk_ids)
+        jit_layer().attention_block(h, r.attn_norm, r.attention, step.rows, tuple(cache.kernel_pools(layer.index)),
+                                    plan, r.mlp_norm, r.router, step.tuning, x, topk_w, topk_ids)
         return x, topk_w, topk_ids
 
     def _moe_half(self, mlp: MoELayer, h: torch.Tensor, x: np.ndarray, topk_w: np.ndarray, topk_ids: np.ndarray,
@@ -175,28 +184,36 @@ class FusedDecode:
         r = self._records.get(layer.index)
         ptr = layer.attention.qkv.weight.data_ptr()
         if r is None or r.ptr != ptr:
-            r = self._records[layer.index] = LayerRecords(ptr, layer.attn_norm.kernel_record(),
-                                                          layer.attention.kernel_record(),
-                                                          layer.mlp_norm.kernel_record(), layer.mlp.kernel_router())
+            r = self._records[layer.index] = LayerRecords.of(layer, ptr)
         return r
 
-    def _experts_of(self, mlp: MoELayer, weights) -> records.Experts | None:
-        """The record of the experts the store handed out (made when they are not the last ones)."""
+    def _experts_of(self, mlp: MoELayer, weights) -> tuple | None:
+        """The record of the experts the store handed out, plain (made when they are not the last ones)."""
         got = self._experts.get(mlp.layer)
         if got is None or got[0] is not weights:
-            got = self._experts[mlp.layer] = (weights, mlp.backend.kernel_experts(weights))
+            e = mlp.backend.kernel_experts(weights)
+            got = self._experts[mlp.layer] = (weights, None if e is None else records.plain(e))
         return got[1]
 
 
 class _Step:
     """What every fused layer of one step shares: the batch (whose memo holds the decode attention
-    plan, `GQAAttention.decode_plan`), the rotary and cache rows, and the kernels' tuning."""
+    plan, `GQAAttention.decode_plan`), the rotary and cache rows, and the kernels' tuning, as the
+    kernels take them (`records.plain`)."""
 
     def __init__(self, batch: StepBatch, cos: torch.Tensor, sin: torch.Tensor, threads: int):
         self.batch = batch
-        self.rows = records.StepRows(cos.contiguous().numpy(), sin.contiguous().numpy(),  # [T, Dh] each
-                                     batch.slot_mapping.numpy())  # [T] int64
-        self.tuning = tuning(threads)
+        self.rows = records.plain(records.StepRows(cos.contiguous().numpy(), sin.contiguous().numpy(),  # [T, Dh]
+                                                   batch.slot_mapping.numpy()))  # [T] int64
+        self.tuning = records.plain(tuning(threads))
+        self._plans: dict[int, tuple] = {}  # id(DecodePlan) → plain (the batch's memo keeps the plan alive)
+
+    def plan(self, plan: DecodePlan) -> tuple:
+        """A layer's `DecodePlan` (the same object for every layer of a window) as the kernel takes it."""
+        got = self._plans.get(id(plan))
+        if got is None:
+            got = self._plans[id(plan)] = tuple(plan)
+        return got
 
 
 def _fusable(layer) -> bool:

@@ -5,7 +5,9 @@ Each function strings together the kernels of `_jit` that a decoder layer calls 
 through Python otherwise, in the same order and with the same arithmetic, so the outputs match the
 unfused layer's to rounding (the same kernels, compiled into another caller). Their arguments are
 the records of `records.py`, one per module (norms, attention, router, experts) and per step
-(rows, cache, plan, tuning), plus the step's own arrays.
+(rows, cache pools, plan, tuning), plus the step's own arrays. The records arrive as plain tuples
+(`records.plain`: numba types a named-tuple argument ~0.4 µs slower per call than a plain one, and
+a layer passes 16), so each function unpacks a record in its fields' order, under their names.
 """
 
 from __future__ import annotations
@@ -23,73 +25,78 @@ BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
 
 @njit(**OPTS)
 def _project(x, p, tuning):
-    """x [T, K] @ p.w [N, K].T (+ p.bias [N], when not empty) → a new [T, N] (a `Projection`): on
-    tuning.threads threads, or on this one under serial_bytes of weights (`runtime.launch`'s rule)."""
-    w = p.w
+    """x [T, K] @ w [N, K].T (+ bias [N], when not empty) → a new [T, N], p a `Projection`: on the
+    Tuning's threads, or on this one under serial_bytes of weights (`runtime.launch`'s rule)."""
+    w, ones, bias = p  # Projection
+    threads, serial_bytes = tuning[0], tuning[1]  # Tuning
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    if tuning.threads > 1 and w.size * w.itemsize >= tuning.serial_bytes:
-        linear_dense(x, w, p.ones, y, BLOCK_N)
+    if threads > 1 and w.size * w.itemsize >= serial_bytes:
+        linear_dense(x, w, ones, y, BLOCK_N)
     else:
-        linear_dense_serial(x, w, p.ones, y, BLOCK_N)
-    if p.bias.shape[0]:
+        linear_dense_serial(x, w, ones, y, BLOCK_N)
+    if bias.shape[0]:
         for t in range(y.shape[0]):
             for n in range(y.shape[1]):
-                y[t, n] += p.bias[n]
+                y[t, n] += bias[n]
     return y
 
 
 @njit(**OPTS)
 def _norm_rows(x, norm):
     """RMSNorm (a `Norm`) of each row of x [T, C] in place (through a scratch: `rms_norm` writes another array)."""
+    w, eps = norm  # Norm
     out = np.empty(x.shape, np.float32)
-    rms_norm(x, norm.w, norm.eps, out)
+    rms_norm(x, w, eps, out)
     x[:, :] = out
 
 
 @njit(**OPTS)
 def _qk_norm(qkv, a):
-    """The q and k RMSNorms of qkv [T, (H + 2Hkv)·Dh] (an `Attention` a), in place: over each head
+    """The q and k RMSNorms of qkv [T, (H + 2Hkv)·Dh] (a an `Attention`), in place: over each head
     (per_head) or over the whole q and k projections (full)."""
-    T, H, Hkv, Dh = qkv.shape[0], a.heads, a.kv_heads, a.head_dim
-    if a.qk_kind == QK_FULL:
-        _norm_rows(qkv[:, : H * Dh], a.q_norm)
-        _norm_rows(qkv[:, H * Dh : (H + Hkv) * Dh], a.k_norm)
-    elif a.qk_kind == QK_PER_HEAD:
+    _, _, H, Hkv, Dh, qk_kind, q_norm, k_norm, _, _ = a  # Attention
+    T = qkv.shape[0]
+    if qk_kind == QK_FULL:
+        _norm_rows(qkv[:, : H * Dh], q_norm)
+        _norm_rows(qkv[:, H * Dh : (H + Hkv) * Dh], k_norm)
+    elif qk_kind == QK_PER_HEAD:
         heads = qkv.reshape(T, H + 2 * Hkv, Dh)
         for t in range(T):
-            _norm_rows(heads[t, :H], a.q_norm)
-            _norm_rows(heads[t, H : H + Hkv], a.k_norm)
+            _norm_rows(heads[t, :H], q_norm)
+            _norm_rows(heads[t, H : H + Hkv], k_norm)
 
 
 @njit(**OPTS)
 def _attend(x, a, step, pools, plan, tuning):
     """The attention of x [T, D] (the normed h) → [T, D]: qkv = x·Wqkv (+b) → [full q/k norm] → [clip]
-    → [per-head q/k norm] → rotate q, k (step.cos, step.sin [T, Dh]) → k, v into the pools at
-    step.rows [T] → paged attention (plan: the step's `DecodePlan`) → ·Wo (+b)."""
-    T, H, Hkv, Dh = x.shape[0], a.heads, a.kv_heads, a.head_dim
-    qkv = _project(x, a.qkv, tuning)  # [T, (H + 2Hkv)·Dh]
-    if a.qk_kind == QK_FULL:
+    → [per-head q/k norm] → rotate q, k (cos, sin [T, Dh]) → k, v into the pools at the step's
+    rows [T] → paged attention (the step's `DecodePlan`) → ·Wo (+b)."""
+    wqkv, wo, H, Hkv, Dh, qk_kind, _, _, clip, scale = a  # Attention
+    cos, sin, rows = step  # StepRows
+    k_pool, v_pool = pools  # KVPools
+    tables, lens, block_size, window, scores, read = plan  # DecodePlan
+    T = x.shape[0]
+    qkv = _project(x, wqkv, tuning)  # [T, (H + 2Hkv)·Dh]
+    if qk_kind == QK_FULL:
         _qk_norm(qkv, a)
-    if a.clip > 0:
+    if clip > 0:
         for t in range(T):
             for c in range(qkv.shape[1]):
-                qkv[t, c] = min(max(qkv[t, c], -a.clip), a.clip)
-    if a.qk_kind == QK_PER_HEAD:
+                qkv[t, c] = min(max(qkv[t, c], -clip), clip)
+    if qk_kind == QK_PER_HEAD:
         _qk_norm(qkv, a)
     heads = qkv.reshape(T, H + 2 * Hkv, Dh)
-    rope_rotate_half(heads[:, : H + Hkv], step.cos, step.sin)
+    rope_rotate_half(heads[:, : H + Hkv], cos, sin)
     for t in range(T):
-        pools.k[step.rows[t]] = heads[t, H : H + Hkv]
-        pools.v[step.rows[t]] = heads[t, H + Hkv :]
+        k_pool[rows[t]] = heads[t, H : H + Hkv]
+        v_pool[rows[t]] = heads[t, H + Hkv :]
     q = np.ascontiguousarray(heads[:, :H])  # [T, H, Dh]
     out = np.empty((T, H, Dh), np.float32)
-    if tuning.threads > 1 and plan.read >= tuning.serial_bytes:
-        decode_attention(q, pools.k, pools.v, plan.tables, plan.lens, plan.block_size, a.scale, plan.window,
-                         plan.scores, out)
+    if tuning[0] > 1 and read >= tuning[1]:  # Tuning: threads, serial_bytes
+        decode_attention(q, k_pool, v_pool, tables, lens, block_size, scale, window, scores, out)
     else:
-        decode_attention_serial(q, pools.k, pools.v, plan.tables, plan.lens, plan.block_size, a.scale, plan.window,
-                                plan.scores, out)
-    return _project(out.reshape(T, H * Dh), a.o, tuning)  # [T, D]
+        decode_attention_serial(q, k_pool, v_pool, tables, lens, block_size, scale, window, scores, out)
+    return _project(out.reshape(T, H * Dh), wo, tuning)  # [T, D]
 
 
 @njit(**OPTS)
@@ -101,16 +108,17 @@ def attention_block(h, attn_norm, attn, step, pools, plan, mlp_norm, router, tun
       x_out = mlp_norm(h) → logits = x_out·Wg → topk_w, topk_ids [T, K]   (router)
 
     h [T, D] is updated in place."""
+    gate, bias, use_bias, sigmoid, top_k, renormalize, scaling = router  # Router
     x = np.empty(h.shape, np.float32)
-    rms_norm(h, attn_norm.w, attn_norm.eps, x)
+    rms_norm(h, attn_norm[0], attn_norm[1], x)  # Norm: w, eps
     y = _attend(x, attn, step, pools, plan, tuning)  # [T, D]
     for t in range(h.shape[0]):
         for d in range(h.shape[1]):
             h[t, d] += y[t, d]
-    rms_norm(h, mlp_norm.w, mlp_norm.eps, x_out)
-    logits = _project(x_out, router.gate, tuning)  # [T, E]
-    select_topk(logits, router.bias, router.use_bias, router.sigmoid, router.top_k, router.renormalize,
-                router.scaling, topk_w, topk_ids, np.empty(logits.shape, np.float32))
+    rms_norm(h, mlp_norm[0], mlp_norm[1], x_out)
+    logits = _project(x_out, gate, tuning)  # [T, E]
+    select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, topk_w, topk_ids,
+                np.empty(logits.shape, np.float32))
 
 
 @njit(**OPTS)
@@ -118,24 +126,25 @@ def moe_block(h, x, slots, topk_w, experts, shared, use_shared, tuning):
     """The experts half of a decode layer: permute x [T, D] by `slots` [T, K] (physical), every
     active expert's w13 → SiLU·mul → w2 over its rows (an `Experts` record), unpermute with topk_w
     [T, K] (+ shared [T, D] when use_shared), and h [T, D] += that. Returns 0, or without touching
-    h: 1 when a slot is out of range, 2 when a slot has more than experts.row_limit rows (torch's
-    GEMM is faster there: the caller runs the unfused phases)."""
+    h: 1 when a slot is out of range, 2 when a slot has more than row_limit rows (torch's GEMM is
+    faster there: the caller runs the unfused phases)."""
+    w13, s13, w2, s2, nbytes, P, row_limit = experts  # Experts
+    threads, serial_bytes, block13, block2, schedule = tuning  # Tuning
     T, K = slots.shape
-    P, D, I = experts.num_slots, x.shape[1], experts.w2.shape[2]
+    D, I = x.shape[1], w2.shape[2]
     counts = np.empty(P, np.int64)
     offsets = np.empty(P + 1, np.int64)
     copy_ids = np.empty(T * K, np.int64)
     x_sorted = np.empty((T * K, D), np.float32)
     if not permute_rows(x, slots, counts, offsets, copy_ids, x_sorted):
         return 1
-    if counts.max() > experts.row_limit:
+    if counts.max() > row_limit:
         return 2
     active = active_experts(offsets, T * K)
     y = np.zeros((T * K, D), np.float32)
-    busy = tuning.threads > 1 and experts.nbytes * active.shape[0] // P >= tuning.serial_bytes
-    experts_dense(x_sorted, offsets, active, experts.w13, experts.s13, experts.w2, experts.s2,
-                  np.empty((T * K, I), np.float32), y, tuning.block13, tuning.block2, tuning.schedule,
-                  tuning.threads if busy else 1)
+    lanes = threads if threads > 1 and nbytes * active.shape[0] // P >= serial_bytes else 1
+    experts_dense(x_sorted, offsets, active, w13, s13, w2, s2, np.empty((T * K, I), np.float32), y,
+                  block13, block2, schedule, lanes)
     out = shared.copy() if use_shared else np.zeros((T, D), np.float32)
     unpermute_rows(y, copy_ids, topk_w, out)
     for t in range(T):

@@ -15,10 +15,12 @@ per step):
   Experts     one layer's expert weights, scales, row limit   `experts.experts_record` (`CPUBackend.kernel_experts`)
   Tuning      threads, the serial rule, the experts' tiling   `experts.tuning`
 
-numba takes them as named heterogeneous tuples (a field is read by name inside the kernels; a call
-types each record by the types of its fields, so the field types must not vary between layers:
-floats are Python floats, ints Python ints, "none" an empty fp32 array). Importing this module
-imports numpy and torch only.
+The kernels take each record as a plain tuple (`plain`, made where the record is kept: once per
+layer, or once per step) and unpack it in its fields' order: numba types a named-tuple argument
+~0.4 µs slower than a plain tuple of the same fields (measured here: 0.54 against 0.17 µs for one
+field, 1.12 against 0.61 for eight), and a layer's two calls pass 16 of them. A call types each
+record by its fields' types, so these must not vary between layers: floats are Python floats, ints
+Python ints, "none" an empty fp32 array. Importing this module imports numpy and torch only.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ class Tuning(NamedTuple):
     block13: int  # the experts' work items (`experts.BLOCK_13`, `BLOCK_2`, `SCHEDULES`)
     block2: int
     schedule: int
+
+
+def plain(record: tuple) -> tuple:
+    """A record (and the records inside it) as the plain tuple the kernels take."""
+    return tuple(plain(f) if isinstance(f, tuple) else f for f in record)
 
 
 def projection(weight, bias=None) -> Projection:
