@@ -145,11 +145,14 @@ class ServeConfig(_Section):
 
 
 class QuantConfig(_Section):
-    """Per-expert precision of the routed experts (attention, router, shared experts keep model.dtype).
+    """Per-expert precision of the routed experts, and the format of the dense projections.
 
-    Exactly one of: `experts` (one format for all), `hot_fraction` (+ `loads`: the ceil(f·E) most
+    At most one of: `experts` (one format for all), `hot_fraction` (+ `loads`: the ceil(f·E) most
     loaded experts of each layer keep `high`, the rest `low`), or `table` (a JSON precision table,
     moetune/quant/table.py). Formats: fp32 bf16 fp16 fp8 int8 int4-g32 int4-g64 int4-g128.
+    `dense`: int8 | int4-gG packs every projection outside the experts (attention, dense and
+    shared-expert MLPs, the LM head; model/dense_quant.py); unset, they keep model.dtype, as the
+    router and the norms always do. At least one of the four is set.
     """
 
     experts: str | None = None
@@ -158,12 +161,14 @@ class QuantConfig(_Section):
     low: str = "int4-g64"
     loads: str | None = None  # run directory of `moetune profile` whose expert loads rank the experts
     table: str | None = None
+    dense: str | None = None  # int8 | int4-g32 | int4-g64 | int4-g128
 
     @model_validator(mode="after")
     def _one_policy(self) -> "QuantConfig":
         given = [k for k in ("experts", "hot_fraction", "table") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("quant needs exactly one of experts, hot_fraction (with loads) or table")
+        if len(given) > 1 or (not given and self.dense is None):
+            raise ValueError("quant needs exactly one of experts, hot_fraction (with loads) or table, "
+                             "and/or dense")
         if self.hot_fraction is not None and self.loads is None:
             raise ValueError("quant.hot_fraction needs quant.loads (a run directory of moetune profile)")
         return self  # format names are checked against moetune.quant when the model is built

@@ -12,9 +12,9 @@ def reference_target(target, reference: str | None):
     the recipe's quant and offload sections (refused for a checkpoint `moetune quantize` wrote)."""
     from moetune.config import parse_config
     from moetune.errors import UsageError
-    from moetune.model.quant_checkpoint import read_quantization
+    from moetune.model.quant_checkpoint import read_block
 
-    if reference is None and read_quantization(target.model_dir, target.spec) is not None:
+    if reference is None and read_block(target.model_dir) is not None:
         raise UsageError(f"'{target.model_dir}' is a quantized checkpoint: give --reference DIR (its "
                          "full-precision source)")
     data = {**target.config.model_dump(), "quant": None, "offload": None}
@@ -26,6 +26,7 @@ def reference_target(target, reference: str | None):
 def evaluate(target, ref_target, body: str, texts: list[str], s: EvalSettings, bar=None) -> dict:
     """Perplexity of ours and the reference on `body`; agreement on the first `s.num_prompts` of `texts`.
     `bar`: a progress reporter (`phase(name, total)`, `update(advance=1)`: cli/progress.py), told each phase."""
+    from moetune.bench.precision import model_precision
     from moetune.bench.quality import agreement, encode_prompts, perplexity
     from moetune.engine.build import build_generator
 
@@ -44,7 +45,8 @@ def evaluate(target, ref_target, body: str, texts: list[str], s: EvalSettings, b
     result = {"model": str(target.model_dir), "reference": str(ref_target.model_dir),
               "quant": cfg.quant.model_dump() if cfg.quant else None,
               "offload": cfg.offload.model_dump() if cfg.offload else None,
-              "expert_bytes": ours.model.experts.nbytes()}
+              "expert_bytes": ours.model.experts.nbytes(), "dense_bytes": ours.model.weight_bytes()["dense"],
+              "precision": model_precision(ours.model)}
     result["perplexity"] = perplexity(ours, ours.encode(body), s, **hooks("perplexity windows"))
     phase("loading reference")
     ref = build_generator(_no_prefix_cache(ref_target))

@@ -11,7 +11,8 @@ from moetune.bench.throughput import BenchRow
 
 def bench_table(rows: list[BenchRow], title: str, limits: Limits | None = None) -> Table:
     table = Table(title=f"tokens/s (median of runs; min–max) · {title}")
-    cols = ["workload", "moetune tok/s", "transformers tok/s", "ratio"] + (["moetune rate", "of limit"] if limits else [])
+    cols = ["workload", "moetune tok/s", "transformers tok/s", "ratio"] + (
+        ["moetune rate", "of limit", "MB/token"] if limits else [])
     for col in cols:
         table.add_column(col, justify="right" if col != "workload" else "left")
     by_key = {(r.engine, r.workload): r for r in rows}
@@ -19,7 +20,7 @@ def bench_table(rows: list[BenchRow], title: str, limits: Limits | None = None) 
         ours, ref = by_key.get(("moetune", workload)), by_key.get(("transformers", workload))
         cells = [workload, _cell(ours), _cell(ref), f"{ours.tokens_per_s / ref.tokens_per_s:.2f}×" if ours and ref else "–"]
         if limits:
-            cells += _rate(ours, limits)
+            cells += _rate(ours, limits) + [_mb(ours.bytes_per_token) if ours and ours.weight_bytes else "–"]
         table.add_row(*cells)
     return table
 
@@ -37,6 +38,7 @@ def limits_lines(limits: Limits) -> list[str]:
             "rates (moetune rate column; of limit = rate / the limit sampled once right before each of that",
             "workload's runs, median, in brackets: the machine's speed drifts; without samples, the limit above):",
             f"  decode        {FORMULAS['decode']}",
+            "  MB/token      decode: the weight bytes above / tokens generated (each step reads them once for its B rows)",
             f"  prefill       {FORMULAS['prefill']}"]
 
 
@@ -48,6 +50,11 @@ def _rate(row: BenchRow | None, limits: Limits) -> list[str]:
     if row.flops:
         return [f"{row.gflops_per_s:,.1f} GFLOP/s", _of(row.gflops_per_s, row.limit, limits.matmul_gflops)]
     return ["–", "–"]
+
+
+def _mb(nbytes: float) -> str:
+    mb = nbytes / 1e6
+    return f"{mb:,.1f}" if mb >= 10 else f"{mb:.3g}"
 
 
 def _of(rate: float, beside: float, upfront: float) -> str:

@@ -25,6 +25,8 @@ import torch
 
 from moetune.bench.timing import Timing, Work, measure
 from moetune.model.hugepages import huge_empty
+from moetune.model.dense_quant import packed_weights
+from moetune.model.linear import weight_tensors
 from moetune.model.transformer import MoETransformer, storage_bytes
 from moetune.tensors import distinct, span
 from moetune.spec import GQASpec
@@ -107,7 +109,7 @@ def _stream_buffer(n: int, device: torch.device) -> torch.Tensor:
 def dense_weight_bytes(model: MoETransformer) -> int:
     """Bytes a decode step reads outside the expert store: every dense weight, the whole LM head,
     not the embedding table (storages counted once: a tied LM head is the embedding)."""
-    tensors = [t for t in model.dense_tensors() if t is not model.embed] + [model.lm_head]
+    tensors = [t for t in model.dense_tensors() if t is not model.embed] + weight_tensors(model.lm_head)
     return storage_bytes(tensors)
 
 
@@ -120,11 +122,17 @@ def expert_bytes(model: MoETransformer) -> float:
     return w.nbytes() / w.num_slots
 
 
+def _params(t: torch.Tensor) -> int:
+    """Weights a tensor holds: two per byte of an int4-packed (uint8) one."""
+    return t.numel() * (2 if t.dtype == torch.uint8 else 1)
+
+
 def prefill_flops(model: MoETransformer, S: int) -> float:
     """FLOPs of one prefill step over a fresh prompt of S tokens (see the module docstring)."""
     spec = model.spec
-    skip = {span(model.embed), span(model.lm_head)}
-    dense_params = sum(t.numel() for t in distinct(model.dense_tensors()) if t.dim() >= 2 and span(t) not in skip)
+    scales = [w.scale for w in packed_weights(model)]
+    skip = {span(t) for t in [model.embed, *weight_tensors(model.lm_head), *scales]}
+    dense_params = sum(_params(t) for t in distinct(model.dense_tensors()) if t.dim() >= 2 and span(t) not in skip)
     D, I, K = spec.hidden_size, spec.moe.intermediate_size, spec.moe.router.top_k
     experts = 2 * S * K * 3 * D * I * len(spec.moe_layers)
     pairs = S * (S + 1) / 2

@@ -25,6 +25,7 @@ class BenchResult:
     rows: list[BenchRow]  # ours, then the reference's (with `against`)
     limits: Limits
     title: str  # model · dtype · device · threads (· speculative)
+    precision: str = ""  # the format of each part timed (`bench/precision.py`)
 
 
 def run_bench(target, settings: BenchSettings, against: str | None = None, status: Status = _quiet,
@@ -53,8 +54,11 @@ def run_bench(target, settings: BenchSettings, against: str | None = None, statu
     else:
         with status("moetune ..."):
             rows = bench_moetune(ours, settings, sampler, on_workload)
+    from moetune.bench.precision import precision_line
+
     spec = f" · speculative {settings.speculative}" if settings.speculative else ""
-    return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}{spec}")
+    return BenchResult(rows, limits, f"{target.model_dir.name} · {target.dtype} · {dev} · {_threads(dev)}{spec}",
+                       precision_line(ours))
 
 
 def _threads(dev) -> str:

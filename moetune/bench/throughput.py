@@ -48,6 +48,11 @@ class BenchRow:
         return self.tokens / self.timing.median_s
 
     @property
+    def bytes_per_token(self) -> float:
+        """Weight bytes read per generated token (decode; 0 when not counted)."""
+        return self.weight_bytes / self.tokens if self.tokens else 0.0
+
+    @property
     def gbytes_per_s(self) -> float:
         return self.weight_bytes / self.timing.median_s / 1e9
 

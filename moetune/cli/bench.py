@@ -45,6 +45,7 @@ def bench(
     console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
     result = _run(target, settings, against)
     console.print(bench_table(result.rows, result.title, result.limits))
+    console.print(result.precision, soft_wrap=True, highlight=False)
     for line in limits_lines(result.limits):
         console.print(line, soft_wrap=True, highlight=False)
 

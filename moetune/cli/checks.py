@@ -72,13 +72,13 @@ def quant_formats(quant) -> None:
     """The recipe's quant format names, before anything loads (torch-free)."""
     if quant is None:
         return
-    from moetune.quant.names import QuantError, parse_name
+    from moetune.quant.names import QuantError, parse_dense, parse_name
 
-    for key in ("experts", "high", "low"):
+    for key in ("experts", "high", "low", "dense"):
         name = getattr(quant, key)
         if name is not None:
             try:
-                parse_name(name)
+                (parse_dense if key == "dense" else parse_name)(name)
             except QuantError as exc:
                 raise RecipeError(f"quant.{key}: {exc}") from None
 

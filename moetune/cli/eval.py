@@ -61,7 +61,8 @@ def eval_command(
     print(f"perplexity {p['ppl']:.4f} (reference {rp['ppl']:.4f}) over {p['tokens_scored']} tokens; "
           f"KL {a['kl']:.5f} nats, top-1 agreement {a['top1_agreement']:.4f} over {a['positions']} positions; "
           f"greedy match {a['greedy_match']:.3f}, greedy prefix {a['greedy_prefix']:.3f} over {a['prompts']} prompts; "
-          f"expert bytes {result['expert_bytes'] / 1e6:.2f} MB")
+          f"expert bytes {result['expert_bytes'] / 1e6:.2f} MB, dense bytes {result['dense_bytes'] / 1e6:.2f} MB; "
+          f"precision: {' · '.join(f'{k} {v}' for k, v in result['precision'].items())}")
 
 
 def _read_text(path: Optional[str]) -> str:

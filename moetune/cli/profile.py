@@ -22,7 +22,7 @@ def profile(
     what_if: bool = flag(False, "--what-if", help="Do not start R ranks: compute EP-R traffic "
                                                                        "from one process."),
     capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help="Count drops over ceil(cf·T·K/E)."),
-    trace: bool = flag(False, "--trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
+    trace: bool = flag(False, "--torch-trace", help="torch.profiler trace to RUN/tb (TensorBoard) and RUN/trace.json."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default: runs/<model>-<timestamp>)."),
     report: bool = flag(False, "--report", help="Also write RUN/report.html and RUN/report.md."),
     overhead: bool = flag(False, "--overhead", help="Only measure probe overhead (probes on "

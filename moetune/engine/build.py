@@ -46,7 +46,8 @@ def build_model(target: Target | RunConfig, rank: int = 0, dispatcher: Dispatche
                            f"{cfg.parallel.world} ranks: start it through moetune.engine.distributed.run_ranks")
     model = load_model(target.checkpoint, target.dtype, device, cfg.model.kernel_backend,
                        placement, rank, dispatcher, precision_table(cfg.quant, spec),
-                       offload_factory(cfg.offload, spec, device), tp)
+                       offload_factory(cfg.offload, spec, device), tp,
+                       dense=cfg.quant.dense if cfg.quant is not None else None)
     if cfg.parallel.capacity_policy != "none":
         set_capacity(model, cfg.parallel.capacity_factor, cfg.parallel.capacity_policy)
     return model
@@ -63,7 +64,7 @@ def as_target(target: Target | RunConfig, device: torch.device | None = None) ->
 
 def precision_table(quant: QuantConfig | None, spec: ModelSpec) -> PrecisionTable | None:
     """The recipe's quant section → a format per MoE layer × expert (None: keep the load dtype)."""
-    if quant is None:
+    if quant is None or (quant.experts is None and quant.table is None and quant.hot_fraction is None):
         return None
     layers, E = list(spec.moe_layers), spec.moe.num_experts
     if quant.experts is not None:

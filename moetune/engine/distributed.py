@@ -26,7 +26,8 @@ from moetune.engine.generate import Completion, Generator
 from moetune.engine.mesh import Mesh, MeshGroups, join_mesh
 from moetune.engine.sampling import SamplingParams
 from moetune.errors import MoetuneError, RequestError
-from moetune.model.loader import read_spec
+from moetune.model.loader import check_dense, read_spec
+from moetune.model.quant_checkpoint import dense_format, read_block
 from moetune.model.registry import resolve_model
 from moetune.model.tp import TPComm, plan_of
 from moetune.model.tp_check import check_tp
@@ -161,9 +162,12 @@ class DPGenerator:
 
 def check_parallel(cfg: RunConfig) -> None:
     """Every user mistake in `parallel` raised before any rank starts (placement, sizes, files)."""
-    spec = read_spec(resolve_model(cfg.model.path))
+    model_dir = resolve_model(cfg.model.path)
+    spec = read_spec(model_dir)
     resolve_placement(cfg.parallel, spec)
     check_tp(spec, cfg.parallel.tp_size, cfg.parallel.expert_tp)
+    check_dense(dense_format(read_block(model_dir)), cfg.quant.dense if cfg.quant is not None else None,
+                cfg.parallel.group_size)
 
 
 def run_ranks(cfg: RunConfig, job: Callable[[DPGenerator], T]) -> T | None:

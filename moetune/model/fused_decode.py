@@ -47,9 +47,11 @@ from moetune.kernels.cpu.attention import DecodePlan
 from moetune.kernels.cpu.experts import tuning
 from moetune.kernels.cpu.routing import takes_routing
 from moetune.kernels.cpu.runtime import current_threads, jit_layer
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 from moetune.model.attention import GQAAttention
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
+from moetune.model.linear import weight_tensors
 from moetune.moe.cpu_backend import CPUBackend
 from moetune.moe.dispatch import LocalDispatcher
 from moetune.moe.layer import MoELayer
@@ -182,7 +184,7 @@ class FusedDecode:
 
     def _records_of(self, layer) -> LayerRecords:
         r = self._records.get(layer.index)
-        ptr = layer.attention.qkv.weight.data_ptr()
+        ptr = weight_tensors(layer.attention.qkv.weight)[0].data_ptr()
         if r is None or r.ptr != ptr:
             r = self._records[layer.index] = LayerRecords.of(layer, ptr)
         return r
@@ -218,11 +220,27 @@ class _Step:
 
 def _fusable(layer) -> bool:
     """What does not change after load: GQA + MoE, the rotary the kernel takes, routing without
-    group limits, fp32 CPU weights outside the store."""
+    group limits, fp32 CPU weights outside the store (int8 QKV and o projections too)."""
     attn, mlp = layer.attention, layer.mlp
     if not isinstance(attn, GQAAttention) or not isinstance(mlp, MoELayer):
         return False
     rotary, s = attn.rotary, attn.spec
     return (attn.decode_kernel and rotary.kernel and not rotary.interleave
             and rotary.inv_freq.shape[0] * 2 == s.head_dim and takes_routing(mlp.spec.router)
-            and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in layer.tensors()))
+            and all(_takes_weight(w) for w in (attn.qkv.weight, attn.o.weight))
+            and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.int8, torch.uint8)
+                    for t in layer.tensors())
+            and all(t.dtype == torch.float32 for t in _float_tensors(layer)))
+
+
+def _takes_weight(w) -> bool:
+    """A projection the fused kernel reads: fp32, or int8 with a scale per row (int4 runs unfused)."""
+    if isinstance(w, PackedWeight):
+        return w.fmt == WeightFormat.INT8
+    return w.dtype == torch.float32
+
+
+def _float_tensors(layer) -> list[torch.Tensor]:
+    """The layer's tensors other than packed projection data (norms, biases, router, shared expert)."""
+    packed = {id(t) for t in layer.tensors() if t.dtype in (torch.int8, torch.uint8)}
+    return [t for t in layer.tensors() if id(t) not in packed]

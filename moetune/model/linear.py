@@ -5,6 +5,11 @@ memory bandwidth; torch's small-M sgemm reads W at about half that rate on the C
 `moetune.kernels.cpu.linear` reads W once for up to ~16 rows at the read limit. The loader turns the
 kernel on (`small_m`) for fp32 models on the CPU under the `cpu` kernel backend; every other case,
 and steps with more rows (prefill), take `F.linear`.
+
+A weight is a float tensor or a packed int8 / int4 `PackedWeight` [N, K] (`moetune quantize
+--dense`, or a recipe's `quant.dense`: `model/dense_quant.py`). A packed weight runs the kernel up
+to LARGE_WEIGHT_M rows whatever its size (the other way dequantises it first), and `F.linear` on its
+dequantised copy beyond, or wherever the kernel is off (the torch twin).
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ import torch.nn.functional as F
 
 from moetune.kernels.cpu import linear as cpu_linear
 from moetune.kernels.cpu import records
+from moetune.kernels.cpu.formats import dequantize, weight_bytes
+from moetune.kernels.quant_formats import PackedWeight
+
+Weight = torch.Tensor | PackedWeight  # [N, K]: a float tensor, or int8 / int4 packed
 
 SMALL_M = 16  # rows up to which the CPU kernel runs when it is on
 LARGE_WEIGHT_M = 64  # ... and up to which it runs on weights of LARGE_WEIGHT_BYTES or more
@@ -25,20 +34,38 @@ LARGE_WEIGHT_BYTES = 8 << 20
 # 0.77x at 64 rows: below ~8 MB torch's GEMM computes faster than the kernel reads (docs/cpu.md).
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, small_m: int = 0) -> torch.Tensor:
+def project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, small_m: int = 0) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T (+ bias [N]) → [M, N]: the CPU kernel when 0 < M ≤ small_m, or
-    M ≤ LARGE_WEIGHT_M for a weight of LARGE_WEIGHT_BYTES or more (when the kernel is on)."""
-    M = x.shape[0]
+    M ≤ LARGE_WEIGHT_M for a packed weight or one of LARGE_WEIGHT_BYTES or more (when the kernel is on)."""
+    M, packed = x.shape[0], isinstance(weight, PackedWeight)
     if 0 < M <= small_m or (small_m and M <= LARGE_WEIGHT_M
-                            and weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES):
+                            and (packed or weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES)):
         y = cpu_linear(x, weight)  # [M, N]
         return y if bias is None else y.add_(bias)
+    if packed:  # the twin: dequantise, then torch's GEMM
+        return F.linear(x, dequantize(weight).to(x.dtype), bias)
     return F.linear(x, weight, bias)
+
+
+def weight_tensors(w: Weight) -> list[torch.Tensor]:
+    """The tensors behind a weight (a packed one's data and scales)."""
+    if isinstance(w, PackedWeight):
+        return [w.data] + ([w.scale] if w.scale is not None else [])
+    return [w]
+
+
+def out_features(w: Weight) -> int:
+    return w.data.shape[0] if isinstance(w, PackedWeight) else w.shape[0]
+
+
+def nbytes(w: Weight) -> int:
+    """Bytes one read of the weight streams (a packed one's scales included)."""
+    return weight_bytes(w) if isinstance(w, PackedWeight) else w.numel() * w.element_size()
 
 
 @dataclass
 class Linear:
-    weight: torch.Tensor  # [out, in]
+    weight: Weight  # [out, in]
     bias: torch.Tensor | None = None
     small_m: int = 0  # rows up to which the CPU kernel runs (0: always F.linear)
 
@@ -46,17 +73,33 @@ class Linear:
         return project(x, self.weight, self.bias, self.small_m)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
+        return weight_tensors(self.weight) + ([self.bias] if self.bias is not None else [])
+
+    @property
+    def out_features(self) -> int:
+        return out_features(self.weight)
 
     def kernel_record(self) -> records.Projection:
-        """This projection as the fused decode layer's kernels take it (fp32 CPU weights: views)."""
+        """This projection as the fused decode layer's kernels take it (fp32 or int8-per-row CPU weights:
+        views)."""
         return records.projection(self.weight, self.bias)
 
     @classmethod
     def fused(cls, parts: list["Linear"], small_m: int = 0) -> "Linear":
-        """One projection whose output is the parts' outputs side by side (one read of x, one call)."""
-        weight = torch.cat([p.weight for p in parts])  # [Σ out, in]
+        """One projection whose output is the parts' outputs side by side (one read of x, one call).
+        Packed parts (one format) are joined row-wise: per-row scales and groups stay each row's."""
+        weight = cat_weights([p.weight for p in parts])  # [Σ out, in]
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in parts])
         return cls(weight, bias, small_m)
+
+
+def cat_weights(ws: list[Weight]) -> Weight:
+    """Weights [N_i, K] stacked row-wise → [Σ N_i, K]; packed ones must share one format."""
+    if not any(isinstance(w, PackedWeight) for w in ws):
+        return torch.cat(ws)
+    first = ws[0]
+    if not all(isinstance(w, PackedWeight) and (w.fmt, w.group_size) == (first.fmt, first.group_size) for w in ws):
+        raise ValueError("joined weights must all be packed in one format")
+    return PackedWeight(torch.cat([w.data for w in ws]), torch.cat([w.scale for w in ws]), first.fmt, first.group_size)

@@ -8,6 +8,8 @@ import torch
 
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.cpu import linear as cpu_linear
+from moetune.kernels.cpu.formats import in_features
+from moetune.kernels.quant_formats import PackedWeight
 from moetune.model.attention import GQAAttention
 from moetune.model.checkpoint import Checkpoint, checkpoint_at
 from moetune.model.fused_decode import FusedDecode
@@ -22,7 +24,8 @@ from moetune.model.rope import Rotary
 from moetune.spec import GQASpec, ModelSpec
 from moetune.model.transformer import DecoderLayer, MoETransformer
 from moetune.model.validate import read_spec  # noqa: F401 (re-exported, torch-free)
-from moetune.model.quant_checkpoint import read_quantization
+from moetune.model.quant_checkpoint import dense_format, read_block, read_quantization
+from moetune.model.dense_quant import linear_weight, packed_weights, quantize_dense
 from moetune.model.expert_tensors import read_experts, read_packed_layer
 from moetune.experts.mixed import quantized_layer, quantized_slots
 from moetune.quant.names import QuantError, check_backend, parse_name
@@ -48,13 +51,15 @@ def load_model(
     precision: PrecisionTable | None = None,
     store_factory=None,
     tp: TPComm | None = None,
+    dense: str | None = None,
 ) -> MoETransformer:
     """With a `placement`, this process is expert-parallel rank `rank`: its store holds only the
     rank's physical slots (a replica is a copy of its logical expert's weights) and every MoE layer
     sends token copies through `dispatcher`. Without one, every expert is local (R = 1).
 
     Expert precision: a checkpoint written by `moetune quantize` loads its packed experts as stored;
-    `precision` (a recipe's quant section) packs a full-precision checkpoint's experts on load.
+    `precision` (a recipe's quant section) packs a full-precision checkpoint's experts on load, and
+    `dense` (its quant.dense) the dense projections (`model/dense_quant.py`).
     `store_factory(layers: dict[int, ExpertWeights], spec) -> ExpertStore` replaces the resident
     store (offloading). `model_dir`: a Checkpoint already checked (engine/target.py), or a directory,
     checked here (config.json and every safetensors header, before any tensor)."""
@@ -70,6 +75,7 @@ def load_model(
     names = TensorNames(spec.model_type)
     stored = read_quantization(model_dir, spec)
     table = check_precision(stored, precision, spec, backend.name)
+    check_dense(dense_format(read_block(model_dir)), dense, tp.plan.size if tp is not None else 1)
     if placement is not None and table is not None:  # a rank's slots of one format: one contiguous group
         placement = placement.by_format(table.formats)
     full, spec = spec, local_spec(spec, plan)  # `spec` from here on: the shapes this rank computes
@@ -84,10 +90,13 @@ def load_model(
     experts.bind_routers(  # an offloading store predicts later layers' experts with their routers
         {layer.index: layer.mlp.predict for layer in layers if isinstance(layer.mlp, MoELayer)})
     embed = source.get("model.embed_tokens.weight")
-    lm_head = embed if spec.tie_word_embeddings and not source.has("lm_head.weight") else source.get("lm_head.weight")
+    lm_head = embed if spec.tie_word_embeddings and not any(map(source.has, ("lm_head.weight", "lm_head.qweight"))) \
+        else linear_weight(source, "lm_head.weight")
     norm = RMSNorm(source.get("model.norm.weight"), spec.rms_norm_eps, kernel=small_m > 0)
     model = MoETransformer(full, embed, layers, norm, lm_head, rotary, experts, small_m,
                            fused=FusedDecode() if small_m and tp is None else None, tp=tp, local=spec)
+    if dense is not None:
+        quantize_dense(model, dense)
     model.precision = table  # the routed experts' formats (None: the load dtype), for the profile summary
     model.bytes_read = whole.bytes_read  # checkpoint bytes this process read (its slices under TP)
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
@@ -103,8 +112,13 @@ def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
     not in the first request: a decode-shaped projection (its parallel kernel and the serial twin
     that small weights take), the experts of each weight format, and the fused decode layers."""
     if model.small_m:
+        head = model.lm_head
+        rows = PackedWeight(head.data[:2], head.scale[:2], head.fmt, head.group_size) \
+            if isinstance(head, PackedWeight) else head[:2]
         for threads in (1, 2):
-            cpu_linear(model.embed.new_zeros(1, model.spec.hidden_size), model.lm_head[:2], threads=threads)
+            cpu_linear(model.embed.new_zeros(1, model.spec.hidden_size), rows, threads=threads)
+        for fmt in {(w.fmt, w.group_size): w for w in packed_weights(model)}.values():
+            cpu_linear(model.embed.new_zeros(1, in_features(fmt)), fmt, threads=1)
     formats = set()
     for i in model.experts.layers():
         weights = model.experts.acquire(i, torch.zeros(1, model.spec.moe.router.top_k, dtype=torch.long))
@@ -117,7 +131,7 @@ def _warm_cpu_kernels(model: MoETransformer, backend) -> None:
 
 
 def _linear(source: WeightSource, prefix: str, small_m: int = 0) -> Linear:
-    return Linear(source.get(prefix + ".weight"), source.get_optional(prefix + ".bias"), small_m)
+    return Linear(linear_weight(source, prefix + ".weight"), source.get_optional(prefix + ".bias"), small_m)
 
 
 def _norm(source: WeightSource, name: str, eps: float, kernel: bool = False) -> RMSNorm:
@@ -126,7 +140,7 @@ def _norm(source: WeightSource, name: str, eps: float, kernel: bool = False) -> 
 
 def _gated_mlp(source: WeightSource, prefix: str, small_m: int = 0,
                proj=("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
-    gate, up, down = (source.get(f"{prefix}{p}.weight") for p in proj)
+    gate, up, down = (linear_weight(source, f"{prefix}{p}.weight") for p in proj)
     return GatedMLP(gate, up, down, small_m)
 
 
@@ -177,6 +191,18 @@ def check_precision(stored: PrecisionTable | None, asked: PrecisionTable | None,
         f.check_dim(spec.moe.intermediate_size, "moe intermediate size")
     check_backend(table.names(), backend)
     return table
+
+
+def check_dense(stored: str | None, asked: str | None, group: int = 1) -> None:
+    """Refuse packing dense projections twice, or over a tensor-parallel group of `group` > 1 ranks
+    (its shards split float weights, not packed rows; engine/distributed.py asks before any rank starts)."""
+    if stored is not None and asked is not None:
+        raise QuantError(f"this checkpoint's dense projections are already {stored} (moetune quantize --dense); "
+                         "drop the recipe's quant.dense or start from the full-precision checkpoint")
+    if group > 1 and (stored or asked):
+        what = f"quant.dense {asked}" if asked else f"this checkpoint's {stored} dense projections (quantize --dense)"
+        raise QuantError(f"{what} over a tensor-parallel group of {group}: packed dense projections run on one "
+                         "rank; use tp_size and expert_tp_size 1, or a checkpoint and recipe without dense packing")
 
 
 def _rank_experts(whole: WeightSource, source, names: TensorNames, full: ModelSpec, spec: ModelSpec, i: int,

@@ -27,7 +27,7 @@ class MLAttention:
         self.kv_a_norm, self.o = kv_a_norm, o
         # x is read once for both down-projections: [q_lora | r + dr] (or [r + dr] without a q LoRA)
         self.x_a = Linear.fused([q_a, kv_a], kv_a.small_m) if q_a is not None else kv_a
-        self.q_lora = q_a.weight.shape[0] if q_a is not None else 0
+        self.q_lora = q_a.out_features if q_a is not None else 0
         self.rotary = rotary
         H, r = spec.num_heads, spec.kv_lora_rank
         w = kv_b.weight.view(H, spec.qk_nope_head_dim + spec.v_head_dim, r)  # [H, dn+dv, r]

@@ -5,14 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moetune.model.linear import project
+from moetune.model.linear import Weight, cat_weights, out_features, project, weight_tensors
 
 
 class GatedMLP:
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, small_m: int = 0):
-        self.w13 = torch.cat([gate, up], dim=0)  # [2I, D]
+    def __init__(self, gate: Weight, up: Weight, down: Weight, small_m: int = 0):
+        """Weights float tensors or packed (`model/linear.py`)."""
+        self.w13 = cat_weights([gate, up])  # [2I, D]
         self.w2 = down  # [D, I]
-        self.intermediate = gate.shape[0]
+        self.intermediate = out_features(gate)
         self.small_m = small_m  # rows up to which the CPU decode kernel runs (see model/linear.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D]
@@ -21,4 +22,4 @@ class GatedMLP:
         return project(h, self.w2, small_m=self.small_m)  # [T, D]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.w13, self.w2]
+        return weight_tensors(self.w13) + weight_tensors(self.w2)

@@ -11,7 +11,7 @@ from moetune.model.attention import GQAAttention
 from moetune.model.fused_decode import FusedDecode
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
-from moetune.model.linear import project
+from moetune.model.linear import Weight, project, weight_tensors
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
 from moetune.model.norm import RMSNorm
@@ -57,7 +57,7 @@ class MoETransformer:
     precision = None  # PrecisionTable of the routed experts (set by the loader; None: the load dtype)
 
     def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
-                 lm_head: torch.Tensor, rotary: Rotary, experts: ExpertStore, small_m: int = 0,
+                 lm_head: Weight, rotary: Rotary, experts: ExpertStore, small_m: int = 0,
                  fused: FusedDecode | None = None, tp: TPComm | None = None, local: ModelSpec | None = None):
         self.spec = spec  # the checkpoint's model
         self.local = local or spec  # the shapes this rank computes (its heads and slices under tensor parallelism)
@@ -65,7 +65,7 @@ class MoETransformer:
         self.embed = embed  # [V, D] ([V/G, D]: this rank's vocab rows when the embedding is split)
         self.layers = layers
         self.norm = norm
-        self.lm_head = lm_head  # [V, D] (the embedding itself when tied)
+        self.lm_head = lm_head  # [V, D] (the embedding itself when tied; packed under dense quantization)
         self.rotary = rotary
         self.experts = experts
         self.small_m = small_m  # rows up to which projections run the CPU decode kernel (model/linear.py)
@@ -133,7 +133,7 @@ class MoETransformer:
 
     def dense_tensors(self) -> list[torch.Tensor]:
         """Every weight outside the ExpertStore (a tied LM head is the embedding itself)."""
-        out = [self.embed, self.lm_head, *self.norm.tensors()]
+        out = [self.embed, *weight_tensors(self.lm_head), *self.norm.tensors()]
         for layer in self.layers:
             out += layer.tensors()
         return out

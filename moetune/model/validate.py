@@ -197,10 +197,11 @@ def _read_index(path: Path) -> dict[str, str]:
 
 # --- expected tensors --------------------------------------------------------------------------
 
-def expected_tensors(spec: ModelSpec, present: set[str], quant=None) -> dict[str, tuple]:
+def expected_tensors(spec: ModelSpec, present: set[str], quant=None, dense: str | None = None) -> dict[str, tuple]:
     """Name → (shape, required[, allowed dtypes]). Optional entries (biases, tied lm_head) are checked
     only if present; without allowed dtypes a float type is expected. `quant`: the precision table of a
-    `moetune quantize` checkpoint (its experts are packed, `model/quant_checkpoint.py`)."""
+    `moetune quantize` checkpoint (its experts are packed, `model/quant_checkpoint.py`); `dense`: the
+    format its dense projections are packed in."""
     V, D, n = spec.vocab_size, spec.hidden_size, TensorNames(spec.model_type)
     want: dict[str, tuple[tuple[int, ...], bool]] = {
         "model.embed_tokens.weight": ((V, D), True),
@@ -216,6 +217,10 @@ def expected_tensors(spec: ModelSpec, present: set[str], quant=None) -> dict[str
             want.update(_moe(spec, n, i, present, quant))
         else:
             want.update(_mlp(n.dense_mlp(i), D, layer.dense_intermediate))
+    if dense is not None:
+        from moetune.model.quant_checkpoint import expected_dense
+
+        want = expected_dense(want, dense)
     return want
 
 
@@ -322,15 +327,15 @@ def validate_checkpoint(model_dir: Path | str, spec: ModelSpec) -> dict[str, Ten
     model_dir = Path(model_dir)
     check_spec(spec)
     tensors = checkpoint_tensors(model_dir)
-    from moetune.model.quant_checkpoint import read_quantization
+    from moetune.model.quant_checkpoint import dense_format, read_block, read_quantization
 
-    quant = read_quantization(model_dir, spec)
-    for name, (shape, required, *dtypes) in expected_tensors(spec, set(tensors), quant).items():
+    quant, dense = read_quantization(model_dir, spec), dense_format(read_block(model_dir))
+    for name, (shape, required, *dtypes) in expected_tensors(spec, set(tensors), quant, dense).items():
         found = tensors.get(name)
         if found is None:
             if name.endswith(".scales"):
                 raise CheckpointError(f"quantized checkpoint in {model_dir} lacks the scales '{name}' of a packed "
-                                      "expert; re-run moetune quantize")
+                                      "weight; re-run moetune quantize")
             if required:
                 raise CheckpointError(f"tensor '{name}' is missing from the checkpoint in {model_dir}")
             continue

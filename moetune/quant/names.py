@@ -59,6 +59,15 @@ def parse_name(name: str) -> FormatName:
     raise QuantError(f"unknown expert format '{name}' (choose from: {', '.join(FORMAT_NAMES)})")
 
 
+def parse_dense(name: object) -> FormatName:
+    """The dense projections' format (`moetune quantize --dense`, a recipe's quant.dense): int8 or int4-gG."""
+    f = parse_name(name) if isinstance(name, str) and (name == "int8" or name.startswith("int4-g")) else None
+    if f is None:
+        raise QuantError(f"dense format '{name}': the dense projections take int8 or "
+                         f"{', '.join(f'int4-g{g}' for g in CPU_INT4_GROUPS)}")
+    return f
+
+
 def backend_formats(backend: str) -> set[str]:
     """Format names a kernel backend computes directly."""
     if backend == "triton":

@@ -21,3 +21,25 @@ def test_bench_against_transformers_prints_every_workload_with_a_ratio(checkpoin
 def test_bench_against_an_unknown_reference_is_one_line(checkpoint):
     result = moetune("bench", "--model", str(checkpoint("qwen3_moe")), "--against", "vllm")
     assert_one_line_error(result, "vllm", "transformers")
+
+
+def _mb_per_token(stdout: str, workload: str) -> float:
+    line = next(line for line in stdout.splitlines() if workload in line)
+    return float(line.split("│")[-2].strip())  # the last column
+
+
+def test_bench_shows_each_parts_precision_and_bytes_per_token(checkpoint, tmp_path):
+    """A recipe with int8 experts and int8 dense projections: the precision line names every part,
+    and each decode step reads fewer bytes per token than the fp32 model's (and b=16 fewer than b=1)."""
+    path = checkpoint("qwen3_moe")
+    recipe = tmp_path / "q.yaml"
+    recipe.write_text(f"model:\n  path: {path}\nquant:\n  experts: int8\n  dense: int8\n")
+    args = ("--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
+    quant = moetune("bench", "--recipe", str(recipe), *args)
+    plain = moetune("bench", "--model", str(path), *args)
+    assert quant.returncode == 0 and plain.returncode == 0, quant.stderr + plain.stderr
+    assert "precision: experts int8 · attention int8 · lm_head int8 · router fp32 · embedding fp32" in quant.stdout
+    assert "precision: experts fp32 · attention fp32 · lm_head fp32" in plain.stdout
+    for workload in ("decode b=1", "decode b=16"):
+        assert 0 < _mb_per_token(quant.stdout, workload) < _mb_per_token(plain.stdout, workload) / 2.5
+    assert _mb_per_token(quant.stdout, "decode b=16") < _mb_per_token(quant.stdout, "decode b=1")

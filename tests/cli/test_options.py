@@ -67,3 +67,14 @@ def test_the_readme_table_names_every_option_but_the_shared_ones():
     for command, flags in readme_rows().items():
         missing = set(options(command)) - flags - shared - {"--help"}
         assert not missing, f"{command}: the README's table does not name {sorted(missing)}"
+
+
+def test_an_option_name_means_one_kind_of_value_on_every_command():
+    """--trace was a run directory in search/simulate and a torch-profiler switch in profile (issue 29):
+    a name is a flag everywhere or takes a value everywhere."""
+    kinds: dict[str, set[bool]] = {}
+    for command in COMMANDS:
+        for name, opt in options(command).items():
+            kinds.setdefault(name, set()).add(bool(opt.is_flag))
+    assert not {n for n, k in kinds.items() if len(k) > 1}
+    assert options("profile")["--torch-trace"].is_flag and not options("search")["--trace"].is_flag

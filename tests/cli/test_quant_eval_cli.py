@@ -47,3 +47,30 @@ def test_eval_of_a_recipe_against_itself_unquantized_and_offloaded(checkpoint, t
     assert got["agreement"]["top1_agreement"] == 1.0 and got["agreement"]["greedy_match"] == 1.0
     assert got["perplexity"]["ppl"] == pytest.approx(got["reference_perplexity"]["ppl"], rel=1e-6)
     assert "perplexity" in r.stdout
+
+
+def test_quantize_dense_then_eval_reports_each_mix(checkpoint, tmp_path):
+    """--dense int8 alone (experts left fp32), and with int8 experts: eval's JSON names each part's
+    format and the dense bytes; a dense-only checkpoint is still refused without --reference."""
+    ck = checkpoint("qwen3_moe", shard=False)
+    r = moetune("quantize", "-m", str(ck), "--dense", "int8", "--out", str(tmp_path / "d"))
+    assert r.returncode == 0, r.stderr
+    assert "dense projections: int8" in r.stdout and "experts:" not in r.stdout
+    r = moetune("quantize", "-m", str(ck), "--policy", "int8", "--dense", "int8", "--out", str(tmp_path / "m"))
+    assert r.returncode == 0 and "experts: int8 21" in r.stdout and "dense projections: int8" in r.stdout
+    runs = {}
+    for name in ("d", "m"):
+        r = moetune("eval", "-m", str(tmp_path / name), "--reference", str(ck), "--max-windows", "2", "--window", "64",
+                    "--num-prompts", "3", "--greedy-tokens", "4", "--json", "-")
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout)
+    assert runs["d"]["precision"] == {"experts": "fp32", "attention": "int8", "lm_head": "int8", "router": "fp32",
+                                      "embedding": "fp32"}
+    assert runs["m"]["precision"]["experts"] == "int8"
+    assert runs["m"]["expert_bytes"] < runs["d"]["expert_bytes"] and runs["m"]["dense_bytes"] == runs["d"]["dense_bytes"]
+    for got in runs.values():
+        assert 0 < got["agreement"]["kl"] < 1 and got["agreement"]["top1_agreement"] > 0.5
+    r = moetune("eval", "-m", str(tmp_path / "d"))
+    assert r.returncode == 1 and "give --reference" in r.stderr
+    r = moetune("quantize", "-m", str(tmp_path / "d"), "--dense", "int8", "--out", str(tmp_path / "again"))
+    assert r.returncode == 1 and "already quantized" in r.stderr and not (tmp_path / "again").exists()

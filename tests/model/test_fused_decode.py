@@ -126,6 +126,17 @@ def test_quantized_experts(fmt, ck64):
     _assert_same(load_model(path, precision=table), PROMPTS["three"], unfused_experts=fmt != "int8")
 
 
+@pytest.mark.parametrize("dense", ["int8", "int4-g32"])
+def test_quantized_dense_projections(dense, ck64):
+    """int8 QKV / o projections (and int8 experts) run in attention_block; int4 ones leave the layer
+    to the unfused path (its kernel is not in the fused block), with the same steps either way."""
+    spec = load_model(ck64).spec
+    table = PrecisionTable({i: ("int8",) * spec.moe.num_experts for i in spec.moe_layers})
+    model = load_model(ck64, precision=table, dense=dense)
+    assert all(model.fused.covers(layer) for layer in model.layers) == (dense == "int8")
+    _assert_same(model, PROMPTS["three"], fused_calls=dense == "int8")
+
+
 def test_more_sequences_than_max_rows_run_unfused(checkpoint):
     model = load_model(checkpoint("qwen3_moe"))
     model.fused = FusedDecode(max_rows=2)

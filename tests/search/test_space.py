@@ -48,7 +48,9 @@ def test_every_knob_has_a_recipe_key_so_every_knob_is_searched():
     assert recipe_accepts("quant.low") and recipe_accepts("offload.prefetch_depth")  # optional sections
     assert recipe_accepts("parallel.ep_size") and not recipe_accepts("quant.warp") and not recipe_accepts("x.y")
     plain = {k.name for k in build_space(16, 8).knobs}
-    assert plain == {k.name for k in default_knobs(16, 8)} == {k.name for k in build_space(16, 8, what_if=True).knobs}
+    named_only = {"capacity_policy", "capacity_factor", "scheduling", "offload_hints"}  # in the space when named
+    assert plain == {k.name for k in default_knobs(16, 8)} - named_only
+    assert plain == {k.name for k in build_space(16, 8, what_if=True).knobs}
 
 
 def test_space_file_narrows_and_fixes_knobs():
@@ -130,3 +132,50 @@ def test_tp_knobs_are_fixed_at_the_base_recipe_unless_the_space_names_them():
     assert asked["tp_size"] == [1, 2, 4, 8] and asked["expert_tp_size"] == [2]
     assert build_space(16, 8).grid()["tp_size"] == [1]  # no base recipe: one rank per group
 
+
+
+def test_capacity_scheduling_and_hint_knobs_are_searched_only_when_the_space_names_them():
+    """Off by default (the default grid is the one before them), searched when named, else the base
+    recipe's values where those are not the neutral ones."""
+    names = {"capacity_policy", "capacity_factor", "scheduling", "offload_hints"}
+    assert not names & set(build_space(16, 8).grid())
+    assert build_space(16, 8).size() == build_space(16, 8, fixed={"scheduling": "fcfs"}).size()
+    asked = build_space(16, 8, overrides={"capacity_policy": ["none", "drop", "buffer"], "capacity_factor": [1, 1.5],
+                                          "scheduling": ["fcfs", "affinity"]}).grid()
+    assert asked["capacity_policy"] == ["none", "drop", "buffer"] and asked["capacity_factor"] == [1.0, 1.5]
+    assert asked["scheduling"] == ["fcfs", "affinity"] and "offload_hints" not in asked
+    fixed = build_space(16, 8, fixed={"capacity_policy": "buffer", "capacity_factor": 1.25, "scheduling": "fcfs"})
+    assert fixed.grid()["capacity_policy"] == ["buffer"] and fixed.grid()["capacity_factor"] == [1.25]
+    assert "scheduling" not in fixed.grid()
+    with pytest.raises(SpaceError, match="must be positive"):
+        build_space(16, 8, overrides={"capacity_factor": 0})
+    with pytest.raises(SpaceError, match="not one of"):
+        build_space(16, 8, overrides={"scheduling": "priority"})
+
+
+@pytest.mark.parametrize("d, twin, fragment", [
+    (Deployment(capacity_factor=1.5), Deployment(), "the factor is moot"),
+    (Deployment(offload_hints="history"), Deployment(), "the hint source is moot"),
+    (Deployment(max_num_seqs=32, offload_resident_fraction=0.5, offload_hints="both"),
+     Deployment(max_num_seqs=32, offload_resident_fraction=0.5), "the hint source is moot"),  # prefetch depth 0
+])
+def test_a_moot_capacity_factor_or_hint_source_maps_onto_its_twin(d, twin, fragment):
+    got, notes = canonical(d, LIM)
+    assert got == twin and any(fragment in n for n in notes), notes
+
+
+def test_capacity_scheduling_and_hints_round_trip_through_a_recipe(checkpoint):
+    base = RunConfig.model_validate({"model": {"path": str(checkpoint("mixtral"))}})
+    d = Deployment(capacity_policy="buffer", capacity_factor=1.25, scheduling="affinity",
+                   offload_resident_fraction=0.5, offload_prefetch_depth=1, offload_hints="history")
+    cfg = to_config(base, d)
+    assert (cfg.parallel.capacity_policy, cfg.parallel.capacity_factor) == ("buffer", 1.25)
+    assert (cfg.engine.scheduling, cfg.offload.hints) == ("affinity", "history")
+    assert from_config(cfg) == d
+    capped = base.model_copy(update={"parallel": cfg.parallel})
+    off = to_config(capped, Deployment())  # policy none: the recipe's factor is left as it was (moot)
+    assert (off.parallel.capacity_policy, off.parallel.capacity_factor) == ("none", 1.25)
+    assert from_config(off) == Deployment()
+    neutral = to_config(RunConfig(), Deployment())  # neutral knobs: the base recipe's capacity and scheduling
+    assert (neutral.parallel.capacity_policy, neutral.parallel.capacity_factor, neutral.engine.scheduling) == (
+        "none", None, "fcfs")

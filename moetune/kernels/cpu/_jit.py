@@ -10,7 +10,9 @@ so each loaded weight element serves several x rows and each x element two weigh
 weight block stays in L1/L2 while the next x chunk reuses it.
 
 Dense rows (fp32 or int8) share one code path: `w[n, k]` widened to fp32, the row's scale applied
-once after the reduction (ones for fp32). Int4 rows are viewed as [N, G, group/2] bytes and take x
+once after the reduction (ones for fp32). Int8 rows against a single x row (a projection at M = 1,
+an expert with one row) instead take the integer path of `_jit_q8` when the caller asks (`q8`):
+x quantised once to int16, int32 dot products. Int4 rows are viewed as [N, G, group/2] bytes and take x
 as xq [M, 2, G, group/2] (its even / odd columns, viewed the same way) plus the per-group sums of
 x, so that `Σ x·(q - 8) = Σ x·q - 8·Σ x`; a byte b is widened to fp32 once and split there
 (hi = floor(b/16), lo = b - 16·hi), which vectorises on AVX2 (integer nibble ops did not). With 3+
@@ -30,9 +32,9 @@ from types import SimpleNamespace
 import numpy as np
 from numba import njit, prange
 
+from moetune.kernels.cpu._jit_q8 import dot_q, quantize_row, quantize_single_rows
+from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
-
-OPTS = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")
 M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight rows stay in registers)
 AHEAD = 4  # weight rows requested into L2 this many rows ahead (`_prefetch`), where the core spends
 SHORT_ROW = 1024  # long on each weight line: 2+ x rows per weight row, or rows of ≤ SHORT_ROW bytes
@@ -197,6 +199,39 @@ def linear_dense_serial(x, w, scale, y, block):
 
 
 @njit(**OPTS)
+def _q8_block(xq, xs, w, scale, y, block, b):
+    """y[0, n] for the weight rows n of block b, in integers (one work item of `linear_q8`)."""
+    N = w.shape[0]
+    ahead = w.shape[1] <= SHORT_ROW
+    for n in range(b * block, min(N, (b + 1) * block)):
+        if ahead and n + AHEAD < N:
+            prefetch_row(w, n + AHEAD)
+        y[0, n] = np.float32(dot_q(xq, 0, w, n)) * (scale[n] * xs)
+
+
+@njit(**OPTS)
+def _q8_input(x):
+    """x [1, K] fp32 → (xq [1, K] int16, its scale)."""
+    xq = np.empty((1, x.shape[1]), np.int16)
+    return xq, quantize_row(x, 0, xq, 0)
+
+
+@njit(parallel=True, **OPTS)
+def linear_q8(x, w, scale, y, block):
+    """x [1, K] fp32, w [N, K] int8, scale [N] fp32 → y [1, N], x quantised to int16 once (`_jit_q8`)."""
+    xq, xs = _q8_input(x)
+    for b in prange((w.shape[0] + block - 1) // block):
+        _q8_block(xq, xs, w, scale, y, block, b)
+
+
+@njit(**OPTS)
+def linear_q8_serial(x, w, scale, y, block):
+    xq, xs = _q8_input(x)
+    for b in range((w.shape[0] + block - 1) // block):
+        _q8_block(xq, xs, w, scale, y, block, b)
+
+
+@njit(**OPTS)
 def _linear_int4_block(xq, xs, w, scale, y, block, b):
     M, N = xq.shape[0], w.shape[0]
     deq = np.empty((2, 2, w.shape[1], w.shape[2]), np.float32)
@@ -237,20 +272,26 @@ def _silu(g):
 
 
 @njit(**OPTS)
-def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu):
+def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu, xq, xs):
     """a[m, j] = silu(s13[e, j]·x[m]·w13[e, j]) · s13[e, I+j]·x[m]·w13[e, I+j] for the rows m of
-    expert e and the columns j in [j0, j1); gu [M_CHUNK, 2] scratch (gate, up of one column)."""
+    expert e and the columns j in [j0, j1); gu [M_CHUNK, 2] scratch (gate, up of one column).
+    xq, xs: x's rows in int16 and their scales where the integer path is on (else empty)."""
     I = w13.shape[1] // 2
     m0, m1 = offsets[e], offsets[e + 1]
     if m1 - m0 == 1:  # one row (decode): plain dots, one view per call
         we = w13[e]
         ahead = we.itemsize == 1  # int8: widening each byte is enough work per line to fall behind
+        q8 = xq.shape[0] > 0 and we.itemsize == 1
         for j in range(j0, j1):
             if ahead and j + AHEAD < I:
                 prefetch_row(we, j + AHEAD)
                 prefetch_row(we, I + j + AHEAD)
-            g = _dot3(x, m0, w13, e, j) * s13[e, j]
-            a[m0, j] = _silu(g) * _dot3(x, m0, w13, e, I + j) * s13[e, I + j]
+            if q8:
+                g = np.float32(dot_q(xq, m0, we, j)) * (s13[e, j] * xs[m0])
+                a[m0, j] = _silu(g) * np.float32(dot_q(xq, m0, we, I + j)) * (s13[e, I + j] * xs[m0])
+            else:
+                g = _dot3(x, m0, w13, e, j) * s13[e, j]
+                a[m0, j] = _silu(g) * _dot3(x, m0, w13, e, I + j) * s13[e, I + j]
         return
     we, se = w13[e], s13[e]  # one view per call
     ahead = we.shape[1] * we.itemsize <= SHORT_ROW
@@ -266,16 +307,21 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu):
 
 
 @njit(**OPTS)
-def _down_cols(a, offsets, e, w2, s2, y, n0, n1):
-    """y[m, n] = s2[e, n]·a[m]·w2[e, n] for the rows m of expert e and the columns n in [n0, n1)."""
+def _down_cols(a, offsets, e, w2, s2, y, n0, n1, aq, as_):
+    """y[m, n] = s2[e, n]·a[m]·w2[e, n] for the rows m of expert e and the columns n in [n0, n1)
+    (aq, as_: a's rows in int16 where the integer path is on, as for `_up_cols`)."""
     m0, m1 = offsets[e], offsets[e + 1]
     if m1 - m0 == 1:
         we = w2[e]
         ahead = we.itemsize == 1
+        q8 = aq.shape[0] > 0 and we.itemsize == 1
         for n in range(n0, n1):
             if ahead and n + AHEAD < we.shape[0]:
                 prefetch_row(we, n + AHEAD)
-            y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
+            if q8:
+                y[m0, n] = np.float32(dot_q(aq, m0, we, n)) * (s2[e, n] * as_[m0])
+            else:
+                y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
         return
     we, se = w2[e], s2[e]
     ahead = we.shape[1] * we.itemsize <= SHORT_ROW
@@ -290,42 +336,55 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1):
 
 
 @njit(parallel=True, **OPTS)
-def _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2):
+def _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, q):
     """Work items (active expert, block of columns): every thread reads part of every expert, with
     a barrier between the w13 and the w2 pass. Items are block-major, so the static split of the
-    `omp` layer gives each thread the same share of every expert whatever their row counts."""
+    `omp` layer gives each thread the same share of every expert whatever their row counts.
+    q = (xq, xs, aq, as_): the one-row experts' rows in int16 (empty arrays: the fp32 path)."""
     I, D = w2.shape[2], w2.shape[1]
     A = active.shape[0]
+    xq, xs, aq, as_ = q
+    if xq.shape[0] > 0:
+        quantize_single_rows(x, offsets, active, xq, xs)
     nb13 = (I + block13 - 1) // block13
     for t in prange(A * nb13):
         e, b = active[t % A], t // A
         gu = np.empty((M_CHUNK, 2), np.float32)
-        _up_cols(x, offsets, e, w13, s13, a, b * block13, min(I, (b + 1) * block13), gu)
+        _up_cols(x, offsets, e, w13, s13, a, b * block13, min(I, (b + 1) * block13), gu, xq, xs)
+    if aq.shape[0] > 0:
+        quantize_single_rows(a, offsets, active, aq, as_)
     nb2 = (D + block2 - 1) // block2
     for t in prange(A * nb2):
         e, b = active[t % A], t // A
-        _down_cols(a, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2))
+        _down_cols(a, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2), aq, as_)
 
 
 @njit(parallel=True, **OPTS)
-def _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2):
+def _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2, q):
     """Whole experts: lane l (one per thread) computes experts order[lanes[l]:lanes[l+1]] from w13
     to w2 alone, so no barrier stops the weight stream between the two passes. Column blocks as in
     `_experts_split`, so a second chunk of rows re-reads a block from L2, not from memory."""
     for lane in prange(lanes.shape[0] - 1):
-        _lane(x, offsets, order[lanes[lane]:lanes[lane + 1]], w13, s13, w2, s2, a, y, block13, block2)
+        _lane(x, offsets, order[lanes[lane]:lanes[lane + 1]], w13, s13, w2, s2, a, y, block13, block2, q)
 
 
 @njit(**OPTS)
-def _lane(x, offsets, experts, w13, s13, w2, s2, a, y, block13, block2):
-    """Experts `experts`, one after the other, each w13 then w2, on the calling thread."""
+def _lane(x, offsets, experts, w13, s13, w2, s2, a, y, block13, block2, q):
+    """Experts `experts`, one after the other, each w13 then w2, on the calling thread (q: as for
+    `_experts_split`; a one-row expert's rows are quantised right before the pass that reads them)."""
     I, D = w2.shape[2], w2.shape[1]
+    xq, xs, aq, as_ = q
     gu = np.empty((M_CHUNK, 2), np.float32)
     for e in experts:
+        single = offsets[e + 1] - offsets[e] == 1
+        if single and xq.shape[0] > 0:
+            xs[offsets[e]] = quantize_row(x, offsets[e], xq, offsets[e])
         for j in range(0, I, block13):
-            _up_cols(x, offsets, e, w13, s13, a, j, min(I, j + block13), gu)
+            _up_cols(x, offsets, e, w13, s13, a, j, min(I, j + block13), gu, xq, xs)
+        if single and aq.shape[0] > 0:
+            as_[offsets[e]] = quantize_row(a, offsets[e], aq, offsets[e])
         for n in range(0, D, block2):
-            _down_cols(a, offsets, e, w2, s2, y, n, min(D, n + block2))
+            _down_cols(a, offsets, e, w2, s2, y, n, min(D, n + block2), aq, as_)
 
 
 @njit(**OPTS)
@@ -383,23 +442,34 @@ def active_experts(offsets, n_rows):
 
 
 @njit(**OPTS)
-def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T):
+def q8_scratch(x, a, on):
+    """(xq, xs, aq, as_): int16 rows of x [N, D] and a [N, I] with their scales for the integer
+    path, or empty arrays (the fp32 path) when not `on`."""
+    N = x.shape[0] if on else 0
+    return (np.empty((N, x.shape[1]), np.int16), np.empty(N, np.float32),
+            np.empty((N, a.shape[1]), np.int16), np.empty(N, np.float32))
+
+
+@njit(**OPTS)
+def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T, q8=False):
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
     `get_num_threads` in here would stop the disk cache; T = 1: everything on the calling thread,
     no parallel region, whatever the schedule). `schedule` 0: whole experts per thread when they
     split evenly over the threads (A a multiple of T) or there are at least 4 per thread (one more
     on some threads is then at most a quarter more), else column blocks; 1: always column blocks;
-    2: always whole experts (lanes whose counts differ by one)."""
+    2: always whole experts (lanes whose counts differ by one). q8: int8 experts with one row take
+    the integer path (`_jit_q8`)."""
     A = active.shape[0]
+    q = q8_scratch(x, a, q8 and w13.itemsize == 1)
     if T == 1:
-        _lane(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2)
+        _lane(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, q)
         return
     if schedule == 1 or (schedule == 0 and A % T != 0 and A < 4 * T):
-        _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2)
+        _experts_split(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, q)
         return
     order, lanes = plan_lanes(offsets, active, max(1, min(T, A)))
-    _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2)
+    _experts_lanes(x, offsets, order, lanes, w13, s13, w2, s2, a, y, block13, block2, q)
 
 
 # The int4 work items are inlined into their drivers: called as functions they ran 10-19 % slower.
@@ -688,5 +758,6 @@ def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
 
 SERIAL = False
 serial = SimpleNamespace(SERIAL=True, linear_dense=linear_dense_serial, linear_int4=_linear_int4_serial,
+                         linear_q8=linear_q8_serial,
                          experts_dense=experts_dense, experts_int4=_experts_int4_serial,
                          decode_attention=decode_attention_serial)

@@ -5,6 +5,11 @@
 Decode reads every weight once per step, so the rate is the weight bytes over the memory
 bandwidth; torch's small-M sgemm and its int8 weight-only kernel sit well below that on AVX2.
 Fast for M ≤ ~16 (x rows are reused from cache); correct for any M. Twin: `linear_ref`.
+
+Int8 weights against one row (M = 1, a decode step at batch 1) take the integer path when
+`runtime.INT8_ROW` is on (`_jit_q8`: x quantised to int16 per call, int32 dot products); its twin is
+`linear_q8_ref`, and it stays within `q8_bound` of `linear_ref`. With 2+ rows the fp32 tile reuses
+each widened weight element for several rows and was the faster one (measured, docs/cpu.md).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
+from moetune.kernels.cpu import runtime
 from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
@@ -56,6 +62,8 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
             wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
             k.linear_int4(numpy_view(xq), numpy_view(xs), numpy_view(wq),
                           numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
+        elif w.fmt == WeightFormat.INT8 and M == 1 and runtime.INT8_ROW:
+            k.linear_q8(numpy_view(x), numpy_view(w.data), numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
         else:
             scale = ones(N) if w.scale is None else w.scale.float()  # [N]
             k.linear_dense(numpy_view(x), numpy_view(w.data), numpy_view(scale), y.numpy(), BLOCK_N)
@@ -67,3 +75,25 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | N
     w = as_packed(w)
     _check(x, w)
     return x @ dequantize(w).t()  # [M, N]
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 → (xq [M, K] int16, xs [M]): the integer path's rounding of x (`_jit_q8.quantize_row`)."""
+    qmax = min(32767, (2**31 - 1) // (127 * max(x.shape[1], 1)))
+    top = x.abs().amax(dim=1)  # [M]
+    inv = torch.where(top > 0, qmax / top, torch.zeros_like(top))
+    xq = torch.round(x * inv[:, None]).clamp(-qmax, qmax).to(torch.int16)
+    return xq, top / qmax
+
+
+def linear_q8_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """Twin of the integer path: x rounded as it rounds it, the integer sums exact (int64), then scaled."""
+    xq, xs = quantize_rows_ref(x)
+    acc = xq.to(torch.int64) @ w.data.to(torch.int64).t()  # [M, N] exact
+    return (acc.double() * w.scale.double()[None, :] * xs.double()[:, None]).float()
+
+
+def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """[M, N]: how far the integer path may be from `linear_ref` by rounding x: (xs/2)·Σ_k |W[n, k]|."""
+    _, xs = quantize_rows_ref(x)
+    return (xs[:, None] / 2) * dequantize(w).abs().sum(dim=1)[None, :]

@@ -5,7 +5,7 @@ weights, made once per layer at load and kept by `model/fused_decode.py`; the st
 per step):
 
   Norm        RMSNorm weight [C] and eps                      `model.norm.kernel_norm`
-  Projection  a Linear: w [N, K], unit scales [N], bias [N]   `projection` (`model.linear.Linear.kernel_record`)
+  Projection  a Linear: w [N, K], row scales [N], bias [N]    `projection` (`model.linear.Linear.kernel_record`)
   Attention   a GQA layer's projections, heads, q/k norms,    `model.attention.GQAAttention.kernel_record`
               clip and softmax scale
   StepRows    the step's rotary rows and cache rows           `model/fused_decode.py` (the step's)
@@ -13,7 +13,8 @@ per step):
   DecodePlan  the step's block tables, lengths, scratch       `kernels.cpu.attention.decode_plan`
   Router      the gate as a Projection, the top-k settings    `routing.router_record` (`MoELayer.kernel_router`)
   Experts     one layer's expert weights, scales, row limit   `experts.experts_record` (`CPUBackend.kernel_experts`)
-  Tuning      threads, the serial rule, the experts' tiling   `experts.tuning`
+  Tuning      threads, the serial rule, the experts' tiling,  `experts.tuning`
+              the int8 one-row path
 
 The kernels take each record as a plain tuple (`plain`, made where the record is kept: once per
 layer, or once per step) and unpack it in its fields' order: numba types a named-tuple argument
@@ -30,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from moetune.kernels.cpu.runtime import numpy_view, ones
+from moetune.kernels.quant_formats import PackedWeight
 
 QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # Attention.qk_kind
 QK_KINDS = {"none": QK_NONE, "per_head": QK_PER_HEAD, "full": QK_FULL}  # GQASpec.qk_norm → qk_kind
@@ -43,9 +45,9 @@ class Norm(NamedTuple):
 
 
 class Projection(NamedTuple):
-    """x [T, K] @ w [N, K].T · ones (+ bias): a Linear as the decode kernel takes it."""
-    w: np.ndarray  # [N, K] fp32
-    ones: np.ndarray  # [N] unit scales (the kernel's per-row scale)
+    """x [T, K] @ w [N, K].T · scale (+ bias): a Linear as the decode kernel takes it."""
+    w: np.ndarray  # [N, K] fp32, or int8 rows
+    scale: np.ndarray  # [N] per-row scales (ones for fp32)
     bias: np.ndarray  # [N], or EMPTY
 
 
@@ -106,6 +108,7 @@ class Tuning(NamedTuple):
     block13: int  # the experts' work items (`experts.BLOCK_13`, `BLOCK_2`, `SCHEDULES`)
     block2: int
     schedule: int
+    q8: bool  # int8 rows against one x row in integers (`runtime.INT8_ROW`)
 
 
 def plain(record: tuple) -> tuple:
@@ -114,9 +117,12 @@ def plain(record: tuple) -> tuple:
 
 
 def projection(weight, bias=None) -> Projection:
-    """A projection's record from weight [N, K] (+ bias [N]), fp32 CPU tensors (views, not copies
-    when contiguous)."""
-    return Projection(numpy_view(weight), ones(weight.shape[0]).numpy(), EMPTY if bias is None else numpy_view(bias))
+    """A projection's record from weight [N, K] (fp32, or an int8 PackedWeight with a scale per row)
+    and bias [N], CPU tensors (views, not copies when contiguous)."""
+    b = EMPTY if bias is None else numpy_view(bias)
+    if isinstance(weight, PackedWeight):
+        return Projection(numpy_view(weight.data), numpy_view(weight.scale.float()), b)
+    return Projection(numpy_view(weight), ones(weight.shape[0]).numpy(), b)
 
 
 def norm(weight=None, eps: float = 0.0) -> Norm:

@@ -24,6 +24,10 @@ class Deployment:
     tp_size: int = 1  # tensor parallelism inside each EP group (docs/architecture.md §3d): 1 or G
     expert_tp_size: int = 1  # each expert's intermediate dim split over the G ranks: 1 or G
     replicas: int = 1  # copies of the deployment, each on its own ep_size GPUs, each with its share of the load
+    capacity_policy: str = "none"  # none | drop | buffer | reroute: what a copy beyond capacity does (moe/capacity.py)
+    capacity_factor: float = 1.0  # C = ceil(factor · T · K / E) copies per expert and rank's step (moot at none)
+    scheduling: str = "fcfs"  # fcfs | affinity: the engine's admission order (engine/affinity.py)
+    offload_hints: str = "router"  # router | history | both: where prefetch predictions come from (moot resident)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -40,6 +44,12 @@ class Deployment:
                          f"/{self.offload_eviction}")
         if max(self.tp_size, self.expert_tp_size) > 1:
             parts.append(f"TP={self.tp_size}/eTP={self.expert_tp_size}")
+        if self.capacity_policy != "none":
+            parts.append(f"cap={self.capacity_policy}×{self.capacity_factor:g}")
+        if self.scheduling != "fcfs":
+            parts.append(self.scheduling)
+        if self.offload_hints != "router":
+            parts.append(f"hints={self.offload_hints}")
         return " ".join(parts)
 
 

@@ -104,6 +104,34 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
                     "experts")
 
 
+@dataclass
+class CapacitySplit:
+    """A step's copies under a per-expert capacity (moe/capacity.py): each source rank r keeps at most
+    C_r = ceil(factor · T_r · K / E) copies per logical expert (T_r: its tokens in the step)."""
+
+    within: np.ndarray  # [R, Lm, E] copies in the first pass (the only one under `drop`)
+    over: np.ndarray  # [R, Lm, E] copies beyond capacity: not computed (`drop`) or the second pass (`buffer`)
+
+    @classmethod
+    def of(cls, counts: np.ndarray, T: np.ndarray, factor: float, K: int, E: int) -> "CapacitySplit":
+        cap = np.ceil(factor * T * K / E)  # [R] as the engine's capacity_of (math.ceil of the same product)
+        within = np.minimum(counts, cap[:, None, None])
+        return cls(within, counts - within)
+
+
+def overflow_pass(sim, st: StepRows, over: np.ndarray, prep, links: "Links") -> tuple[np.ndarray, "AllToAll"]:
+    """[Lm] seconds of `buffer`'s second pass in every MoE layer (moe/passes.py; the engine runs it
+    even when empty, so its calls are paid every layer): permute of the source rank's overflow copies
+    (K = 1), their dispatch, the experts' GEMMs on the overflow rows (weights read again), combine.
+    over: [R, Lm, E] copies beyond capacity per source rank."""
+    m, b = sim.src.model, sim.b
+    src_rows = over.sum(2).T  # [Lm, R] overflow copies each rank sends
+    permute_s = sim.roof(0 * src_rows, 2 * src_rows * m.D * b, CALLS["permute"][0], st.R, "permute")  # [Lm, R]
+    slots = SlotRows.of(over, prep, st.R)
+    a2a = all_to_all(sim, over, prep, links)
+    return permute_s.max(1) + a2a.dispatch + experts(sim, st, slots).max(1) + a2a.combine, a2a
+
+
 def dense_mlp(sim, st: StepRows) -> np.ndarray:
     """[R]: the MLPs of every dense layer (0 without dense layers)."""
     m, b, T = sim.src.model, sim.b, st.T

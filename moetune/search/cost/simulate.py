@@ -22,6 +22,18 @@ cycling), so per-layer skew and co-selection are the recorded ones. Then, per ra
 With tensor parallelism (tp.py) every piece is priced on one rank's shapes (heads, intermediate
 and vocab split) and the step adds the engine's TP collectives (tp_allreduce, tp_embed, tp_gather).
 
+With a capacity (capacity_policy drop | buffer, factor f) each source rank r keeps at most
+C_r = ceil(f · T_r · K / E) copies per expert of its step's trace rows (phase_costs.CapacitySplit);
+dispatch, experts and combine carry only those. `drop`: the rest is neither sent nor computed
+(detail dropped_fraction = dropped / all copies: the quality risk). `buffer`: the rest runs a second
+pass in the same layer, its own phase line `overflow` = max_r(permute) + dispatch + max_q(experts on
+the overflow rows, their weights read again, its launches paid even when empty) + combine, added to
+the layer time (detail buffered_fraction). At one rank a capacity leaves the fused decode path
+(this-machine prices the unfused path factor). `reroute` needs the routers' scores, which the trace
+lacks; affinity scheduling and history prefetch hints change which requests share a step and what
+is resident, which the trace cannot say without a model of their predictors: not priced here
+(`unpriced_reason`; the study's simulate evaluator refuses them, the measure evaluator runs them).
+
 A replicated expert's copies split evenly over its replicas (token-index splitting gives that on
 average); replica j of an expert is active when the expert has more than j copies.
 
@@ -54,6 +66,23 @@ from moetune.search.cost.steady import poisson_arrivals, request_latency, steady
 
 PHASES = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
           "shared_expert", "dense_mlp", "other", "straggler_wait")
+CAPACITY_PRICED = ("drop", "buffer")  # capacity policies the trace prices (reroute needs the routers' scores)
+
+
+def unpriced_reason(d: Deployment) -> str | None:
+    """Why the simulator cannot price this deployment without inventing a factor, or None."""
+    if d.capacity_policy == "reroute":
+        return ("capacity_policy reroute is not priced by the simulator: the trace records the routers' choices, "
+                "not their scores, so the next-best expert of an overflowing copy is unknown; use --evaluator measure")
+    if d.scheduling != "fcfs":
+        return (f"scheduling {d.scheduling} is not priced by the simulator: which requests share a step (and so the "
+                "distinct experts and offload hits per step) depends on its predictor, which the trace cannot replay; "
+                "use --evaluator measure")
+    if d.offload_hints != "router" and d.offload_resident_fraction < 1 and d.offload_prefetch_depth:
+        return (f"offload_hints {d.offload_hints} is not priced by the simulator: the offload model prefetches the "
+                "next layers' recorded experts and has no model of the routing-history predictor's hit rate; "
+                "use --evaluator measure")
+    return None
 
 
 @dataclass
@@ -215,7 +244,7 @@ class Simulator:
         """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
         then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
         ctx = self._pricing(d)
-        totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0)
+        totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy)
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
             if self.on_step is not None:
@@ -228,7 +257,8 @@ class Simulator:
         arrivals = poisson_arrivals(w.num_requests, w.rate, w.seed)  # [n]
         rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked)
         ctx = self._pricing(d)
-        one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0)  # step t priced into row 0, then copied out
+        one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0,  # step t priced into row 0, then copied out
+                           d.capacity_policy)
         names = tuple(one.phases)
         step_s, lines, clock, n = [], {p: [] for p in names}, 0.0, w.num_requests
         while rp.arrived < n or rp.has_work():
@@ -251,6 +281,12 @@ class Simulator:
         totals = replace(one, step_s=np.array(step_s), phases={p: np.array(v) for p, v in lines.items()})
         return rp.schedule(), totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
 
+    def path_factor(self, d: Deployment) -> float:
+        """this-machine's factor of the deployment's path over the probed phases: fused decode layers
+        at one rank without a capacity, the unfused path otherwise."""
+        fused = d.ep_size * tp_costs.group_size(d) == 1 and d.capacity_policy not in CAPACITY_PRICED
+        return self.cal.path_factor(self._kind, 1 if fused else 2)
+
     def _pricing(self, d: Deployment) -> "Pricing":
         if d.ep_size > 1:
             self._measure_link(d.ep_size)
@@ -267,6 +303,16 @@ class Simulator:
         counts = ctx.trace.counts(s, t, m)  # [R, Lm, E]
         st = costs.StepRows.of(s, t, self.hw.grouped_experts)
         per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
+        split = (costs.CapacitySplit.of(counts, st.T, d.capacity_factor, m.K, m.E)
+                 if d.capacity_policy in CAPACITY_PRICED else None)
+        overflow = None
+        if split is not None:
+            totals.add_capacity(split, counts)
+            counts = split.within  # [R, Lm, E] what the first pass sends
+            if d.capacity_policy == "buffer":
+                overflow, second = costs.overflow_pass(sim, st, split.over, prep, ctx.links)  # [Lm]
+                totals.a2a_bytes += second.bytes
+                totals.inter_bytes += second.inter_node_bytes
         slots = costs.SlotRows.of(counts, prep, R)
         expert_s = costs.experts(sim, st, slots)  # [Lm, R]
         totals.add_slots(slots, prep)
@@ -275,9 +321,9 @@ class Simulator:
         totals.a2a_bytes += a2a.bytes
         totals.inter_bytes += a2a.inter_node_bytes
         _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
-                  costs.other(sim, st, ctx.links.latency_s), len(m.dense_I))
+                  costs.other(sim, st, ctx.links.latency_s), len(m.dense_I), overflow)
         if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
-            totals.scale_step(t, self.cal.path_factor(sim._kind, R * tp_costs.group_size(d)))
+            totals.scale_step(t, sim.path_factor(d))
         if ctx.tp_lat:
             totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
                                                      self.hw.intra_bw * self.hw.link_eff, ctx.tp_lat, self.b))
@@ -431,11 +477,20 @@ class Totals:
     inter_bytes: float = 0.0
     low_copies: float = 0.0
     all_copies: float = 0.0
+    capacity: str = "none"  # the capacity policy priced (CAPACITY_PRICED), else none
+    routed: float = 0.0  # copies the trace routed (under a capacity)
+    over: float = 0.0  # of which beyond capacity: dropped (drop) or in the second pass (buffer)
 
     @classmethod
-    def empty(cls, S: int, Lm: int, R: int, tp: bool = False) -> "Totals":
-        names = PHASES + (tp_costs.TP_PHASES if tp else ())  # the TP lines only where TP runs
-        return cls(np.zeros(S), {k: np.zeros(S) for k in names}, np.zeros((Lm, R)))
+    def empty(cls, S: int, Lm: int, R: int, tp: bool = False, capacity: str = "none") -> "Totals":
+        capacity = capacity if capacity in CAPACITY_PRICED else "none"
+        names = (PHASES + (tp_costs.TP_PHASES if tp else ())  # the TP lines only where TP runs
+                 + (("overflow",) if capacity == "buffer" else ()))  # the second pass only under buffer
+        return cls(np.zeros(S), {k: np.zeros(S) for k in names}, np.zeros((Lm, R)), capacity=capacity)
+
+    def add_capacity(self, split: costs.CapacitySplit, counts: np.ndarray) -> None:
+        self.routed += float(counts.sum())
+        self.over += float(split.over.sum())
 
     def add_tp(self, t: int, seconds: dict[str, float]) -> None:
         """Step t's tensor-parallel collectives: each its own phase line, all on the step's critical path."""
@@ -465,19 +520,27 @@ class Totals:
         if offload is not None:
             out.update(cache_hit_rate=1 - offload.misses / max(offload.needs, 1),
                        fetched_bytes=offload.fetched_bytes, wasted_prefetch_bytes=offload.wasted_bytes)
+        if self.capacity != "none":
+            share = self.over / self.routed if self.routed else 0.0
+            out.update(dropped_fraction=share if self.capacity == "drop" else 0.0,
+                       buffered_fraction=share if self.capacity == "buffer" else 0.0)
         return out
 
 
 def _add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,
-              dense: np.ndarray, other: np.ndarray, dense_layers: int) -> None:
+              dense: np.ndarray, other: np.ndarray, dense_layers: int, overflow: np.ndarray | None = None) -> None:
     """Step t's time and phase lines from its pieces ([R] per rank, [Lm, R] per layer and rank):
     layer = max_r(attention + router + permute) + dispatch + max_q(experts + stall) + combine
-    + max_r(unpermute + shared); the straggler wait is what the slowest rank adds to the mean one."""
+    [+ overflow: buffer's second pass, [Lm]] + max_r(unpermute + shared); the straggler wait is what
+    the slowest rank adds to the mean one (the second pass's own wait is inside its line)."""
     att, Lm = per_rank["attention"], expert_s.shape[0]
     pre = att + per_rank["router"] + per_rank["permute"]  # [R]
     post = per_rank["unpermute"] + per_rank["shared_expert"]
     exp_stall = expert_s + stall  # [Lm, R]
     layer = pre.max() + a2a.dispatch + exp_stall.max(1) + a2a.combine + post.max()  # [Lm]
+    if overflow is not None:
+        layer = layer + overflow
+        totals.phases["overflow"][t] = float(overflow.sum())
     busy = (pre + post).mean() + exp_stall.mean(1)  # [Lm]
     dense_t = (att * dense_layers + dense).max() if dense_layers else 0.0
     totals.step_s[t] = float(layer.sum() + dense_t + other.max())
@@ -485,7 +548,8 @@ def _add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stal
     lines.update(dispatch=float(a2a.dispatch.sum()), combine=float(a2a.combine.sum()),
                  experts=float(expert_s.mean(1).sum()), offload_wait=float(stall.mean(1).sum()),
                  dense_mlp=float(dense.mean()), other=float(other.max()),
-                 straggler_wait=float((layer - busy - a2a.dispatch - a2a.combine).clip(min=0).sum()
+                 straggler_wait=float((layer - busy - a2a.dispatch - a2a.combine
+                                       - (0 if overflow is None else overflow)).clip(min=0).sum()
                                       + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0)))
     for phase, value in lines.items():
         totals.phases[phase][t] = value

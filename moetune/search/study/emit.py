@@ -115,18 +115,23 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
     metric_keys = ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
                    "output_tok_s_per_gpu", "request_s", "goodput_rps", "peak_mem_gb")
     tails = ("ttft", "tpot", "e2e")  # P99 ms of each (steady.py)
+    details = [k for k in CAPACITY_DETAIL if any(k in ((r.metrics or {}).get("detail") or {}) for r in rows)]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
-                    *(f"{t}_p99_ms" for t in tails), "workload", "figures", "feasible", "reason"])
+                    *(f"{t}_p99_ms" for t in tails), *details, "workload", "figures", "feasible", "reason"])
         for r in rows:
             m = r.metrics or {}
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
-            lat = m.get("latency_ms") or {}
+            lat, detail = m.get("latency_ms") or {}, m.get("detail") or {}
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
-                        *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), m.get("workload", ""),
-                        tag, r.feasible, r.reason or ""])
+                        *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), *(_fmt(detail.get(k)) for k in details),
+                        m.get("workload", ""), tag, r.feasible, r.reason or ""])
+
+
+# a capacity's copies (the quality risk of drop; buffer's second pass): columns only where a trial has them
+CAPACITY_DETAIL = ("dropped_fraction", "buffered_fraction")
 
 
 def _fmt(x) -> str:

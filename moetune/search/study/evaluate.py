@@ -12,7 +12,7 @@ from moetune.config import RunConfig
 from moetune.search.study.measure import measure, placement_file_for
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.schedule import SimWorkload
-from moetune.search.cost.simulate import Simulator
+from moetune.search.cost.simulate import Simulator, unpriced_reason
 from moetune.search.study.space import Deployment, recipe_accepts, to_config, default_knobs
 
 
@@ -31,7 +31,7 @@ class SimulateEvaluator:
     name: str = "simulate"
 
     def check(self, d: Deployment) -> str | None:
-        return self.sim.memory_reason(d)
+        return unpriced_reason(d) or self.sim.memory_reason(d)
 
     def evaluate(self, d: Deployment) -> Metrics:
         return self.sim.evaluate(d, self.workload)

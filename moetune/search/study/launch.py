@@ -45,9 +45,22 @@ def nodes_of(d: Deployment, t: ServeTarget) -> int:
 
 def as_engine_runs(d: Deployment, placement: str, quant: bool) -> Deployment:
     """The winner as an engine without offloading runs it: its placement (`placement`), its experts
-    low-bit only where it can deploy them (`quant`), and then all of them (no hot fraction)."""
+    low-bit only where it can deploy them (`quant`), and then all of them (no hot fraction); dropless
+    (no capacity) and in arrival order (no expert-affinity scheduling: `moetune_only`)."""
     from dataclasses import replace
 
     out = replace(d, offload_resident_fraction=1.0, offload_prefetch_depth=0, offload_eviction="lru",
-                  placement=placement, quant_hot_fraction=0.0)
+                  placement=placement, quant_hot_fraction=0.0, offload_hints="router", capacity_policy="none",
+                  capacity_factor=1.0, scheduling="fcfs")
     return out if quant else replace(out, quant_low_format="none")
+
+
+def moetune_only(d: Deployment, engine: str) -> list[str]:
+    """The winner's capacity and scheduling knobs that `engine` (vLLM, SGLang) has no flag for: both
+    serve MoE layers dropless, admitting in arrival order (re-priced without them)."""
+    out = []
+    if d.capacity_policy != "none":
+        out.append(f"capacity {d.capacity_policy} at factor {d.capacity_factor:g} ({engine} runs MoE layers dropless)")
+    if d.scheduling != "fcfs":
+        out.append(f"{d.scheduling} scheduling ({engine} admits requests in arrival order)")
+    return out

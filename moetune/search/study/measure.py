@@ -5,6 +5,12 @@ data-parallel attention + all-to-all over gloo / NCCL; a TP group's G ranks coun
 
 Memory per rank = weight bytes + the KV pool the engine allocated (+ the activation estimate of
 profile/memory.py); the largest rank is reported.
+
+The engine's own counters over the timed requests (the warm-up's taken off) go into the detail:
+under a capacity, dropped_fraction / buffered_fraction = copies dropped / buffered over the copies
+routed (tokens computed × K × MoE layers); with offloading, cache_hit_rate and prefetch_precision;
+where the engine tracks routing (affinity scheduling, history hints), distinct_experts_per_step
+(Σ over MoE layers of the experts a step wakes, mean over the timed steps).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class MeasureJob:
             dp.engine.add_request(list(self.prompts[0][:8]), SamplingParams(max_tokens=2, ignore_eos=True))
             while dp.step() is not None:
                 pass
+        before = engine_counters(dp)
         log: list[tuple[int, int, int]] = []
         _record_schedule(dp.engine, log)
         mine = dp.mine(len(self.prompts))
@@ -59,8 +66,49 @@ class MeasureJob:
         weights = dp.model.weight_bytes()
         mine_result = {"log": log, "first": first, "last": last, "step_s": step_s,
                        "memory": weights["dense"] + weights["experts"] + dp.engine.runner.cache.nbytes(),
-                       "tp_rank": getattr(dp, "tp_rank", 0)}
+                       "tp_rank": getattr(dp, "tp_rank", 0), "counters": counters_since(before, engine_counters(dp))}
         return _gather(dp, mine_result)
+
+
+def engine_counters(dp) -> dict:
+    """The engine's running totals: capacity copies, offload hits / misses / prefetches, tracked steps."""
+    from moetune.engine.build import capacity_counts
+    from moetune.moe.layer import MoELayer
+
+    model = dp.model
+    out = {**capacity_counts(model), "moe_layers": sum(isinstance(x.mlp, MoELayer) for x in model.layers),
+           "top_k": model.spec.moe.router.top_k, "computed": dp.engine.stats.computed_tokens,
+           "distinct": list(dp.engine.stats.distinct_experts)}
+    stats = model.experts.stats() if hasattr(model.experts, "stats") else {}
+    for key in ("hits", "misses", "prefetch_issued", "prefetch_used"):
+        out[key] = sum(row[key] for row in stats.values()) if stats else None
+    return out
+
+
+def counters_since(before: dict, after: dict) -> dict:
+    """What the timed requests added to each counter (the warm-up's counts taken off)."""
+    out = {k: (after[k] - before[k] if isinstance(after[k], int) and before[k] is not None else after[k])
+           for k in after if k not in ("moe_layers", "top_k", "distinct")}
+    out.update(moe_layers=after["moe_layers"], top_k=after["top_k"], distinct=after["distinct"][len(before["distinct"]):])
+    return out
+
+
+def counter_detail(ranks: list[dict], capacity_policy: str) -> dict:
+    """Metrics.detail figures of the ranks' counters (module docstring)."""
+    c = [part["counters"] for part in ranks]
+    out: dict = {}
+    if capacity_policy != "none":
+        routed = sum(x["computed"] * x["top_k"] * x["moe_layers"] for x in c)
+        for key, name in (("dropped", "dropped_fraction"), ("buffered", "buffered_fraction")):
+            out[name] = sum(x[key] for x in c) / routed if routed else 0.0
+    if all(x["hits"] is not None for x in c) and sum(x["hits"] + x["misses"] for x in c):
+        out["cache_hit_rate"] = sum(x["hits"] for x in c) / sum(x["hits"] + x["misses"] for x in c)
+        issued = sum(x["prefetch_issued"] for x in c)
+        out["prefetch_precision"] = sum(x["prefetch_used"] for x in c) / issued if issued else 0.0
+    distinct = [d for x in c for d in x["distinct"]]
+    if distinct:
+        out["distinct_experts_per_step"] = sum(distinct) / len(distinct)
+    return out
 
 
 def _record_schedule(engine, log: list) -> None:
@@ -144,7 +192,7 @@ def measure(cfg: RunConfig, prompts: tuple[tuple[int, ...], ...], w: SimWorkload
         from moetune.engine.build import build_generator
 
         result = job(LocalRank(build_generator(parse_config(cfg.model_dump()))))
-    return _to_metrics(result, w, cfg.parallel.world, act_bytes_estimate)
+    return _to_metrics(result, w, cfg.parallel.world, act_bytes_estimate, cfg.parallel.capacity_policy)
 
 
 def _sized(cfg: RunConfig, w: SimWorkload, extra: dict | None) -> RunConfig:
@@ -159,7 +207,7 @@ def _sized(cfg: RunConfig, w: SimWorkload, extra: dict | None) -> RunConfig:
     return parse_config(data, source="measure")
 
 
-def _to_metrics(result: dict, w: SimWorkload, R: int, act_bytes: float) -> Metrics:
+def _to_metrics(result: dict, w: SimWorkload, R: int, act_bytes: float, capacity_policy: str = "none") -> Metrics:
     import numpy as np
 
     from moetune.search.cost.simulate import summarize_steps
@@ -177,7 +225,7 @@ def _to_metrics(result: dict, w: SimWorkload, R: int, act_bytes: float) -> Metri
             last[i] = s
     peak = max(part["memory"] for part in ranks) + act_bytes
     return summarize_steps(False, R, w, logs[:, 0], logs[:, 1], logs[:, 2], ranks[0]["step_s"], first, last, peak,
-                           None, {"steps": S})
+                           None, {"steps": S, **counter_detail(ranks, capacity_policy)})
 
 
 def placement_file_for(cfg: RunConfig, loads, out_dir: Path, redundant: int, ep_size: int) -> str:

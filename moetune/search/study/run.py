@@ -12,7 +12,8 @@ from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateE
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
-from moetune.search.study.space import build_space, canonical, from_config, read_space_file, runnable_formats
+from moetune.search.study.space import (build_space, canonical, from_config, named_values, read_space_file,
+                                        runnable_formats)
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -74,7 +75,7 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
     par = setup.base.parallel
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
-                        {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp})
+                        {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp, **named_values(setup.base)})
     if setup.hardware.name == "this-machine":
         space = runnable_formats(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}))
     limits = setup.limits()

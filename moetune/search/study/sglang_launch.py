@@ -9,13 +9,14 @@
 | redundant_experts, placement | `--ep-num-redundant-experts N`, `--init-expert-location FILE` | yes |
 | quant fp8 | `--quantization fp8` (online; also attention and dense layers) | experts as priced |
 | quant int8 / int4, offload | no flag for a full-precision checkpoint (w8a8_int8 / moe_wna16 need pre-quantized weights) | re-priced without |
+| capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
 | multi-node | `--nnodes n --node-rank k --dist-init-addr $HEAD_IP:5000` | — |
 """
 
 from __future__ import annotations
 
 from moetune.search.cost.deployment import Deployment
-from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, nodes_of
+from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
 
 DP_ATTENTION = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")  # models/*.py with attention-DP groups
 DIST_PORT = 5000
@@ -42,6 +43,7 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
     if location_json and (R > 1 or d.redundant_experts):
         flags += ["--init-expert-location", location_json]
     quant = _quant(d, flags, unsupported, notes)
+    unsupported += moetune_only(d, "SGLang")
     if d.offload_resident_fraction < 1:
         unsupported.append("expert offloading with prefetch (no SGLang equivalent)")
     instances = d.replicas

@@ -16,6 +16,10 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | offload_resident_fraction | offload.resident_experts | 1, 0.75, 0.5, 0.25 of a rank's slots | fewer resident slots per rank than top-K; ep_size > 1 (offloading runs on one rank) |
 | offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
 | offload_eviction | offload.policy | lru, lfu | — (moot with nothing offloaded) |
+| capacity_policy | parallel.capacity_policy (searched when --space names it, as the four below) | none, drop, buffer, reroute | simulate: reroute (the trace has the routers' choices, not their scores) |
+| capacity_factor | parallel.capacity_factor | 1.0, 1.25, 1.5, 2.0 (any factor > 0) | — (moot with policy none) |
+| scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
+| offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
@@ -29,7 +33,10 @@ the trace's expert loads) keep the model's precision; the resident fraction is w
 of the rank's slots, rounded up, the same number the simulator prices. A knob is searched only
 when RunConfig accepts its key (`recipe_accepts`); `--what-if` adds knobs a recipe cannot say yet
 to simulated searches (none at present); `replicas` is searched without a recipe key (PRICED_ONLY:
-the simulator prices it, the measure evaluator prunes values above 1). To add a knob: one `Knob(...)` row in `KNOBS`, a field in
+the simulator prices it, the measure evaluator prunes values above 1). The NAMED_ONLY knobs
+(capacity, scheduling, prefetch hints) are in the space only when --space names them, else they keep
+the base recipe's values (a one-value knob only where that is not the neutral one), so a default
+space is the grid it was before them. To add a knob: one `Knob(...)` row in `KNOBS`, a field in
 `Deployment`, its recipe mapping in `to_config`, and, when it has one, a pruning rule in `prune`.
 """
 
@@ -49,6 +56,8 @@ from moetune.search.cost.tp import group_size, tp_reason
 PRICED_ONLY = ("replicas",)  # searched by default though no recipe key says them
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
+NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints")  # in the space when --space
+# names them; else the base recipe's values, and out of the grid (params, trials.csv) where those are neutral
 
 
 class SpaceError(MoetuneError):
@@ -86,6 +95,12 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
              "expert slots resident per rank"),
         Knob("offload_prefetch_depth", "offload.prefetch_depth", (0, 1, 2, 3), "layers prefetched ahead"),
         Knob("offload_eviction", "offload.policy", ("lru", "lfu"), "which resident expert leaves"),
+        Knob("capacity_policy", "parallel.capacity_policy", ("none", "drop", "buffer", "reroute"),
+             "what a copy beyond the per-expert capacity does"),
+        Knob("capacity_factor", "parallel.capacity_factor", (1.0, 1.25, 1.5, 2.0),
+             "per-expert capacity C = ceil(factor · T · K / E) per rank's step"),
+        Knob("scheduling", "engine.scheduling", ("fcfs", "affinity"), "admission order"),
+        Knob("offload_hints", "offload.hints", ("router", "history", "both"), "where prefetch predictions come from"),
     ]
 
 
@@ -124,7 +139,8 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
                 priced: bool = True, fixed: dict | None = None) -> Space:
     """The knobs RunConfig accepts (plus the what-if ones when asked, and PRICED_ONLY when a simulator
     prices the trials: `priced`), narrowed by `overrides` ({knob: [values]} or {knob: value}); OPT_IN
-    knobs not overridden take one value, `fixed`'s (the base recipe's), else 1."""
+    knobs not overridden take one value, `fixed`'s (the base recipe's), else 1; NAMED_ONLY knobs not
+    overridden take `fixed`'s value where it is not the neutral one, else are left out."""
     knobs = [k for k in default_knobs(num_experts, max_ranks)
              if what_if or recipe_accepts(k.key) or (priced and k.name in PRICED_ONLY)]
     overrides = dict(overrides or {})
@@ -142,6 +158,11 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
         elif knob.name in OPT_IN:
             knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
+        elif knob.name in NAMED_ONLY:
+            value = (fixed or {}).get(knob.name, NEUTRAL[knob.name])
+            if value == NEUTRAL[knob.name]:
+                continue
+            knob = replace(knob, values=(value,))
         out.append(knob)
     for name, values in overrides.items():  # a what-if knob fixed by the file while not searched: keep it fixed
         values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
@@ -163,6 +184,8 @@ def _coerce(knob: Knob, value: Any):
         raise SpaceError(f"--space: knob '{knob.name}' value {value!r} is not a {kind.__name__}") from None
     if isinstance(value, bool) or coerced < 0:
         raise SpaceError(f"--space: knob '{knob.name}' value {value!r} must be a non-negative {kind.__name__}")
+    if knob.name == "capacity_factor" and not coerced > 0:
+        raise SpaceError(f"--space: knob 'capacity_factor' value {value!r} must be positive")
     return coerced
 
 
@@ -233,7 +256,8 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
 
     - at ep_size 1, replicas and placement policies change nothing (contiguous, 0 redundant);
     - max_num_seqs above the requests a rank ever holds runs the same as the smallest value holding them;
-    - with no low format the hot fraction is moot; with every expert resident, prefetch and eviction are."""
+    - with no low format the hot fraction is moot; with every expert resident, prefetch and eviction are;
+    - with capacity policy none the factor is moot; with nothing offloaded or no prefetch, the hint source is."""
     notes, out = [], d
     if d.ep_size == 1 and (d.redundant_experts or d.placement != "contiguous"):
         out = replace(out, redundant_experts=0, placement="contiguous")
@@ -250,10 +274,22 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     if d.offload_resident_fraction >= 1 and (d.offload_prefetch_depth or d.offload_eviction != "lru"):
         out = replace(out, offload_prefetch_depth=0, offload_eviction="lru")
         notes.append("every expert resident: prefetch and eviction are moot")
+    return _canonical_named(out, notes)
+
+
+def _canonical_named(d: Deployment, notes: list[str]) -> tuple[Deployment, list[str]]:
+    out = d
+    if d.capacity_policy == "none" and d.capacity_factor != NEUTRAL["capacity_factor"]:
+        out = replace(out, capacity_factor=NEUTRAL["capacity_factor"])
+        notes.append("capacity policy none: the factor is moot")
+    if d.offload_hints != "router" and (d.offload_resident_fraction >= 1 or not d.offload_prefetch_depth):
+        out = replace(out, offload_hints="router")
+        notes.append("nothing offloaded or prefetch depth 0: the hint source is moot")
     return out, notes
 
 
 SEQS = (8, 16, 32, 64, 128, 256, 512, 1024)
+NEUTRAL = {f.name: f.default for f in fields(Deployment)}  # each knob's value with its feature off
 
 
 def _prune_what_if(d: Deployment, lim: Limits) -> str | None:
@@ -276,8 +312,11 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None,
     values = d.as_dict()
     for knob in default_knobs(1, 1):  # only the names and keys are used here
         section, _, name = knob.key.partition(".")
-        if section in ("parallel", "engine") and recipe_accepts(knob.key):
+        if section in ("parallel", "engine") and recipe_accepts(knob.key) and not name.startswith("capacity_"):
             data[section][name] = values[knob.name]
+    data["parallel"]["capacity_policy"] = d.capacity_policy  # at none the base's factor stays (moot)
+    if d.capacity_policy != "none":
+        data["parallel"]["capacity_factor"] = d.capacity_factor
     if d.placement == "eplb":
         data["parallel"]["placement"] = placement_file or "eplb"
         data["parallel"]["redundant_experts"] = 0  # the placement file carries its replicas
@@ -319,7 +358,7 @@ def offload_section(d: Deployment, base: RunConfig) -> dict | None:
     if d.offload_resident_fraction >= 1:
         return None
     return {"resident_experts": resident_slots(d, _num_experts(base)), "policy": d.offload_eviction,
-            "prefetch_depth": d.offload_prefetch_depth, "tier": "host"}
+            "prefetch_depth": d.offload_prefetch_depth, "tier": "host", "hints": d.offload_hints}
 
 
 def what_if_values(d: Deployment) -> dict:
@@ -340,8 +379,17 @@ def from_config(cfg: RunConfig, **what_if) -> Deployment:
         redundant = read_placement(p.placement).redundant
     names = {f.name for f in fields(Deployment)}
     extra = {**_sections_as_knobs(cfg, redundant), "tp_size": p.tp_size, "expert_tp_size": p.expert_tp,
-             **{k: v for k, v in what_if.items() if k in names and v is not None}}
+             **named_values(cfg), **{k: v for k, v in what_if.items() if k in names and v is not None}}
     return Deployment(p.ep_size, redundant, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)
+
+
+def named_values(cfg: RunConfig) -> dict:
+    """The NAMED_ONLY knobs' values a recipe says (a factor without a policy: the neutral factor)."""
+    p = cfg.parallel
+    factor = p.capacity_factor if p.capacity_policy != "none" and p.capacity_factor else NEUTRAL["capacity_factor"]
+    return {"capacity_policy": p.capacity_policy, "capacity_factor": float(factor),
+            "scheduling": cfg.engine.scheduling,
+            "offload_hints": cfg.offload.hints if cfg.offload is not None else NEUTRAL["offload_hints"]}
 
 
 def _sections_as_knobs(cfg: RunConfig, redundant: int) -> dict:

@@ -7,7 +7,7 @@ from moetune.report.tables import Table
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.optuna_study import TrialRow
 
-PHASE_ORDER = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
+PHASE_ORDER = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "overflow", "unpermute",
                "shared_expert", "dense_mlp", "tp_allreduce", "tp_embed", "tp_gather", "other", "straggler_wait")
 
 
@@ -60,13 +60,17 @@ def phase_table(title: str, m: Metrics, other: Metrics | None = None, other_name
 
 
 def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 10) -> Table:
-    cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", "figures"]
+    """The best trials; a `dropped` column (copies a capacity dropped: the quality risk) where a trial has one."""
+    dropped = any("dropped_fraction" in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
+    cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", *(["dropped"] if dropped else []),
+            "figures"]
     out = []
     for r in rows[:top]:
         m = r.metrics or {}
+        share = (m.get("detail") or {}).get("dropped_fraction")
         out.append([str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
-                    _tag(m)])
+                    *([f"{share:.2%}" if share is not None else ""] if dropped else []), _tag(m)])
     return Table(f"Best {min(top, len(rows))} trials", cols, out)
 
 

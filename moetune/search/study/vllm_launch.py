@@ -10,6 +10,7 @@
 | quant fp8 | `--quantization fp8` (online; vLLM also quantizes attention and dense layers) | experts as priced |
 | quant int8 | `--quantization experts_int8` (online, every expert) | hot fraction > 0 re-priced as 0 |
 | quant int4, offload | no flag for a full-precision checkpoint | re-priced without |
+| capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
 | multi-node | head: `-dpl`, `-dpa $HEAD_IP`, `-dpp`; others: `--headless -dpr` | — |
 | all-to-all | `--all2all-backend deepep_high_throughput` across nodes | — |
 """
@@ -17,7 +18,7 @@
 from __future__ import annotations
 
 from moetune.search.cost.deployment import Deployment
-from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, nodes_of
+from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
 
 RPC_PORT = 13345
 
@@ -46,6 +47,7 @@ def vllm_launch(d: Deployment, t: ServeTarget) -> Launch:
     if placement == "round_robin":
         common += ["--expert-placement-strategy", "round_robin"]
     quant = _quant(d, common, unsupported, notes)
+    unsupported += moetune_only(d, "vLLM")
     as_run = as_engine_runs(d, placement, quant)
     if d.offload_resident_fraction < 1:
         unsupported.append("expert offloading with prefetch (vLLM's --cpu-offload-gb offloads whole weights)")

@@ -1,0 +1,115 @@
+"""The integer path of int8 weights against one x row (`kernels/cpu/_jit_q8.py`): equal to its twin
+(x rounded the same way, exact integer sums), within its stated bound of the dequantised fp32
+reference, never overflowing, on awkward shapes, in the linear kernel, the experts and on AVX2
+code as well as this machine's."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("numba")
+
+from moetune.kernels.cpu import fused_experts_cpu, fused_experts_cpu_ref, linear, linear_ref, quantize_int8  # noqa: E402
+from moetune.kernels.cpu import runtime  # noqa: E402
+from moetune.kernels.cpu.formats import dequantize  # noqa: E402
+from moetune.kernels.cpu.linear import linear_q8_ref, q8_bound, quantize_rows_ref  # noqa: E402
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
+from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
+
+
+def _twin_close(got: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> None:
+    """got equals the integer twin to fp32 rounding (a product of three fp32 factors, and an x
+    element that rounds the other way on a tie: one step of x times the largest weight), and
+    `linear_ref` within the stated bound."""
+    _, xs = quantize_rows_ref(x)
+    step = xs[:, None] * dequantize(w).abs().amax(dim=1)[None, :]  # [M, N] one step of x on the largest weight
+    want = linear_q8_ref(x, w)
+    assert ((got - want).abs() <= step + 1e-6 * want.abs() + 1e-30).all()
+    ref = linear_ref(x, w)
+    assert ((got - ref).abs() <= q8_bound(x, w) * (1 + 1e-4) + 1e-6 * ref.abs().max()).all()
+
+
+@pytest.mark.parametrize("K", [1, 7, 95, 516, 517, 768, 4099])
+@pytest.mark.parametrize("N", [1, 5, 47])
+def test_linear_one_row_matches_its_twins(K, N, threads):
+    g = torch.Generator().manual_seed(K * 100 + N)
+    w = quantize_int8(torch.randn(N, K, generator=g))
+    x = torch.randn(1, K, generator=g)
+    _twin_close(linear(x, w, threads=threads), x, w)
+
+
+def test_the_worst_case_sum_does_not_overflow(threads):
+    """Every weight at +127 and every x element at its largest: the int32 sum is K·qmax·127."""
+    for K in (516, 4099, 20000):
+        w = quantize_int8(torch.ones(3, K))  # data 127, scale 1/127
+        x = torch.full((1, K), 3.0)
+        x[0, ::2] = -3.0 if K % 2 == 0 else 3.0
+        got = linear(x, w, threads=threads)
+        torch.testing.assert_close(got, linear_ref(x, w), rtol=1e-5, atol=0)
+
+
+def test_a_zero_row_and_the_switch_off(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    w = quantize_int8(torch.randn(33, 95, generator=g))
+    assert torch.equal(linear(torch.zeros(1, 95), w), torch.zeros(1, 33))
+    x = torch.randn(1, 95, generator=g)
+    on = linear(x, w)
+    monkeypatch.setattr(runtime, "INT8_ROW", False)
+    off = linear(x, w)  # the fp32 path
+    torch.testing.assert_close(off, linear_ref(x, w), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(on, off) and ((on - off).abs() <= q8_bound(x, w) * 1.001 + 1e-5).all()
+    assert linear(torch.randn(2, 95), w).shape == (2, 33)  # 2+ rows: the fp32 tile
+
+
+def _experts_q8_twin(x, off, w13: PackedWeight, w2: PackedWeight) -> torch.Tensor:
+    """One-row experts as the integer path computes them (x and the activation rounded per row),
+    experts with more rows as the fp32 twin."""
+    y = fused_experts_cpu_ref(x, off, w13, w2)
+    I = w2.data.shape[2]
+    for e in range(off.numel() - 1):
+        lo, hi = int(off[e]), int(off[e + 1])
+        if hi - lo != 1:
+            continue
+        h = linear_q8_ref(x[lo:hi], PackedWeight(w13.data[e], w13.scale[e], WeightFormat.INT8))  # [1, 2I]
+        a = F.silu(h[:, :I]) * h[:, I:]  # [1, I]
+        y[lo:hi] = linear_q8_ref(a, PackedWeight(w2.data[e], w2.scale[e], WeightFormat.INT8))
+    return y
+
+
+@pytest.mark.parametrize("schedule", ["split", "whole"])
+@pytest.mark.parametrize("rows", [[1, 1], [1, 0, 3, 1, 0], [2, 1, 1, 5, 1, 1, 1]])
+def test_one_row_int8_experts_match_their_twin(schedule, rows, threads, monkeypatch):
+    from moetune.kernels.cpu import experts as experts_module
+
+    monkeypatch.setattr(experts_module, "SCHEDULE", schedule)
+    g = torch.Generator().manual_seed(len(rows))
+    E, D, I = len(rows), 95, 37
+    w13, w2 = quantize_int8(torch.randn(E, 2 * I, D, generator=g)), quantize_int8(torch.randn(E, D, I, generator=g))
+    off = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()])
+    x = torch.randn(int(off[-1]), D, generator=g)
+    got = fused_experts_cpu(x, off, w13, w2, threads=threads)
+    want = _experts_q8_twin(x, off, w13, w2)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    ref = fused_experts_cpu_ref(x, off, w13, w2)  # and near the fp32 twin: rounding x costs < 1e-3
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-3
+
+
+def test_avx2_code_computes_the_same(tmp_path):
+    """numba compiles for the CPU it runs on; NUMBA_CPU_NAME=haswell makes it emit AVX2 code
+    (no AVX-512) here, into a cache of its own, and the integer path must give the same numbers."""
+    script = (
+        "import torch\n"
+        "from moetune.kernels.cpu import linear, quantize_int8\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "w = quantize_int8(torch.randn(37, 1029, generator=g)); x = torch.randn(1, 1029, generator=g)\n"
+        "torch.save(linear(x, w, threads=1), r'" + str(tmp_path / "y.pt") + "')\n")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
+    g = torch.Generator().manual_seed(3)
+    w = quantize_int8(torch.randn(37, 1029, generator=g))
+    x = torch.randn(1, 1029, generator=g)
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), linear(x, w, threads=1), rtol=1e-6, atol=1e-6)
