@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from moetune.kernels.cpu import records
 from moetune.kernels.cpu.attention import DecodePlan, decode_attention, decode_plan
 from moetune.model.batch import StepBatch
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.linear import Linear  # noqa: F401  (re-exported: Linear used to live here)
-from moetune.model.norm import RMSNorm
+from moetune.model.norm import RMSNorm, kernel_norm
 from moetune.model.rope import Rotary
 from moetune.spec import GQASpec
 
@@ -36,6 +37,14 @@ class GQAAttention:
     def tensors(self) -> list[torch.Tensor]:
         parts = [self.qkv, self.o, self.q_norm, self.k_norm]
         return [t for part in parts if part is not None for t in part.tensors()]
+
+    def kernel_record(self) -> records.Attention:
+        """This layer's weights and settings as the fused decode layer's kernel takes them (fp32 CPU
+        weights: views; made once per layer, `model/fused_decode.py`)."""
+        s = self.spec
+        return records.Attention(self.qkv.kernel_record(), self.o.kernel_record(), s.num_heads, s.num_kv_heads,
+                                 s.head_dim, records.QK_KINDS[s.qk_norm], kernel_norm(self.q_norm),
+                                 kernel_norm(self.k_norm), float(s.clip_qkv or 0.0), float(self.scale))
 
     def __call__(self, x: torch.Tensor, batch: StepBatch, cache: PagedKVCache, cos, sin) -> torch.Tensor:
         T, s = x.shape[0], self.spec

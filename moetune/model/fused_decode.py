@@ -12,7 +12,11 @@ the caches, where each costs tens of µs: about a quarter of a 340M-style decode
   moe_block (numba)         permute → experts → unpermute (+ shared) → h += ...
 
 with the same kernels in the same order as the unfused layer (`kernels/cpu/_jit_layer.py`), so the
-outputs agree to rounding (tests compare them). A step is fused when no probe that times phases is
+outputs agree to rounding (tests compare them). The kernels take one typed record per module
+(`kernels/cpu/records.py`), each made by its owner: the norms' and attention's `kernel_record`, the
+MoE layer's `kernel_router`, the backend's `kernel_experts` of the store's weights, the cache's
+`kernel_pools`; the layer's records are made on its first fused step and kept (`LayerRecords`),
+the step's (rows, plan, tuning) once per step. A step is fused when no probe that times phases is
 attached (the profiler times the unfused layer's phases; serve's live expert-load window only
 counts routing and hears it from here), every sequence decodes one token and there are at most
 FUSED_ROWS of them; a layer, when it is grouped-query attention and an MoE block the kernels take:
@@ -33,65 +37,45 @@ so every fused step runs layer by layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from moetune.kernels.cpu.experts import BLOCK_13, BLOCK_2, SCHEDULE, SCHEDULES
-from moetune.kernels.cpu.formats import weight_bytes
+from moetune.kernels.cpu import records
+from moetune.kernels.cpu.attention import DecodePlan
+from moetune.kernels.cpu.experts import tuning
 from moetune.kernels.cpu.routing import takes_routing
-from moetune.kernels.cpu import runtime
-from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit_layer, ones
+from moetune.kernels.cpu.runtime import current_threads, jit_layer
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 from moetune.model.attention import GQAAttention
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.kv_cache import PagedKVCache
 from moetune.model.linear import weight_tensors
-from moetune.moe.cpu_backend import CPUBackend, kernel_takes
+from moetune.moe.cpu_backend import CPUBackend
 from moetune.moe.dispatch import LocalDispatcher
 from moetune.moe.layer import MoELayer
 from moetune.moe.router import RouterOutput
 
 FUSED_ROWS = 64  # decode steps of up to this many sequences are fused (see the module docstring)
-QK_KINDS = {"none": 0, "per_head": 1, "full": 2}  # _jit_layer.QK_*
-_EMPTY = np.empty(0, np.float32)  # "no bias" / "no norm weight"
 
 
-@dataclass(frozen=True)
-class _Dense:
-    """One layer's weights outside the expert store, as numpy views (made on the layer's first
-    fused step; `ptr` notices a weight moved since)."""
+class LayerRecords(NamedTuple):
+    """One decoder layer's records that do not change between steps, each from its module, as the
+    kernels take them (`records.plain`; made on the layer's first fused step, `ptr` notices a weight
+    moved since)."""
     ptr: int
-    norm1: np.ndarray
-    norm2: np.ndarray
-    eps: float
-    wqkv: np.ndarray  # fp32 or int8 rows
-    ones_qkv: np.ndarray  # their scale per row (ones for fp32)
-    bqkv: np.ndarray
-    wo: np.ndarray
-    ones_o: np.ndarray
-    bo: np.ndarray
-    q_norm: np.ndarray
-    k_norm: np.ndarray
-    qk_eps: float
-    wg: np.ndarray
-    ones_g: np.ndarray
-    bias: np.ndarray
+    attn_norm: tuple  # records.Norm: `RMSNorm.kernel_record`
+    attention: tuple  # records.Attention: `GQAAttention.kernel_record`
+    mlp_norm: tuple  # records.Norm
+    router: tuple  # records.Router: `MoELayer.kernel_router`
+    top_k: int
 
-
-@dataclass(frozen=True)
-class _Experts:
-    """The arrays of the ExpertWeights `weights` (kept, so that the next acquire can be compared)."""
-    weights: object
-    w13: np.ndarray
-    s13: np.ndarray
-    w2: np.ndarray
-    s2: np.ndarray
-    nbytes: int
-    slots: int
-    row_limit: int  # rows of one slot up to which the kernel computes it (`CPUBackend.row_limit`)
-    identity: bool  # logical expert e is slot e (no replicas)
+    @classmethod
+    def of(cls, layer, ptr: int) -> "LayerRecords":
+        router = layer.mlp.kernel_router()
+        return cls(ptr, records.plain(layer.attn_norm.kernel_record()), records.plain(layer.attention.kernel_record()),
+                   records.plain(layer.mlp_norm.kernel_record()), records.plain(router), router.top_k)
 
 
 class FusedDecode:
@@ -99,9 +83,8 @@ class FusedDecode:
 
     def __init__(self, max_rows: int = FUSED_ROWS):
         self.max_rows = max_rows  # most sequences a fused step takes
-        self._dense: dict[int, _Dense] = {}
-        self._experts: dict[int, _Experts] = {}
-        self._pools: dict[int, tuple[torch.Tensor, np.ndarray, np.ndarray]] = {}
+        self._records: dict[int, LayerRecords] = {}
+        self._experts: dict[int, tuple[object, tuple | None]] = {}  # layer → (weights, plain records.Experts)
         self._covers: dict[int, bool] = {}
 
     def takes(self, batch: StepBatch) -> bool:
@@ -152,26 +135,21 @@ class FusedDecode:
         self.run(layers, h, batch, cache, cos, sin)
 
     def _layer(self, layer, h: torch.Tensor, step: "_Step", cache: PagedKVCache, probe) -> None:
+        """The unfused layer's phases: attention (+ its norm and residual) → norm → router in one
+        kernel call; the routing record, the store's acquire and prefetch, the shared expert in
+        Python; permute → experts → unpermute (+ residual) in another."""
         x, topk_w, topk_ids = self._attention_half(layer, h.numpy(), step, cache)
         self._moe_half(layer.mlp, h, x, topk_w, topk_ids, step, probe)
 
     def _attention_half(self, layer, h: np.ndarray, step: "_Step", cache: PagedKVCache):
         """`attention_block`: h [T, D] updated in place → (x [T, D] the MoE input, topk_w, topk_ids [T, K])."""
-        attn, mlp = layer.attention, layer.mlp
-        s, router, d = attn.spec, mlp.spec.router, self._dense_of(layer)
-        k_pool, v_pool = self._pool_of(cache, layer.index)
-        plan = attn.decode_plan(step.batch, step.batch.num_seqs, cache.block_size)
-        T, D, K = h.shape[0], h.shape[1], router.top_k
+        r = self._records_of(layer)
+        plan = step.plan(layer.attention.decode_plan(step.batch, step.batch.num_seqs, cache.block_size))
+        T, D, K = h.shape[0], h.shape[1], r.top_k
         x = np.empty((T, D), np.float32)
         topk_w, topk_ids = np.empty((T, K), np.float32), np.empty((T, K), np.int64)
-        jit_layer().attention_block(
-            h, d.norm1, d.norm2, d.eps, d.wqkv, d.ones_qkv, d.bqkv, d.wo, d.ones_o, d.bo,
-            s.num_heads, s.num_kv_heads, s.head_dim, QK_KINDS[s.qk_norm], d.q_norm, d.k_norm, d.qk_eps,
-            float(s.clip_qkv or 0.0), step.cos, step.sin, step.rows, k_pool, v_pool, plan.tables, plan.lens,
-            cache.block_size, float(attn.scale), plan.window, plan.scores, plan.read,
-            d.wg, d.ones_g, d.bias, mlp.selection_bias is not None, router.score == "sigmoid", K,
-            router.renormalize, float(router.scaling_factor), step.threads, SERIAL_BYTES, x, topk_w, topk_ids,
-            runtime.INT8_ROW)
+        jit_layer().attention_block(h, r.attn_norm, r.attention, step.rows, tuple(cache.kernel_pools(layer.index)),
+                                    plan, r.mlp_norm, r.router, step.tuning, x, topk_w, topk_ids)
         return x, topk_w, topk_ids
 
     def _moe_half(self, mlp: MoELayer, h: torch.Tensor, x: np.ndarray, topk_w: np.ndarray, topk_ids: np.ndarray,
@@ -183,16 +161,14 @@ class FusedDecode:
             mlp.tap(i, ids)
         weights = mlp.store.acquire(i, ids)
         mlp.store.prefetch(i, ids, xt)
-        e = self._experts_of(mlp, weights, xt)
+        experts = self._experts_of(mlp, weights)
         done = 2  # a format the kernel does not take
-        if e is not None:
-            D = x.shape[1]
-            shared = mlp.shared(xt).float().contiguous().numpy() if mlp.shared is not None else _EMPTY.reshape(0, D)
+        if experts is not None:
+            use_shared = mlp.shared is not None
+            shared = mlp.shared(xt).float().contiguous().numpy() if use_shared else records.EMPTY.reshape(0, x.shape[1])
             slots = topk_ids if weights.slots.identity else \
-                weights.slots.physical(ids).to(torch.int64).contiguous().numpy()
-            done = jit_layer().moe_block(h.numpy(), x, slots, topk_w, e.slots, e.w13, e.s13, e.w2, e.s2, e.nbytes,
-                                         e.row_limit, shared, mlp.shared is not None, step.threads, SERIAL_BYTES,
-                                         BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE], runtime.INT8_ROW)
+                weights.slots.physical(ids).to(torch.int64).contiguous().numpy()  # [T, K]
+            done = jit_layer().moe_block(h.numpy(), x, slots, topk_w, experts, shared, use_shared, step.tuning)
         self._finish(mlp, h, xt, RouterOutput(torch.from_numpy(topk_w), ids, None), weights, done, probe)
 
     @staticmethod
@@ -206,46 +182,40 @@ class FusedDecode:
         elif probe is not None:  # one that counts routing only (`run`)
             probe.routed(mlp.layer, routed, None, 1)
 
-    def _dense_of(self, layer) -> _Dense:
-        d = self._dense.get(layer.index)
+    def _records_of(self, layer) -> LayerRecords:
+        r = self._records.get(layer.index)
         ptr = weight_tensors(layer.attention.qkv.weight)[0].data_ptr()
-        if d is None or d.ptr != ptr:
-            d = self._dense[layer.index] = _dense_arrays(layer, ptr)
-        return d
+        if r is None or r.ptr != ptr:
+            r = self._records[layer.index] = LayerRecords.of(layer, ptr)
+        return r
 
-    def _pool_of(self, cache: PagedKVCache, i: int) -> tuple[np.ndarray, np.ndarray]:
-        k, v = cache.layers[i]
-        got = self._pools.get(i)
-        if got is None or got[0] is not k:
-            got = self._pools[i] = (k, k.numpy(), v.numpy())
-        return got[1], got[2]
-
-    def _experts_of(self, mlp: MoELayer, weights, x: torch.Tensor) -> _Experts | None:
-        i = mlp.layer
-        got = self._experts.get(i)
-        if got is not None and got.weights is weights:
-            return got
-        if weights.mixed or not kernel_takes(x, weights) or weights.w13.fmt == WeightFormat.INT4:
-            return None
-        w13, w2 = weights.w13, weights.w2
-        P, two_i, D = w13.data.shape
-        s13 = ones(P, two_i) if w13.scale is None else w13.scale.float().contiguous()
-        s2 = ones(P, D) if w2.scale is None else w2.scale.float().contiguous()
-        got = self._experts[i] = _Experts(weights, w13.data.contiguous().numpy(), s13.numpy(),
-                                          w2.data.contiguous().numpy(), s2.numpy(), weight_bytes(w13, w2),
-                                          weights.num_slots, mlp.backend.row_limit(weights), weights.slots.identity)
-        return got
+    def _experts_of(self, mlp: MoELayer, weights) -> tuple | None:
+        """The record of the experts the store handed out, plain (made when they are not the last ones)."""
+        got = self._experts.get(mlp.layer)
+        if got is None or got[0] is not weights:
+            e = mlp.backend.kernel_experts(weights)
+            got = self._experts[mlp.layer] = (weights, None if e is None else records.plain(e))
+        return got[1]
 
 
 class _Step:
     """What every fused layer of one step shares: the batch (whose memo holds the decode attention
-    plan, `GQAAttention.decode_plan`), cos/sin and cache rows as numpy, and the threads."""
+    plan, `GQAAttention.decode_plan`), the rotary and cache rows, and the kernels' tuning, as the
+    kernels take them (`records.plain`)."""
 
     def __init__(self, batch: StepBatch, cos: torch.Tensor, sin: torch.Tensor, threads: int):
         self.batch = batch
-        self.cos, self.sin = cos.contiguous().numpy(), sin.contiguous().numpy()  # [T, Dh] each
-        self.rows = batch.slot_mapping.numpy()  # [T] int64
-        self.threads = threads
+        self.rows = records.plain(records.StepRows(cos.contiguous().numpy(), sin.contiguous().numpy(),  # [T, Dh]
+                                                   batch.slot_mapping.numpy()))  # [T] int64
+        self.tuning = records.plain(tuning(threads))
+        self._plans: dict[int, tuple] = {}  # id(DecodePlan) → plain (the batch's memo keeps the plan alive)
+
+    def plan(self, plan: DecodePlan) -> tuple:
+        """A layer's `DecodePlan` (the same object for every layer of a window) as the kernel takes it."""
+        got = self._plans.get(id(plan))
+        if got is None:
+            got = self._plans[id(plan)] = tuple(plan)
+        return got
 
 
 def _fusable(layer) -> bool:
@@ -274,25 +244,3 @@ def _float_tensors(layer) -> list[torch.Tensor]:
     """The layer's tensors other than packed projection data (norms, biases, router, shared expert)."""
     packed = {id(t) for t in layer.tensors() if t.dtype in (torch.int8, torch.uint8)}
     return [t for t in layer.tensors() if id(t) not in packed]
-
-
-def _data_scale(w) -> tuple[np.ndarray, np.ndarray]:
-    """A projection's rows and per-row scales as the kernel takes them (ones for fp32)."""
-    if isinstance(w, PackedWeight):
-        return w.data.contiguous().numpy(), w.scale.float().contiguous().numpy()
-    return w.detach().contiguous().numpy(), ones(w.shape[0]).numpy()
-
-
-def _dense_arrays(layer, ptr: int) -> _Dense:
-    attn, mlp = layer.attention, layer.mlp
-
-    def view(t: torch.Tensor | None) -> np.ndarray:
-        return _EMPTY if t is None else t.detach().contiguous().numpy()
-
-    (wqkv, sqkv), (wo, so) = _data_scale(attn.qkv.weight), _data_scale(attn.o.weight)
-    return _Dense(
-        ptr, view(layer.attn_norm.weight), view(layer.mlp_norm.weight), float(layer.attn_norm.eps),
-        wqkv, sqkv, view(attn.qkv.bias), wo, so, view(attn.o.bias), view(attn.q_norm.weight if attn.q_norm else None),
-        view(attn.k_norm.weight if attn.k_norm else None), float(attn.q_norm.eps if attn.q_norm else 0.0),
-        view(mlp.gate_weight), ones(mlp.gate_weight.shape[0]).numpy(),
-        view(mlp.selection_bias.float() if mlp.selection_bias is not None else torch.ones(1)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from moetune.kernels.cpu.records import KVPools
 from moetune.model.batch import StepBatch
 from moetune.model.hugepages import huge_empty
 from moetune.spec import GQASpec, MLASpec, ModelSpec
@@ -26,6 +27,16 @@ class PagedKVCache:
         rows = (num_blocks + 1) * block_size  # + the null block 0
         self.layers = [tuple(_pool((rows, *shape), device, dtype) for shape in shapes) for _ in range(spec.num_layers)]
         self.zero_blocks([0])
+        self._kernel_pools: dict[int, KVPools] = {}  # `kernel_pools`, made on first use
+
+    def kernel_pools(self, layer: int) -> KVPools:
+        """Layer `layer`'s K and V pools as the fused decode layer's kernel takes them (numpy views of
+        a GQA layer's fp32 CPU pools, made once per cache and layer)."""
+        got = self._kernel_pools.get(layer)
+        if got is None:
+            k, v = self.layers[layer]
+            got = self._kernel_pools[layer] = KVPools(k.numpy(), v.numpy())
+        return got
 
     def zero_blocks(self, blocks: list[int]) -> None:
         """Clear blocks just handed out (stale or uninitialised contents)."""

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from moetune.kernels.cpu import linear as cpu_linear
+from moetune.kernels.cpu import records
 from moetune.kernels.cpu.formats import dequantize, weight_bytes
 from moetune.kernels.quant_formats import PackedWeight
 
@@ -77,6 +78,11 @@ class Linear:
     @property
     def out_features(self) -> int:
         return out_features(self.weight)
+
+    def kernel_record(self) -> records.Projection:
+        """This projection as the fused decode layer's kernels take it (fp32 or int8-per-row CPU weights:
+        views)."""
+        return records.projection(self.weight, self.bias)
 
     @classmethod
     def fused(cls, parts: list["Linear"], small_m: int = 0) -> "Linear":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from moetune.kernels.cpu import records
 from moetune.kernels.cpu.rowwise import rms_norm
 
 
@@ -18,6 +19,10 @@ class RMSNorm:
     def tensors(self) -> list[torch.Tensor]:
         return [self.weight]
 
+    def kernel_record(self) -> records.Norm:
+        """This norm as the fused decode layer's kernels take it (fp32 CPU weight: a view)."""
+        return records.norm(self.weight, self.eps)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
             return rms_norm(x, self.weight, self.eps)
@@ -25,3 +30,8 @@ class RMSNorm:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+
+def kernel_norm(norm: RMSNorm | None) -> records.Norm:
+    """`RMSNorm.kernel_record`, or the empty record of a norm a layer does not have."""
+    return records.norm() if norm is None else norm.kernel_record()

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from moetune.experts.store import ExpertWeights, SlotMap
 from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu, linear
+from moetune.kernels.cpu.experts import experts_record
+from moetune.kernels.cpu.records import Experts
 from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
 from moetune.kernels.cpu.runtime import fp32_cpu
 from moetune.kernels.quant_formats import WeightFormat
@@ -50,6 +52,15 @@ class CPUBackend(TorchBackend):
         w13, w2 = weights.w13.data, weights.w2.data
         per_expert = (w13.numel() * w13.element_size() + w2.numel() * w2.element_size()) // w13.shape[0]
         return SMALL_EXPERT_ROWS if per_expert < SMALL_EXPERT_BYTES else MAX_ROWS
+
+    def kernel_experts(self, weights: ExpertWeights) -> Experts | None:
+        """These weights as the fused decode layer's experts kernel takes them, with this backend's
+        `row_limit`; None for what it does not take (several formats, int4, not fp32 / int8 on the CPU)."""
+        w13 = weights.w13
+        if weights.mixed or w13.fmt == WeightFormat.INT4 or w13.data.device.type != "cpu" \
+                or not weights_fit(weights):
+            return None
+        return experts_record(w13, weights.w2, self.row_limit(weights))
 
     def router_logits(self, x, gate_weight):
         if not fp32_cpu(x, gate_weight) or x.shape[0] > ROUTER_ROWS:  # prefill: torch's parallel GEMM
@@ -120,9 +131,13 @@ class CPUBackend(TorchBackend):
 
 def kernel_takes(x: torch.Tensor, weights: ExpertWeights) -> bool:
     """Whether `fused_experts_cpu` computes these inputs (else the torch twin does)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and weights_fit(weights)
+
+
+def weights_fit(weights: ExpertWeights) -> bool:
+    """Whether `fused_experts_cpu` takes these weights (one layer in one format)."""
     w13, w2 = weights.w13, weights.w2
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and w13.fmt == w2.fmt
-            and w13.fmt in KERNEL_FORMATS
+    return (w13.fmt == w2.fmt and w13.fmt in KERNEL_FORMATS
             and (w13.fmt != WeightFormat.NONE or w13.data.dtype == w2.data.dtype == torch.float32)
             and (w13.fmt != WeightFormat.INT4 or _int4_fits(weights)))
 

@@ -9,6 +9,8 @@ import torch
 from typing import Callable, Protocol
 
 from moetune.experts.store import ExpertStore, ExpertWeights
+from moetune.kernels.cpu.records import Router
+from moetune.kernels.cpu.routing import router_record
 from moetune.moe.backend import MoEBackend
 from moetune.moe.torch_backend import TorchBackend
 from moetune.moe.dispatch import Dispatcher, LocalDispatcher
@@ -82,6 +84,10 @@ class MoELayer:
         self.rerouted += out.rerouted
         self.buffered += out.buffered
         return RouterOutput(out.topk_weights, out.topk_ids, routed.logits), out.over
+
+    def kernel_router(self) -> Router:
+        """This layer's router as the fused decode layer's kernel takes it (fp32 CPU gate: a view)."""
+        return router_record(self.gate_weight, self.spec.router, self.selection_bias)
 
     def reset_counts(self) -> None:
         self.dropped = self.rerouted = self.buffered = 0

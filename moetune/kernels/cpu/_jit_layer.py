@@ -3,7 +3,11 @@ package import; called by `moetune.model.fused_decode`).
 
 Each function strings together the kernels of `_jit` that a decoder layer calls one by one
 through Python otherwise, in the same order and with the same arithmetic, so the outputs match the
-unfused layer's to rounding (the same kernels, compiled into another caller).
+unfused layer's to rounding (the same kernels, compiled into another caller). Their arguments are
+the records of `records.py`, one per module (norms, attention, router, experts) and per step
+(rows, cache pools, plan, tuning), plus the step's own arrays. The records arrive as plain tuples
+(`records.plain`: numba types a named-tuple argument ~0.4 µs slower per call than a plain one, and
+a layer passes 16), so each function unpacks a record in its fields' order, under their names.
 """
 
 from __future__ import annotations
@@ -14,27 +18,29 @@ from numba import njit
 from moetune.kernels.cpu._jit import (OPTS, decode_attention_serial, linear_dense_serial, active_experts,
                                       decode_attention, experts_dense, linear_dense, linear_q8, linear_q8_serial,
                                       permute_rows, rms_norm, rope_rotate_half, select_topk, unpermute_rows)
+from moetune.kernels.cpu.records import QK_FULL, QK_PER_HEAD
 
 BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
-QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # GQASpec.qk_norm
 
 
 @njit(**OPTS)
-def _project(x, w, ones, bias, threads, serial_bytes, q8=False):
-    """x [T, K] @ w [N, K].T (+ bias [N], or an empty bias) → a new [T, N]: on `threads` threads,
-    or on this one under serial_bytes of weights (`runtime.launch`'s rule); `ones` the rows' scales.
-    q8: int8 rows against one x row take the integer path (`linear.linear`'s rule)."""
+def _project(x, p, tuning):
+    """x [T, K] @ w [N, K].T · scale (+ bias [N], when not empty) → a new [T, N], p a `Projection`:
+    on the Tuning's threads, or on this one under serial_bytes of weights (`runtime.launch`'s rule);
+    int8 rows against one x row take the integer path when the Tuning's q8 is on (`linear.linear`'s rule)."""
+    w, scale, bias = p  # Projection
+    threads, serial_bytes, q8 = tuning[0], tuning[1], tuning[5]  # Tuning
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     parallel = threads > 1 and w.size * w.itemsize >= serial_bytes
     if q8 and w.itemsize == 1 and x.shape[0] == 1:
         if parallel:
-            linear_q8(x, w, ones, y, BLOCK_N)
+            linear_q8(x, w, scale, y, BLOCK_N)
         else:
-            linear_q8_serial(x, w, ones, y, BLOCK_N)
+            linear_q8_serial(x, w, scale, y, BLOCK_N)
     elif parallel:
-        linear_dense(x, w, ones, y, BLOCK_N)
+        linear_dense(x, w, scale, y, BLOCK_N)
     else:
-        linear_dense_serial(x, w, ones, y, BLOCK_N)
+        linear_dense_serial(x, w, scale, y, BLOCK_N)
     if bias.shape[0]:
         for t in range(y.shape[0]):
             for n in range(y.shape[1]):
@@ -43,54 +49,49 @@ def _project(x, w, ones, bias, threads, serial_bytes, q8=False):
 
 
 @njit(**OPTS)
-def _norm_rows(x, w, eps):
-    """RMSNorm of each row of x [T, C] in place (through a scratch: `rms_norm` writes another array)."""
+def _norm_rows(x, norm):
+    """RMSNorm (a `Norm`) of each row of x [T, C] in place (through a scratch: `rms_norm` writes another array)."""
+    w, eps = norm  # Norm
     out = np.empty(x.shape, np.float32)
     rms_norm(x, w, eps, out)
     x[:, :] = out
 
 
 @njit(**OPTS)
-def _qk_norm(qkv, H, Hkv, Dh, kind, q_w, k_w, eps):
-    """The q and k RMSNorms of qkv [T, (H + 2Hkv)·Dh], in place: over each head (per_head) or
-    over the whole q and k projections (full)."""
+def _qk_norm(qkv, a):
+    """The q and k RMSNorms of qkv [T, (H + 2Hkv)·Dh] (a an `Attention`), in place: over each head
+    (per_head) or over the whole q and k projections (full)."""
+    _, _, H, Hkv, Dh, qk_kind, q_norm, k_norm, _, _ = a  # Attention
     T = qkv.shape[0]
-    if kind == QK_FULL:
-        _norm_rows(qkv[:, : H * Dh], q_w, eps)
-        _norm_rows(qkv[:, H * Dh : (H + Hkv) * Dh], k_w, eps)
-    elif kind == QK_PER_HEAD:
+    if qk_kind == QK_FULL:
+        _norm_rows(qkv[:, : H * Dh], q_norm)
+        _norm_rows(qkv[:, H * Dh : (H + Hkv) * Dh], k_norm)
+    elif qk_kind == QK_PER_HEAD:
         heads = qkv.reshape(T, H + 2 * Hkv, Dh)
         for t in range(T):
-            _norm_rows(heads[t, :H], q_w, eps)
-            _norm_rows(heads[t, H : H + Hkv], k_w, eps)
+            _norm_rows(heads[t, :H], q_norm)
+            _norm_rows(heads[t, H : H + Hkv], k_norm)
 
 
 @njit(**OPTS)
-def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, H, Hkv, Dh,
-                    qk_kind, q_w, k_w, qk_eps, clip, cos, sin, rows, k_pool, v_pool, tables, lens, block, scale,
-                    window, scores, kv_read, wg, ones_g, bias, use_bias, sigmoid, top_k, renormalize, scaling,
-                    threads, serial_bytes, x_out, topk_w, topk_ids, q8):
-    """The attention half of a decode layer and the router of its MoE block, for T one-token
-    sequences:
-
-      x = norm1(h) → qkv = x·Wqkv (+b) → [full q/k norm] → [clip] → [per-head q/k norm]
-        → rotate q, k (cos, sin [T, Dh]) → k, v into the pools at `rows` [T]
-        → paged attention (tables, lens, scores: the step's `DecodePlan`) → h += attn·Wo (+b)
-      x_out = norm2(h) → logits = x_out·Wg → topk_w, topk_ids [T, K]
-
-    h [T, D] is updated in place; clip ≤ 0 means none; q8: int8 projections at T = 1 in integers."""
-    T = h.shape[0]
-    x = np.empty(h.shape, np.float32)
-    rms_norm(h, norm1, eps, x)
-    qkv = _project(x, wqkv, ones_qkv, bqkv, threads, serial_bytes, q8)  # [T, (H + 2Hkv)·Dh]
+def _attend(x, a, step, pools, plan, tuning):
+    """The attention of x [T, D] (the normed h) → [T, D]: qkv = x·Wqkv (+b) → [full q/k norm] → [clip]
+    → [per-head q/k norm] → rotate q, k (cos, sin [T, Dh]) → k, v into the pools at the step's
+    rows [T] → paged attention (the step's `DecodePlan`) → ·Wo (+b)."""
+    wqkv, wo, H, Hkv, Dh, qk_kind, _, _, clip, scale = a  # Attention
+    cos, sin, rows = step  # StepRows
+    k_pool, v_pool = pools  # KVPools
+    tables, lens, block_size, window, scores, read = plan  # DecodePlan
+    T = x.shape[0]
+    qkv = _project(x, wqkv, tuning)  # [T, (H + 2Hkv)·Dh]
     if qk_kind == QK_FULL:
-        _qk_norm(qkv, H, Hkv, Dh, qk_kind, q_w, k_w, qk_eps)
+        _qk_norm(qkv, a)
     if clip > 0:
         for t in range(T):
             for c in range(qkv.shape[1]):
                 qkv[t, c] = min(max(qkv[t, c], -clip), clip)
     if qk_kind == QK_PER_HEAD:
-        _qk_norm(qkv, H, Hkv, Dh, qk_kind, q_w, k_w, qk_eps)
+        _qk_norm(qkv, a)
     heads = qkv.reshape(T, H + 2 * Hkv, Dh)
     rope_rotate_half(heads[:, : H + Hkv], cos, sin)
     for t in range(T):
@@ -98,33 +99,49 @@ def attention_block(h, norm1, norm2, eps, wqkv, ones_qkv, bqkv, wo, ones_o, bo, 
         v_pool[rows[t]] = heads[t, H + Hkv :]
     q = np.ascontiguousarray(heads[:, :H])  # [T, H, Dh]
     out = np.empty((T, H, Dh), np.float32)
-    if threads > 1 and kv_read >= serial_bytes:
-        decode_attention(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
+    if tuning[0] > 1 and read >= tuning[1]:  # Tuning: threads, serial_bytes
+        decode_attention(q, k_pool, v_pool, tables, lens, block_size, scale, window, scores, out)
     else:
-        decode_attention_serial(q, k_pool, v_pool, tables, lens, block, scale, window, scores, out)
-    y = _project(out.reshape(T, H * Dh), wo, ones_o, bo, threads, serial_bytes, q8)  # [T, D]
-    for t in range(T):
+        decode_attention_serial(q, k_pool, v_pool, tables, lens, block_size, scale, window, scores, out)
+    return _project(out.reshape(T, H * Dh), wo, tuning)  # [T, D]
+
+
+@njit(**OPTS)
+def attention_block(h, attn_norm, attn, step, pools, plan, mlp_norm, router, tuning, x_out, topk_w, topk_ids):
+    """The attention half of a decode layer and the router of its MoE block, for T one-token
+    sequences (the records of `records.py`):
+
+      h += attention(attn_norm(h))        (`_attend`: attn, step, pools, plan)
+      x_out = mlp_norm(h) → logits = x_out·Wg → topk_w, topk_ids [T, K]   (router)
+
+    h [T, D] is updated in place."""
+    gate, bias, use_bias, sigmoid, top_k, renormalize, scaling = router  # Router
+    x = np.empty(h.shape, np.float32)
+    rms_norm(h, attn_norm[0], attn_norm[1], x)  # Norm: w, eps
+    y = _attend(x, attn, step, pools, plan, tuning)  # [T, D]
+    for t in range(h.shape[0]):
         for d in range(h.shape[1]):
             h[t, d] += y[t, d]
-    rms_norm(h, norm2, eps, x_out)
-    logits = _project(x_out, wg, ones_g, bo[:0], threads, serial_bytes)  # [T, E]
+    rms_norm(h, mlp_norm[0], mlp_norm[1], x_out)
+    logits = _project(x_out, gate, tuning)  # [T, E]
     select_topk(logits, bias, use_bias, sigmoid, top_k, renormalize, scaling, topk_w, topk_ids,
                 np.empty(logits.shape, np.float32))
 
 
 @njit(**OPTS)
-def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, row_limit, shared, use_shared,
-              threads, serial_bytes, block13, block2, schedule, q8):
+def moe_block(h, x, slots, topk_w, experts, shared, use_shared, tuning):
     """The experts half of a decode layer: permute x [T, D] by `slots` [T, K] (physical), every
-    active expert's w13 → SiLU·mul → w2 over its rows, unpermute with topk_w [T, K] (+ shared
-    [T, D] when use_shared), and h [T, D] += that. weight_bytes: of all num_slots experts, as
-    `experts.fused_experts_cpu` counts them for `launch`'s rule. Returns 0, or without touching h: 1
-    when a slot is out of range, 2 when a slot has more than row_limit rows (torch's GEMM is faster
-    there: the caller runs the unfused phases). q8: one-row int8 experts in integers (`experts_dense`)."""
+    active expert's w13 → SiLU·mul → w2 over its rows (an `Experts` record; one-row int8 experts in
+    integers when the Tuning's q8 is on, `experts_dense`), unpermute with topk_w
+    [T, K] (+ shared [T, D] when use_shared), and h [T, D] += that. Returns 0, or without touching
+    h: 1 when a slot is out of range, 2 when a slot has more than row_limit rows (torch's GEMM is
+    faster there: the caller runs the unfused phases)."""
+    w13, s13, w2, s2, nbytes, P, row_limit = experts  # Experts
+    threads, serial_bytes, block13, block2, schedule, q8 = tuning  # Tuning
     T, K = slots.shape
     D, I = x.shape[1], w2.shape[2]
-    counts = np.empty(num_slots, np.int64)
-    offsets = np.empty(num_slots + 1, np.int64)
+    counts = np.empty(P, np.int64)
+    offsets = np.empty(P + 1, np.int64)
     copy_ids = np.empty(T * K, np.int64)
     x_sorted = np.empty((T * K, D), np.float32)
     if not permute_rows(x, slots, counts, offsets, copy_ids, x_sorted):
@@ -133,7 +150,7 @@ def moe_block(h, x, slots, topk_w, num_slots, w13, s13, w2, s2, weight_bytes, ro
         return 2
     active = active_experts(offsets, T * K)
     y = np.zeros((T * K, D), np.float32)
-    lanes = threads if threads > 1 and weight_bytes * active.shape[0] // num_slots >= serial_bytes else 1
+    lanes = threads if threads > 1 and nbytes * active.shape[0] // P >= serial_bytes else 1
     experts_dense(x_sorted, offsets, active, w13, s13, w2, s2, np.empty((T * K, I), np.float32), y,
                   block13, block2, schedule, lanes, q8)
     out = shared.copy() if use_shared else np.zeros((T, D), np.float32)

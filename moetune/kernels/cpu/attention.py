@@ -11,7 +11,7 @@ Grouped-query heads: query head h reads kv head h // (H / Hkv). `window` > 0 kee
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -40,12 +40,12 @@ def _lengths(context_lens: torch.Tensor, block_tables: torch.Tensor, block_size:
     return lens
 
 
-@dataclass(frozen=True)
-class DecodePlan:
+class DecodePlan(NamedTuple):
     """What a call derives from the step's block tables and context lengths: the same in every
     layer, so a decode step makes it once (`decode_plan`) and passes it to each layer's call. numpy,
     not torch: each torch op costs tens of µs on the caches a weight-streaming kernel just flushed
-    (docs/cpu.md), and a step makes this in every layer otherwise."""
+    (docs/cpu.md), and a step makes this in every layer otherwise. A record of `records.py`'s kind:
+    the fused decode layer's kernel takes it as it is (`_jit_layer.attention_block`)."""
     tables: np.ndarray  # [B, nb] int64 block ids
     lens: np.ndarray  # [B] int64 context lengths, checked against the tables
     block_size: int

@@ -26,13 +26,31 @@ import torch.nn.functional as F
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu.linear import split_int4_input
 from moetune.kernels.cpu import runtime
-from moetune.kernels.cpu.runtime import current_threads, jit, launch, numpy_view, ones
+from moetune.kernels.cpu.records import Experts, Tuning
+from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit, launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 BLOCK_13 = 16  # gate/up row pairs per work item
 BLOCK_2 = 8  # w2 rows per work item
 SCHEDULES = {"auto": 0, "split": 1, "whole": 2}  # fp32/int8 work split (see the module docstring)
 SCHEDULE = "auto"  # tests force the other two
+
+
+def experts_record(w13: PackedWeight, w2: PackedWeight, row_limit: int) -> Experts:
+    """One layer's experts (w13 [P, 2I, D], w2 [P, D, I], one fp32 or int8 format) as the fused decode
+    layer takes them (`records.Experts`): views of the weights, their row scales (ones for fp32)."""
+    P, two_i, D = w13.data.shape
+    s13 = ones(P, two_i) if w13.scale is None else w13.scale.float().contiguous()  # [P, 2I]
+    s2 = ones(P, D) if w2.scale is None else w2.scale.float().contiguous()  # [P, D]
+    return Experts(numpy_view(w13.data), s13.numpy(), numpy_view(w2.data), s2.numpy(), weight_bytes(w13, w2), P,
+                   int(row_limit))
+
+
+def tuning(threads: int) -> Tuning:
+    """How a fused decode step's kernels run on `threads` threads (`records.Tuning`): the serial rule of
+    `runtime.launch`, this module's work items and schedule, the int8 one-row path (read now: tests
+    and A/Bs set SCHEDULE and INT8_ROW)."""
+    return Tuning(int(threads), SERIAL_BYTES, BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE], bool(runtime.INT8_ROW))
 
 
 def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: PackedWeight) -> None:

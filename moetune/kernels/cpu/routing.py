@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import torch
 
-from moetune.kernels.cpu.runtime import fp32_cpu, jit, ones
+from moetune.kernels.cpu.records import Router, projection
+from moetune.kernels.cpu.runtime import fp32_cpu, jit, numpy_view, ones
 from moetune.kernels.layout import RouterParams
 
 
 def takes_routing(spec: RouterParams) -> bool:
     """Whether `select_topk` computes this router (group-limited routing stays on torch)."""
     return spec.n_group <= 1 or spec.topk_group >= spec.n_group
+
+
+def router_record(gate_weight: torch.Tensor, spec: RouterParams, bias: torch.Tensor | None = None) -> Router:
+    """A router as the fused decode layer takes it (`records.Router`): gate_weight [E, D] fp32 CPU
+    (a view), the selection bias [E] (or an unread one), and `select_topk`'s settings."""
+    b = ones(1) if bias is None else bias.float()  # [E]
+    return Router(projection(gate_weight), numpy_view(b), bias is not None, spec.score == "sigmoid", int(spec.top_k),
+                  bool(spec.renormalize), float(spec.scaling_factor))
 
 
 def select_topk(logits: torch.Tensor, spec: RouterParams, bias: torch.Tensor | None = None
