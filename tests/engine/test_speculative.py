@@ -14,13 +14,12 @@ import pytest
 
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
-from moetune.engine.generate import Generator
-from moetune.engine.sampling import SamplingParams
 from moetune.engine.speculative.base import Draft
 from moetune.engine.speculative.ngram import lookup
 from moetune.model.loader import load_model
 from moetune.model.registry import bundled_asset, resolve_model
 from tests.checkpoints import VOCAB, build_checkpoint
+from tests.engine.driving import all_free, greedy, run_arrivals
 
 TYPES = ["qwen3_moe", "deepseek_v3"]
 
@@ -45,34 +44,11 @@ def _requests(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
     return out
 
 
-def _greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, ignore_eos=True)
-
-
-def _run(engine: Engine, requests, arrivals: list[int]) -> list[list[int]]:
-    """Add request i at step arrivals[i]; step until all finish; token ids per request."""
-    tokens: dict[int, list[int]] = {}
-    rid_of: dict[int, int] = {}
-    step = 0
-    while len(rid_of) < len(requests) or engine.has_unfinished():
-        for i, at in enumerate(arrivals):
-            if at == step:
-                rid_of[i] = engine.add_request(requests[i][0], _greedy(requests[i][1]))
-        for out in engine.step():
-            tokens.setdefault(out.request_id, []).append(out.new_token)
-        step += 1
-    return [tokens[rid_of[i]] for i in range(len(requests))]
-
-
-def _all_free(engine: Engine) -> bool:
-    return engine.blocks.num_free == engine.blocks.num_blocks and not any(engine.blocks.ref_counts)
-
-
 def _plain_and_speculative(model, requests, speculative: str, **config):
     arrivals = [(i * 3) % 11 for i in range(len(requests))]
     plain = Engine(model, None, frozenset(), EngineConfig(**config))
     spec = Engine(model, None, frozenset(), EngineConfig(speculative=speculative, **config))
-    return _run(plain, requests, arrivals), _run(spec, requests, arrivals), plain, spec
+    return run_arrivals(plain, requests, arrivals), run_arrivals(spec, requests, arrivals), plain, spec
 
 
 def test_ngram_greedy_equals_plain_decoding_with_chunks_prefix_hits_and_preemption(model):
@@ -85,7 +61,7 @@ def test_ngram_greedy_equals_plain_decoding_with_chunks_prefix_hits_and_preempti
     assert st.preemptions > 0 and st.steps["mixed"] > 0 and st.prefix_cache_hit_tokens > 0
     assert st.draft_tokens > 0 and 0 < st.accepted_tokens < st.draft_tokens  # accepted and rejected drafts
     assert sum(st.steps.values()) < sum(plain.stats.steps.values())  # accepted drafts saved steps
-    assert _all_free(spec) and _all_free(plain)
+    assert all_free(spec) and all_free(plain)
 
 
 class Wrong:
@@ -114,16 +90,16 @@ def test_rejected_drafts_leave_no_trace(model, k):
     spec = Engine(model, None, frozenset(), EngineConfig(max_num_batched_tokens=48, num_kv_blocks=40))
     spec.speculator = Wrong(k)
     arrivals = [i % 5 for i in range(12)]
-    assert _run(spec, reqs, arrivals) == _run(plain, reqs, arrivals)
+    assert run_arrivals(spec, reqs, arrivals) == run_arrivals(plain, reqs, arrivals)
     assert spec.stats.draft_tokens > 0 and spec.stats.verified > 0
-    assert _all_free(spec)
+    assert all_free(spec)
 
 
 def _three_decoding(model, **config) -> Engine:
     engine = Engine(model, None, frozenset(), EngineConfig(speculative="ngram:4", **config))
     engine.speculator = Wrong(4)
     for p in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
-        engine.add_request(p, _greedy(20))
+        engine.add_request(p, greedy(20))
     engine.step()  # the three prefills (9 tokens): each samples its first token
     engine.draft()
     return engine
@@ -170,7 +146,7 @@ def test_greedy_on_the_bundled_model_equals_plain_decoding(speculative):
     assert st.preemptions > 0 and st.accepted_tokens > 0
     if speculative.startswith("ngram"):  # (the model as its own draft: every draft may be accepted)
         assert st.accepted_tokens < st.draft_tokens
-    assert _all_free(spec)
+    assert all_free(spec)
 
 
 def test_a_verify_step_counts_the_experts_it_wakes_against_a_plain_decode(model):
@@ -181,7 +157,7 @@ def test_a_verify_step_counts_the_experts_it_wakes_against_a_plain_decode(model)
         engine = Engine(model, None, frozenset(), EngineConfig(speculative="ngram:4"))
         engine.speculator = Wrong(4)
         for p, _ in _requests(batch, VOCAB, seed=5):
-            engine.add_request(p, _greedy(12))
+            engine.add_request(p, greedy(12))
         while engine.has_unfinished():
             engine.step()
         ex = engine.runner.experts
@@ -213,4 +189,4 @@ def test_draft_model_greedy_equals_plain_decoding(model, drafts, which):
     st = spec.stats
     assert st.draft_tokens > 0 and st.steps["mixed"] > 0
     assert st.acceptance_rate > 0.9 if which == "itself" else st.acceptance_rate < 0.2
-    assert _all_free(spec)
+    assert all_free(spec)

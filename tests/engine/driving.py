@@ -1,0 +1,28 @@
+"""Driving an Engine step by step in tests: requests arriving at given steps, and the pool's state after."""
+
+from moetune.engine.engine import Engine
+from moetune.engine.sampling import SamplingParams
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, ignore_eos=True)
+
+
+def run_arrivals(engine: Engine, requests, arrivals: list[int]) -> list[list[int]]:
+    """Add request i (prompt, max_tokens) at step arrivals[i]; step until all finish; token ids per request."""
+    tokens: dict[int, list[int]] = {}
+    rid_of: dict[int, int] = {}
+    step = 0
+    while len(rid_of) < len(requests) or engine.has_unfinished():
+        for i, at in enumerate(arrivals):
+            if at == step:
+                rid_of[i] = engine.add_request(requests[i][0], greedy(requests[i][1]))
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).append(out.new_token)
+        step += 1
+    return [tokens[rid_of[i]] for i in range(len(requests))]
+
+
+def all_free(engine: Engine) -> bool:
+    """Every KV block back in the pool, none referenced."""
+    return engine.blocks.num_free == engine.blocks.num_blocks and not any(engine.blocks.ref_counts)
