@@ -3,10 +3,12 @@ argument parser (rebuilt from the flag tables dumped from vLLM 0.33.0 and SGLang
 what was priced where the engine can, and says what it cannot (re-priced without)."""
 
 import itertools
+import json
 from dataclasses import replace
 
 import pytest
 
+from moetune.config import parse_speculative
 from moetune.search.cost.deployment import Deployment
 from moetune.search.study.emit import launch_text
 from moetune.search.study.flag_table import check, commands_of
@@ -54,6 +56,7 @@ def test_every_emitted_command_parses_with_the_engines_own_parser(target):
             for argv in cmds:  # as written in the file: quoting and placeholders included
                 assert check(launch.engine, argv) is None, (d, argv)
                 seen += 1
+            assert "speculative" not in text.lower() and "DRAFT_DIR" not in text  # off: nothing emitted
     assert seen >= 2 * len(GRID)
 
 
@@ -161,3 +164,85 @@ def test_a_scaled_winner_recipe_carries_the_model_precision_and_topology_as_pric
     sglang = (out / "winner.sglang.sh").read_text()
     assert "--attn-dp-size 8" in sglang and "--model-path Qwen/Qwen3-30B-A3B" in sglang
     assert "as priced" in (out / "winner.vllm.sh").read_text()
+
+
+def speculative_commands(spec: str, target: ServeTarget, grid) -> list[tuple[str, dict, str]]:
+    """(engine, flags of each command as the file writes it, the file) for `spec` on `target` over `grid`."""
+    t = replace(target, speculative=parse_speculative(spec))
+    out = []
+    for d in grid:
+        for launch in launches(d, t):
+            text = launch_text(launch, t, d.label(), {"output_tok_s": 1.0, "estimated": True})
+            cmds = commands_of(text)
+            assert len(cmds) == len(launch.nodes) >= 1
+            for argv in cmds:
+                assert check(launch.engine, argv) is None, (d, argv)
+                out.append((launch.engine, flags(argv), text))
+    return out
+
+
+@pytest.mark.parametrize("target", [QWEN3, MIXTRAL, DSV3], ids=lambda t: t.model_type)
+def test_an_ngram_recipe_launches_with_the_engines_ngram_speculation(target):
+    got = speculative_commands("ngram:4", target, GRID[::5])
+    assert {e for e, _, _ in got} == {"vllm", "sglang"}
+    for engine, f, text in got:
+        assert "speculative decoding: not priced by moetune's simulator" in text and "ngram:4" in text
+        assert "NOT as priced" in text and "n-gram" in text  # the match rule neither engine has a flag for
+        if engine == "vllm":  # moetune's lookup: suffixes of 3, else 2 tokens (engine/speculative/ngram.py)
+            assert json.loads(f["--speculative-config"]) == {"method": "ngram", "num_speculative_tokens": 4,
+                                                             "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+        else:  # SGLang's chain counts its root (the last verified token): 4 drafted = 5; breadth 1 = one chain
+            assert (f["--speculative-algorithm"], f["--speculative-num-draft-tokens"]) == ("NGRAM", "5")
+            assert f["--speculative-ngram-min-bfs-breadth"] == f["--speculative-ngram-max-bfs-breadth"] == "1"
+            assert "--speculative-draft-model-path" not in f
+
+
+@pytest.mark.parametrize("draft", ["/ckpt/draft-0.5b", "$DRAFT_DIR"])
+def test_a_draft_model_recipe_launches_with_the_draft_model_and_its_k(draft):
+    got = speculative_commands(f"draft:{draft}:3", QWEN3, GRID[::5]) + speculative_commands(
+        f"draft:{draft}:3", DSV3, GRID[1::7])
+    sample = "/models/draft" if draft == "$DRAFT_DIR" else draft  # commands_of fills the placeholder in
+    for engine, f, text in got:
+        assert "speculative decoding: not priced by moetune's simulator" in text
+        assert ('DRAFT_DIR="${DRAFT_DIR:?' in text) == (draft == "$DRAFT_DIR")
+        if engine == "vllm":
+            assert json.loads(f["--speculative-config"]) == {"model": sample, "num_speculative_tokens": 3}
+        else:
+            assert (f["--speculative-algorithm"], f["--speculative-draft-model-path"]) == ("STANDALONE", sample)
+            assert (f["--speculative-num-steps"], f["--speculative-eagle-topk"],
+                    f["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+
+
+def test_the_draft_placeholder_expands_inside_vllms_json_in_a_shell(tmp_path):
+    import subprocess
+
+    t = replace(QWEN3, speculative=parse_speculative("draft:$DRAFT_DIR:2"))
+    text = launch_text(vllm_launch(Deployment(), t), t, "x", None)
+    script = tmp_path / "w.sh"  # the launcher replaced by printing its arguments, one a line
+    script.write_text(text.replace("vllm serve ", "printf '%s\\n' "))
+    out = subprocess.run(["bash", str(script)], env={"DRAFT_DIR": "/d/x", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert json.loads(out[out.index("--speculative-config") + 1]) == {"model": "/d/x", "num_speculative_tokens": 2}
+
+
+def test_a_search_on_a_speculative_recipe_emits_the_speculation_it_did_not_price(run_dir, tmp_path):
+    from moetune.config import load_recipe
+    from moetune.search.study.optuna_study import StudySettings
+    from moetune.search.study.run import SearchSettings, run_search
+    from moetune.search.study.setup import Inputs
+
+    recipe = tmp_path / "spec.yaml"
+    recipe.write_text("model:\n  path: stdlib-moe\n  device: cpu\nengine:\n  speculative: ngram:4\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("ep_size: 2\ntp_size: 1\nexpert_tp_size: 1\nreplicas: 1\nquant_low_format: none\n"
+                     "offload_resident_fraction: 1\n")
+    out = tmp_path / "out"
+    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "tpe", 2, 0)
+    run_search(SearchSettings(Inputs(str(run_dir), "H200", recipe=str(recipe)), st, out, "simulate", str(space),
+                              hf_id="org/model"))
+    assert load_recipe(out / "winner.yaml").engine.speculative == "ngram:4"
+    for engine, flag in (("vllm", "--speculative-config"), ("sglang", "--speculative-algorithm")):
+        text = (out / f"winner.{engine}.sh").read_text()
+        cmds = commands_of(text)
+        assert cmds and all(check(engine, argv) is None for argv in cmds)
+        assert all(flag in argv for argv in cmds) and "not priced by moetune's simulator" in text

@@ -55,14 +55,20 @@ def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | 
              f"# one replica: {n} node(s) × {gpus} {target.gpu}" +
              (f"; run it {launch.instances} times (one per replica, each on its own GPUs) behind a load balancer"
               if launch.instances > 1 else "")]
-    if launch.unsupported:
+    if launch.speculative:
+        lines.append(f"# speculative decoding: not priced by moetune's simulator (engine.speculative "
+                     f"{launch.speculative}; the simulated figures here are without it)")
+    if launch.unsupported or launch.speculative_gaps:
         lines.append(f"# NOT as priced — no {table.title()} flag for:")
         lines += [f"#   - {u}" for u in launch.unsupported]
+        lines += [f"#   - speculative decoding (not priced, so not re-priced): {u}" for u in launch.speculative_gaps]
     lines.append(_as_run_line(table.title(), launch, as_run))
     lines += ["# notes:", *(f"#   - {x}" for x in launch.notes)] if launch.notes else []
     lines.append("set -euo pipefail")
     if "$MODEL_DIR" in " ".join(launch.nodes[0]):
         lines.append('MODEL_DIR="${MODEL_DIR:?the model: its Hugging Face id or a local directory}"')
+    if "$DRAFT_DIR" in " ".join(launch.nodes[0]):
+        lines.append('DRAFT_DIR="${DRAFT_DIR:?the draft model (same tokenizer as the model): its id or directory}"')
     if n > 1:
         lines += ['HEAD_IP="${HEAD_IP:?the address of node 0}"',
                   f'NODE_RANK="${{NODE_RANK:?this node: 0..{n - 1}}}"']
@@ -86,8 +92,10 @@ def _as_run_line(title: str, launch: Launch, as_run: dict | None) -> str:
 
 def _shell_args(argv: list[str]) -> str:
     """argv as shell words, flag and value on one line each; $PLACEHOLDERS expand."""
-    def word(a: str) -> str:
-        return f'"{a}"' if "$" in a and all(c not in a for c in "\"`\\") else shlex.quote(a)
+    def word(a: str) -> str:  # a $PLACEHOLDER inside JSON: double quotes, its own quotes escaped
+        if "$" not in a:
+            return shlex.quote(a)
+        return '"' + a.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
 
     groups, i = [], 0
     while i < len(argv):

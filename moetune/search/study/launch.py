@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moetune.config import SpeculativeSpec
 from moetune.search.cost.deployment import Deployment
 
 
@@ -21,6 +22,8 @@ class ServeTarget:
     expert_groups: int  # the router's groups (vLLM's round-robin placement needs > 1)
     gpus_per_node: int
     gpu: str = "GPU"  # the hardware's name, for the file's header
+    # the recipe's engine.speculative, its draft model resolved like model_id (else $DRAFT_DIR); None: off
+    speculative: SpeculativeSpec | None = None
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Launch:
     unsupported: list[str] = field(default_factory=list)  # priced knobs with no flag: re-priced without
     notes: list[str] = field(default_factory=list)  # how a flag maps, where the engine differs
     instances: int = 1  # copies of this launch (replicas the engine cannot express itself)
+    speculative: str | None = None  # the recipe's engine.speculative the flags carry ("ngram:4"); None: off
+    speculative_gaps: list[str] = field(default_factory=list)  # its parameters with no flag (never priced)
 
 
 def world(d: Deployment) -> int:

@@ -172,7 +172,30 @@ def serve_target(settings: SearchSettings, setup: Setup):
 
         model_id = str(resolve_model(src.model_path))
     return ServeTarget(model_id or "$MODEL_DIR", m.model_type, m.expert_groups, setup.hardware.ranks_per_node,
-                       setup.hardware.name)
+                       setup.hardware.name, served_speculative(setup.base.engine.speculative, src.scaled_from))
+
+
+def served_speculative(text: str | None, scaled_from):
+    """The recipe's engine.speculative as the engines serve it: a draft model's directory resolved
+    (absolute), or the $DRAFT_DIR placeholder for a scaled model (the recipe's draft fits the run's
+    own model, not the one served) or a draft this machine does not have."""
+    if text is None:
+        return None
+    from dataclasses import replace
+
+    from moetune.config import parse_speculative
+    from moetune.errors import CheckpointError
+    from moetune.model.registry import resolve_model
+    from moetune.search.study.speculative_launch import DRAFT_PLACEHOLDER
+
+    spec = parse_speculative(text)
+    if spec.method != "draft":
+        return spec
+    try:
+        path = DRAFT_PLACEHOLDER if scaled_from is not None else str(resolve_model(spec.path).resolve())
+    except CheckpointError:
+        path = DRAFT_PLACEHOLDER
+    return replace(spec, path=path)
 
 
 def engine_price(settings: SearchSettings, setup: Setup, evaluator: Evaluator):

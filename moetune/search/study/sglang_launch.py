@@ -10,6 +10,7 @@
 | quant fp8 | `--quantization fp8` (online; also attention and dense layers) | experts as priced |
 | quant int8 / int4, offload | no flag for a full-precision checkpoint (w8a8_int8 / moe_wna16 need pre-quantized weights) | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
+| engine.speculative (recipe) | `--speculative-algorithm NGRAM` / `STANDALONE` with its draft-token flags (speculative_launch.py) | not priced by moetune's simulator |
 | multi-node | `--nnodes n --node-rank k --dist-init-addr $HEAD_IP:5000` | — |
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from moetune.search.cost.deployment import Deployment
 from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
+from moetune.search.study.speculative_launch import describe, sglang_speculative
 
 DP_ATTENTION = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")  # models/*.py with attention-DP groups
 DIST_PORT = 5000
@@ -52,10 +54,13 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
         instances = 1
         notes.append(f"replicas: SGLang's data parallelism, {d.replicas} copies behind its own load balancer")
     notes.append("max_num_batched_tokens has no exact SGLang twin; --chunked-prefill-size is the closest")
+    spec = sglang_speculative(t.speculative, attn_dp)
+    flags += spec.flags
     n = nodes_of(d, t)
     nodes = [flags] if n == 1 else [flags + ["--nnodes", str(n), "--node-rank", str(k), "--dist-init-addr",
                                              f"$HEAD_IP:{DIST_PORT}"] for k in range(n)]
-    return Launch("sglang", nodes, as_engine_runs(d, d.placement, quant), unsupported, notes, instances)
+    return Launch("sglang", nodes, as_engine_runs(d, d.placement, quant), unsupported, notes + spec.notes, instances,
+                  describe(t.speculative) if t.speculative else None, spec.gaps)
 
 
 def _expert_parallel(d: Deployment, R: int, G: int, notes: list) -> list[str]:

@@ -11,6 +11,7 @@
 | quant int8 | `--quantization experts_int8` (online, every expert) | hot fraction > 0 re-priced as 0 |
 | quant int4, offload | no flag for a full-precision checkpoint | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
+| engine.speculative (recipe) | `--speculative-config '{...}'` (speculative_launch.py) | not priced by moetune's simulator |
 | multi-node | head: `-dpl`, `-dpa $HEAD_IP`, `-dpp`; others: `--headless -dpr` | — |
 | all-to-all | `--all2all-backend deepep_high_throughput` across nodes | — |
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from moetune.search.cost.deployment import Deployment
 from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
+from moetune.search.study.speculative_launch import describe, vllm_speculative
 
 RPC_PORT = 13345
 
@@ -56,10 +58,13 @@ def vllm_launch(d: Deployment, t: ServeTarget) -> Launch:
         common += ["--data-parallel-size", str(d.replicas)]
         instances = 1
         notes.append(f"replicas: vLLM's data parallelism, {d.replicas} engines behind its own load balancer")
+    spec = vllm_speculative(t.speculative)
+    common += spec.flags
     nodes = _per_node(common, R, n_nodes) if R > 1 and n_nodes > 1 else [common]
     if R == 1 and n_nodes > 1:
         nodes = _tp_nodes(common, n_nodes)
-    return Launch("vllm", nodes, as_run, unsupported, notes, instances)
+    return Launch("vllm", nodes, as_run, unsupported, notes + spec.notes, instances,
+                  describe(t.speculative) if t.speculative else None, spec.gaps)
 
 
 def _placement(d: Deployment, t: ServeTarget, n_nodes: int, unsupported: list, notes: list) -> tuple[str | None, str]:

@@ -1,0 +1,74 @@
+"""The recipe's `engine.speculative` as vLLM and SGLang flags (flag_tables/*.json).
+
+| moetune | vLLM 0.33.0 | SGLang 0.5.23 |
+|---|---|---|
+| ngram:K (suffix of 3, else 2 tokens, looked up in the sequence's own tokens) | `--speculative-config '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'` | `--speculative-algorithm NGRAM --speculative-num-draft-tokens K+1` (the chain counts its root, the last verified token) `--speculative-ngram-min-bfs-breadth 1 --speculative-ngram-max-bfs-breadth 1` (one chain, as moetune drafts) |
+| draft:DIR:K (K greedy tokens of a smaller checkpoint) | `--speculative-config '{"model": DIR, "num_speculative_tokens": K}'` | `--speculative-algorithm STANDALONE --speculative-draft-model-path DIR --speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1` |
+
+Where an engine has no flag for a parameter the gap is listed (`gaps`), not re-priced: the
+simulator prices no speculation, so a winner is priced without it on every engine. DIR is the
+recipe's draft checkpoint, resolved by the study (`ServeTarget.speculative`), or the placeholder
+$DRAFT_DIR where the model was scaled (the recipe's draft does not fit the model served).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from moetune.config import SpeculativeSpec
+
+DRAFT_PLACEHOLDER = "$DRAFT_DIR"
+
+
+@dataclass
+class SpeculativeFlags:
+    flags: list[str] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)  # parameters with no flag (not priced either way)
+    notes: list[str] = field(default_factory=list)
+
+
+def describe(spec: SpeculativeSpec) -> str:
+    """The recipe value back: 'ngram:4' | 'draft:DIR:3'."""
+    return f"ngram:{spec.k}" if spec.method == "ngram" else f"draft:{spec.path}:{spec.k}"
+
+
+def vllm_speculative(spec: SpeculativeSpec | None) -> SpeculativeFlags:
+    out = SpeculativeFlags()
+    if spec is None:
+        return out
+    if spec.method == "ngram":
+        config = {"method": "ngram", "num_speculative_tokens": spec.k, "prompt_lookup_max": spec.max_ngram,
+                  "prompt_lookup_min": spec.min_ngram}
+        out.gaps.append(f"n-gram match choice: moetune drafts after the latest earlier occurrence of the longest "
+                        f"matching suffix ({spec.min_ngram}..{spec.max_ngram} tokens); vLLM after the earliest "
+                        "(no flag)")
+    else:
+        config = {"model": spec.path, "num_speculative_tokens": spec.k}
+        out.notes.append("draft model: vLLM drafts greedily with it on the target's GPUs, as moetune's draft:DIR:K "
+                         "does; it must share the target's tokenizer")
+    out.flags = ["--speculative-config", json.dumps(config)]
+    return out
+
+
+def sglang_speculative(spec: SpeculativeSpec | None, attn_dp: bool) -> SpeculativeFlags:
+    out = SpeculativeFlags()
+    if spec is None:
+        return out
+    if spec.method == "ngram":
+        out.flags = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(spec.k + 1),
+                     "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
+        out.gaps.append(f"n-gram lookup in the sequence's own tokens, suffixes of {spec.min_ngram}..{spec.max_ngram} "
+                        "tokens: SGLang's NGRAM matches in a trie over every request's tokens "
+                        "(--speculative-ngram-capacity, --speculative-ngram-max-trie-depth) and has no "
+                        "match-length flag")
+    else:
+        out.flags = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", spec.path,
+                     "--speculative-num-steps", str(spec.k), "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", str(spec.k + 1)]
+    out.notes.append(f"--speculative-num-draft-tokens {spec.k + 1}: SGLang counts the last verified token in the "
+                     f"chain it verifies, so {spec.k + 1} is moetune's k = {spec.k} drafted tokens")
+    if attn_dp:
+        out.notes.append("SGLang refuses NGRAM / STANDALONE with DP attention at startup in some versions (a check "
+                         "after its argument parser, not in the flag table); drop --attn-dp-size if it does")
+    return out
