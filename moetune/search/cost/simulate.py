@@ -335,17 +335,26 @@ class Simulator:
         view = self if own is not None and own[0] == "tp" else self.rank_view(d)
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat)
 
-    def tp_measured(self, d: Deployment, own, kind: str) -> tuple[float, float | None] | None:
-        """this-machine, a TP group timed on its own: (all-reduce α, gather α) — the measured seconds per
-        call at the measured payload minus the ring's bandwidth term at that payload (tp.py prices the
-        step's own payload on top, so the measured size is reproduced exactly); None otherwise."""
+    def tp_measured(self, d: Deployment, own, kind: str) -> tuple[float, float | None, float] | None:
+        """this-machine, a TP group timed on its own: (all-reduce α, gather α, link B/s) from the measured
+        seconds per call at the measured payloads. The B/s is the slope between the two step kinds'
+        all-reduces (decode's small payload, prefill's large one: gloo's own per-byte cost here, where
+        the memory bandwidth would say far less), the hardware's link figure where the slope is not
+        positive; each α is its kind's seconds per call minus the ring's bandwidth term at its payload,
+        so each measured size costs exactly what was measured. None where there is no own TP path."""
         if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:
             return None
-        G, r, bw = tp_costs.group_size(d), own[1], self.hw.intra_bw * self.hw.link_eff
-        ar = max(r[f"allreduce/{kind}"].value - 2 * (G - 1) / G * r[f"allreduce_bytes/{kind}"].value / bw, 0.0)
+        G, r = tp_costs.group_size(d), own[1]
+        ring = 2 * (G - 1) / G
+        bw = self.hw.intra_bw * self.hw.link_eff
+        pts = [(r[f"allreduce_bytes/{k}"].value, r[f"allreduce/{k}"].value) for k in ("decode", "prefill")
+               if f"allreduce/{k}" in r]
+        if len(pts) == 2 and pts[1][0] > pts[0][0] and pts[1][1] > pts[0][1]:
+            bw = ring * (pts[1][0] - pts[0][0]) / (pts[1][1] - pts[0][1])
+        ar = max(r[f"allreduce/{kind}"].value - ring * r[f"allreduce_bytes/{kind}"].value / bw, 0.0)
         ga = (max(r[f"gather/{kind}"].value - (G - 1) / G * r[f"gather_bytes/{kind}"].value / bw, 0.0)
               if f"gather/{kind}" in r else None)
-        return ar, ga
+        return ar, ga, bw
 
     def _price_step(self, d: Deployment, s: Schedule, t: int, prep: Prepared, totals: "Totals",
                     ctx: "Pricing") -> None:
@@ -384,9 +393,10 @@ class Simulator:
             keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
             totals.scale_step(t, sim.path_factor(d), keep)
         if ctx.tp_lat:
-            lat, gather_lat = self.tp_measured(d, own, sim._kind) or (ctx.tp_lat, None)
-            totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
-                                                     self.hw.intra_bw * self.hw.link_eff, lat, self.b, gather_lat))
+            lat, gather_lat, bw = (self.tp_measured(d, own, sim._kind)
+                                   or (ctx.tp_lat, None, self.hw.intra_bw * self.hw.link_eff))
+            totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()), bw, lat,
+                                                     self.b, gather_lat))
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict, arrival_s: np.ndarray | None) -> Metrics:

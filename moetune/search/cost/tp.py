@@ -17,8 +17,9 @@ runs per step, on the T tokens of the largest DP group (the lock-step waits for 
 (`allreduce_latency`, measured once per simulator), else the hardware's intra-node latency. On
 `this-machine` calibrated on microbenchmarks, a TP group has its own path (calibrate.tp_rates, cached
 as `tp/G<g>`): the engine's group on G one-thread processes, whose measured seconds per all-reduce and
-per gather at the measured payloads give α (that payload's bandwidth term taken off: the measured
-size is reproduced exactly) and whose step minus collectives, over the one-rank probed step, is the
+per gather at the measured payloads give the link B/s (the slope between decode's small and
+prefill's large all-reduce) and α (each payload's bandwidth term taken off: the measured sizes are
+reproduced exactly) and whose step minus collectives, over the one-rank probed step, is the
 compute factor applied to the whole model's one-rank price (simulate.py `own_path`).
 """
 
