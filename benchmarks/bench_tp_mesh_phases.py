@@ -2,6 +2,7 @@
 and decode at batch 1 and 16 per data-parallel group, through the real `moetune profile`.
 
     python benchmarks/bench_tp_mesh_phases.py [--model DIR|NAME] [--make-mixtral-340m DIR] [--keep DIR]
+        [--cells 1x1,2x1]
 
 Each cell is one profile run (every rank measured); the figures are rank 0's DP group's merged
 step medians and phase shares from summary.json. collective share = (tp_allreduce + tp_embed +
@@ -10,7 +11,13 @@ estimate of the same deployment predicted from the TP 1 × EP 1 run of that work
 simulate --trace REF --recipe CELL/recipe.yaml --num-requests N --calibrate-on trace`: calibrated
 on the one-rank run's own phase times, measured minutes before on the same machine, so the TP and
 EP cells are predictions, not fits; mean ms per step of that kind and its collective share),
-labelled estimated. Timings on a shared CPU machine are noisy (±40 %): the load
+labelled estimated. A second estimate of each cell is calibrated on microbenchmarks instead
+(`--calibrate-on microbenchmarks`, the default of simulate / search): the one-rank phases timed when the
+estimate is made and, for TP and EP cells, the recipe's own path timed on its own (`tp/G2`: the engine's
+TP group on two one-thread processes, its compute factor and seconds per all-reduce / gather;
+`ep/R2` the same for expert parallelism), in a cache of its own under the run directory so that it is
+measured now. `--cells 1x1,2x1` runs only those TP×EP cells (the 1x1 one first: the estimates replay
+it). Timings on a shared CPU machine are noisy (±40 %): the load
 average is printed beside each row. `--make-mixtral-340m DIR` first writes a
 random-init Mixtral-style checkpoint of ~340M parameters (D 1024, 8 layers, 8 experts of I 1280,
 vocab 32000) with transformers.
@@ -68,26 +75,37 @@ def run_cell(model: str, tp: int, ep: int, workload: str, root: Path, ref: Path 
     phases = {p["phase"]: p for p in k["phases"]}
     collective = sum(phases[c]["share"] for c in COLLECTIVES if c in phases)
     top = sorted(k["phases"], key=lambda p: -p["share"])[:4]
-    try:
-        est_ms, est_share = estimate(ref or out, out, kind, n)
-    except MoetuneError as exc:  # e.g. 4 ranks on this-machine's 2-rank description
-        est_ms, est_share = float("nan"), float("nan")
-        print(f"tp {tp} ep {ep} {workload}: no estimate: {exc}", file=sys.stderr)
+    est = {how: _estimate_or_nan(ref or out, out, kind, n, how, f"tp {tp} ep {ep} {workload}")
+           for how in ("trace", "microbenchmarks")}
     return {"run": out, "tp": tp, "ep": ep, "workload": workload, "step_ms": k["step_ms_median"],
             "p90_ms": k["step_ms_p90"],
             "collective_share": collective, "top": ", ".join(f"{p['phase']} {100 * p['share']:.0f}%" for p in top),
-            "est_ms": est_ms, "est_share": est_share, "load": open("/proc/loadavg").read().split()[0]}
+            "est_ms": est["trace"][0], "est_share": est["trace"][1],
+            "mb_ms": est["microbenchmarks"][0], "mb_share": est["microbenchmarks"][1], "load": open("/proc/loadavg").read().split()[0]}
 
 
-def estimate(ref: Path, cell: Path, kind: str, requests: int) -> tuple[float, float]:
+def _estimate_or_nan(ref: Path, cell: Path, kind: str, requests: int, how: str, what: str) -> tuple[float, float]:
+    try:
+        return estimate(ref, cell, kind, requests, how)
+    except MoetuneError as exc:  # e.g. 4 ranks on this-machine's 2-rank description
+        print(f"{what}: no {how} estimate: {exc}", file=sys.stderr)
+        return float("nan"), float("nan")
+
+
+def estimate(ref: Path, cell: Path, kind: str, requests: int, how: str = "trace") -> tuple[float, float]:
     """The simulator's ms per `kind` step and collective share of the cell's deployment (its recipe),
-    replaying the reference run's trace calibrated on the reference's own phase times."""
+    replaying the reference run's trace, calibrated on `how`: the reference's own phase times (trace) or
+    microbenchmarks taken now (cached beside the reference run: measured in this benchmark)."""
+    from moetune.search.cost.machine_cache import CACHE_ENV
     from moetune.search.study.one import simulate_recipe
     from moetune.search.study.setup import Inputs
 
+    os.environ[CACHE_ENV] = str(ref.parent / "calibration-cache")
     inputs = Inputs(str(ref), "this-machine", recipe=str(cell / "recipe.yaml"), num_requests=requests,
-                    calibrate_on="trace")
-    _, _, m = simulate_recipe(inputs)
+                    calibrate_on=how)
+    setup, _, m = simulate_recipe(inputs)
+    if setup.calibration is not None and how != "trace":
+        print(f"{cell.name}: {setup.calibration.label()}", file=sys.stderr)
     phases = m.phases_ms[kind]
     return phases["step"], sum(phases.get(c, 0.0) for c in COLLECTIVES) / phases["step"]
 
@@ -97,21 +115,27 @@ def main() -> None:
     ap.add_argument("--model", default="stdlib-moe")
     ap.add_argument("--make-mixtral-340m", type=Path)
     ap.add_argument("--keep", type=Path, help="write the run dirs here (default: a temporary directory)")
+    ap.add_argument("--cells", default="1x1,1x2,2x1,2x2", help="TPxEP cells, the 1x1 one first (default: all four)")
     a = ap.parse_args()
+    cells = [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",")]
+    if cells[0] != (1, 1):
+        raise SystemExit("--cells: the first cell must be 1x1 (the others' estimates replay its trace)")
     model = str(make_mixtral_340m(a.make_mixtral_340m)) if a.make_mixtral_340m else a.model
     print("| workload | TP | EP | ranks | step ms (median / p90) | collective share | largest phases | "
-          "estimated step ms | estimated collective share | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "estimated step ms (trace-calibrated) | estimated collective share (trace) | "
+          "estimated step ms (microbenchmarks) | estimated collective share (microbenchmarks) | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = a.keep or tmp
         for workload in WORKLOADS:
             ref = None
-            for tp, ep in ((1, 1), (1, 2), (2, 1), (2, 2)):  # the one-rank run first: the others' estimates replay it
+            for tp, ep in cells:  # the one-rank run first: the others' estimates replay it
                 r = run_cell(model, tp, ep, workload, Path(tmp), ref)
                 ref = ref or r["run"]
                 print(f"| {workload} | {tp} | {ep} | {tp * ep} | {r['step_ms']:.1f} / {r['p90_ms']:.1f} | "
                       f"{100 * r['collective_share']:.1f}% | {r['top']} | {_est(r['est_ms'], 1)} | "
-                      f"{_est(100 * r['est_share'], 1, '%')} | {r['load']} |", flush=True)
+                      f"{_est(100 * r['est_share'], 1, '%')} | {_est(r['mb_ms'], 1)} | "
+                      f"{_est(100 * r['mb_share'], 1, '%')} | {r['load']} |", flush=True)
 
 
 def _est(x: float, digits: int, unit: str = "") -> str:

@@ -90,6 +90,7 @@ class TPComm:
         self.bytes: dict[tuple[int, str], list[int]] = {}  # (layer, phase) → [bytes, calls] since the last take()
         self.calls = 0
         self.seconds = 0.0  # inside the collectives, since the communicator was made (benchmarks read it)
+        self.seconds_by: dict[str, float] = {}  # the same per phase (tp_allreduce, tp_embed, tp_gather)
 
     def all_reduce(self, x: torch.Tensor, layer: int, phase: str = "tp_allreduce") -> torch.Tensor:
         """Sum of x [T, D] over the group (in place; x must be this rank's own tensor)."""
@@ -141,7 +142,9 @@ class TPComm:
         return out
 
     def _count(self, layer: int, phase: str, x: torch.Tensor, start: float) -> None:
-        self.seconds += time.perf_counter() - start
+        took = time.perf_counter() - start
+        self.seconds += took
+        self.seconds_by[phase] = self.seconds_by.get(phase, 0.0) + took
         cell = self.bytes.setdefault((layer, phase), [0, 0])
         cell[0] += x.numel() * x.element_size()
         cell[1] += 1

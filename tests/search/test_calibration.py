@@ -177,3 +177,31 @@ def test_a_quant_or_offload_recipe_is_calibrated_on_its_own_path(run_dir, tmp_pa
         ratio = cal.rates_of(key)["decode"].value
         assert est[key].phases_ms["decode"]["step"] == pytest.approx(plain.phases_ms["decode"]["step"] * ratio,
                                                                      rel=0.05)
+
+
+def test_a_tp_recipe_is_calibrated_on_its_own_tp_group(run_dir, cache):
+    """tp_size 2 runs the engine's TP group (two one-thread processes, the all-reduces after attention and
+    experts, the vocab gather), not the one-rank path the base microbenchmarks time: it is timed on its
+    own (`tp/G2`: compute factor, seconds per all-reduce and per gather at the measured sizes), named in
+    the label and in the cache entry, and a second setup reads the cache without measuring again."""
+    d = Deployment(max_num_seqs=4, tp_size=2, expert_tp_size=2)
+    setup = prepare(Inputs(str(run_dir), "this-machine"))
+    est = setup.sim.evaluate(d)
+    cal = setup.calibration
+    own = cal.rates_of("tp/G2")
+    for kind in ("decode", "prefill"):
+        assert own[f"compute/{kind}"].value > 0 and own[f"allreduce/{kind}"].value > 0, own
+        assert own[f"allreduce_bytes/{kind}"].value > 0 and own[f"gather/{kind}"].value > 0, own
+    assert cal.timed == ["tp/G2"] and "tp/G2" in cal.label()
+    entry = json.loads((cache / "calibration" / f"{cal.key}.json").read_text())
+    assert {"tp/G2/compute/decode", "tp/G2/allreduce/decode"} <= set(entry["rates"])
+    # the measured figures are what is priced: the step's all-reduce payload is the measured one (the
+    # same buckets), so each decode all-reduce costs the measured seconds per call
+    m = setup.source.model
+    calls = m.L + len(m.dense_I) + m.Lm + 1  # after attention, dense MLPs and experts (split too), the embedding
+    ar = est.phases_ms["decode"]["tp_allreduce"] + est.phases_ms["decode"]["tp_embed"]
+    assert 0.5 < ar / (calls * own["allreduce/decode"].value * 1e3) < 2.0
+    again = prepare(Inputs(str(run_dir), "this-machine"))  # cached: the TP group is not measured again
+    assert again.calibration.cached and again.calibration.rates_of("tp/G2")
+    assert again.sim.evaluate(d).output_tok_s == pytest.approx(est.output_tok_s, rel=1e-9)
+    assert again.calibration.timed == []

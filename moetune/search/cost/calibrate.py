@@ -164,8 +164,8 @@ class Calibration:
                 "lengths and arrivals only")
 
     def _paths(self) -> str:
-        """The recipe paths with their own microbenchmark (variant/<key>, ep/R<r>), for the label."""
-        keys = sorted({"/".join(k.split("/")[:2]) for k in self.rates if k.startswith(("variant/", "ep/"))})
+        """The recipe paths with their own microbenchmark (variant/<key>, ep/R<r>, tp/G<g>), for the label."""
+        keys = sorted({"/".join(k.split("/")[:2]) for k in self.rates if k.startswith(("variant/", "ep/", "tp/"))})
         return f"; own paths timed: {', '.join(keys)}" if keys else ""
 
     def as_entry(self) -> dict:
@@ -370,3 +370,34 @@ def ep_rates(base_cfg, plan, ranks: int, probed: dict[str, float]) -> dict[str, 
         if exch:
             out[f"exchange/{kind}"] = Rate(float(np.median(exch)), _spread(exch))
     return out
+
+
+def tp_key(d) -> str:
+    """The name of a tensor-parallel group's own path: `tp/G<g>` (tp_size G, experts split the same
+    way, the engine's default), else `tp/G<g>-tp<t>-etp<e>`."""
+    G, etp = max(d.tp_size, d.expert_tp_size), d.expert_tp_size
+    return f"tp/G{G}" if d.tp_size == G and etp == G else f"tp/G{G}-tp{d.tp_size}-etp{etp}"
+
+
+def tp_rates(base_cfg, plan, tp_size: int, expert_tp_size: int, probed: dict[str, float]) -> dict[str, Rate]:
+    """From the engine's TP group on G processes at the plan's buckets (microbench.run_tp_bench):
+    `compute/<kind>` = Σ (lock-step − collectives) seconds over Σ probed one-rank step seconds at the
+    same buckets (`step/<kind>`), the group's per-rank factor over the whole model's probed path at one
+    thread per rank; `allreduce/<kind>` and `gather/<kind>` = seconds per call of the [T, D] all-reduce
+    (tp_allreduce, tp_embed) and of the LM head's all-gather at the measured sizes (the wait for the
+    other rank included); `allreduce_bytes/<kind>`, `gather_bytes/<kind>` = their mean payload bytes
+    per call (the sizes those seconds were measured at); medians over repeats."""
+    from moetune.search.cost.microbench import run_tp_bench
+
+    runs = run_tp_bench(base_cfg, plan, tp_size, expert_tp_size)
+    out: dict[str, Rate] = {}
+    for kind, ref in probed.items():
+        rows = [r[kind] for r in runs if kind in r]
+        series = {"compute": [(f["step_s"] - f["coll_s"]) / ref for f in rows if ref > 0]}
+        for name, calls, nbytes in (("allreduce", "ar_calls", "ar_bytes"), ("gather", "ga_calls", "ga_bytes")):
+            have = [f for f in rows if f[calls] > 0]
+            series[name] = [f[f"{name}_s"] / f[calls] for f in have]
+            series[f"{name}_bytes"] = [f[nbytes] / f[calls] for f in have]
+        out.update({f"{name}/{kind}": Rate(float(np.median(v)), _spread(v)) for name, v in series.items() if v})
+    return out
+

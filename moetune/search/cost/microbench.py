@@ -344,3 +344,80 @@ def run_ep_bench(cfg: RunConfig, plan: BenchPlan, ranks: int) -> list[dict[str, 
     prompts = tuple(tuple(p) for p in _prompts(cfg, wide))
     job = EPBenchJob(prompts, plan.batches, plan.decodes, plan.repeats, plan.min_repeats, plan.budget_s)
     return run_ranks(parse_config(data, source="calibration microbenchmarks"), job) or []
+
+
+@dataclass(frozen=True)
+class TPBenchJob:
+    """Picklable: spawned ranks receive it. The G ranks of one tensor-parallel group run the same
+    lock-steps: per bucket b, b requests of P tokens, one prefill lock-step and `decodes` decode ones;
+    rank 0 times each lock-step and the group's collectives in it (model.tp: TPComm's seconds, calls
+    and payload bytes per phase — tp_allreduce and tp_embed are all-reduces of [T, D], tp_gather the
+    LM head's all-gather)."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    batches: tuple[int, ...]
+    decodes: int
+    repeats: int
+    min_repeats: int
+    budget_s: float
+
+    def __call__(self, dp) -> list[dict[str, dict[str, float]]] | None:
+        comm = dp.model.tp
+        start = time.perf_counter()
+        for b in self.batches:  # warm-up, untimed
+            self._bucket(dp, b, comm)
+        runs: list[dict[str, dict[str, float]]] = []
+        for _ in range(self.repeats):
+            sums: dict[str, dict[str, float]] = {}  # kind → Σ of each TPStep field
+            for b in self.batches:
+                for kind, fields in self._bucket(dp, b, comm):
+                    acc = sums.setdefault(kind, dict.fromkeys(fields, 0.0))
+                    for name, v in fields.items():
+                        acc[name] += v
+            runs.append(sums)
+            if _agree(len(runs) >= self.min_repeats and time.perf_counter() - start > self.budget_s):
+                break
+        return runs if dp.rank == 0 else None
+
+    def _bucket(self, dp, b: int, comm) -> list[tuple[str, dict[str, float]]]:
+        for i in dp.mine(b * dp.dp_size):
+            dp.engine.add_request(list(self.prompts[i]), _params(self.decodes))
+        out = []
+        while True:
+            comm.take()
+            before = dict(comm.seconds_by)
+            t0 = time.perf_counter()
+            if dp.step() is None:
+                break
+            sec = time.perf_counter() - t0
+            took = {p: s - before.get(p, 0.0) for p, s in comm.seconds_by.items()}  # phase → s in this step
+            out.append(("decode" if out else "prefill", _tp_fields(sec, took, comm.take())))
+        return out
+
+
+def _tp_fields(step_s: float, took: dict[str, float], counted: dict) -> dict[str, float]:
+    """One lock-step's figures: step seconds, seconds inside the collectives (coll_s), per collective kind
+    (allreduce: tp_allreduce + tp_embed, gather: tp_gather) its seconds, calls and payload bytes
+    (took: phase → seconds; TPComm.take: (layer, phase) → [bytes, calls])."""
+    ar = [v for (_, phase), v in counted.items() if phase in ("tp_allreduce", "tp_embed")]
+    ga = [v for (_, phase), v in counted.items() if phase == "tp_gather"]
+    return {"step_s": step_s, "coll_s": sum(took.values()),
+            "allreduce_s": took.get("tp_allreduce", 0.0) + took.get("tp_embed", 0.0),
+            "gather_s": took.get("tp_gather", 0.0), "ar_calls": float(sum(c for _, c in ar)),
+            "ar_bytes": float(sum(n for n, _ in ar)), "ga_calls": float(sum(c for _, c in ga)),
+            "ga_bytes": float(sum(n for n, _ in ga))}
+
+
+def run_tp_bench(cfg: RunConfig, plan: BenchPlan, tp_size: int, expert_tp_size: int) -> list[dict]:
+    """The engine's tensor-parallel group of G = max(tp_size, expert_tp_size) processes (one thread each,
+    as `measure` and `moetune profile --tp-size` run them) at the plan's buckets: per repeat and step
+    kind, Σ of step_s, coll_s (inside TPComm's collectives), ar_calls / ar_bytes, ga_calls / ga_bytes."""
+    from moetune.config import parse_config
+    from moetune.engine.distributed import run_ranks
+
+    data = _bench_config(cfg, plan).model_dump()
+    G = max(tp_size, expert_tp_size)
+    data["parallel"] = {"tp_size": tp_size, "expert_tp_size": expert_tp_size, "ranks_per_node": G}
+    prompts = tuple(tuple(p) for p in _prompts(cfg, plan))
+    job = TPBenchJob(prompts, plan.batches, plan.decodes, plan.repeats, plan.min_repeats, plan.budget_s)
+    return run_ranks(parse_config(data, source="calibration microbenchmarks"), job) or []

@@ -293,7 +293,7 @@ class Simulator:
         over the fp32 path (quant / offload, `own_path`), or, on R expert-parallel ranks, the ranks'
         own compute factor measured on R processes of one thread each."""
         own = self.own_path(d)
-        if own is not None and own[0] == "ep" and f"compute/{self._kind}" in own[1]:
+        if own is not None and own[0] in ("ep", "tp") and f"compute/{self._kind}" in own[1]:
             return own[1][f"compute/{self._kind}"].value
         fused = d.ep_size * tp_costs.group_size(d) == 1 and d.capacity_policy not in CAPACITY_PRICED
         factor = self.cal.path_factor(self._kind, 1 if fused else 2)
@@ -303,14 +303,18 @@ class Simulator:
 
     def own_path(self, d: Deployment):
         """this-machine: ("variant", rates) for a one-rank quant / offload deployment, ("ep", rates) for
-        R > 1 expert-parallel ranks (no TP), each from its own microbenchmark (calibrate.py, measured the
+        R > 1 expert-parallel ranks (no TP), ("tp", rates) for one tensor-parallel group of G > 1 ranks
+        (no EP), each from its own microbenchmark (calibrate.py, measured the
         first time it is needed, then cached); None where the base calibration covers the path."""
         if self.cal is None or self.config_of is None or self.base_config is None or self.cal.source != "microbenchmarks":
             return None
         from moetune.search.cost import calibrate as cal_mod
 
+        probed = {k: r.value for k, r in self.cal.rates_of("step").items()}
+        if d.ep_size == 1 and tp_costs.group_size(d) > 1:
+            return "tp", self.cal.ensure(cal_mod.tp_key(d), lambda: cal_mod.tp_rates(
+                self.base_config, cal_mod.bench_plan(self.cal), d.tp_size, d.expert_tp_size, probed))
         if d.ep_size > 1 and tp_costs.group_size(d) == 1:
-            probed = {k: r.value for k, r in self.cal.rates_of("step").items()}
             return "ep", self.cal.ensure(f"ep/R{d.ep_size}", lambda: cal_mod.ep_rates(
                 self.base_config, cal_mod.bench_plan(self.cal), d.ep_size, probed))
         key = cal_mod.variant_key(d)
@@ -326,7 +330,31 @@ class Simulator:
         offload = (OffloadState(max(1, resident_slots(d, m.E)),
                    d.offload_eviction, d.offload_prefetch_depth) if d.offload_resident_fraction < 1 else None)
         tp_lat = self.tp_latency(d) if tp_costs.group_size(d) > 1 else 0.0
-        return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), self.rank_view(d), tp_lat)
+        own = self.own_path(d) if self.cal is not None else None
+        # a TP group timed on its own: its compute factor is over the whole model's one-rank path
+        view = self if own is not None and own[0] == "tp" else self.rank_view(d)
+        return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat)
+
+    def tp_measured(self, d: Deployment, own, kind: str) -> tuple[float, float | None, float] | None:
+        """this-machine, a TP group timed on its own: (all-reduce α, gather α, link B/s) from the measured
+        seconds per call at the measured payloads. The B/s is the slope between the two step kinds'
+        all-reduces (decode's small payload, prefill's large one: gloo's own per-byte cost here, where
+        the memory bandwidth would say far less), the hardware's link figure where the slope is not
+        positive; each α is its kind's seconds per call minus the ring's bandwidth term at its payload,
+        so each measured size costs exactly what was measured. None where there is no own TP path."""
+        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:
+            return None
+        G, r = tp_costs.group_size(d), own[1]
+        ring = 2 * (G - 1) / G
+        bw = self.hw.intra_bw * self.hw.link_eff
+        pts = [(r[f"allreduce_bytes/{k}"].value, r[f"allreduce/{k}"].value) for k in ("decode", "prefill")
+               if f"allreduce/{k}" in r]
+        if len(pts) == 2 and pts[1][0] > pts[0][0] and pts[1][1] > pts[0][1]:
+            bw = ring * (pts[1][0] - pts[0][0]) / (pts[1][1] - pts[0][1])
+        ar = max(r[f"allreduce/{kind}"].value - ring * r[f"allreduce_bytes/{kind}"].value / bw, 0.0)
+        ga = (max(r[f"gather/{kind}"].value - (G - 1) / G * r[f"gather_bytes/{kind}"].value / bw, 0.0)
+              if f"gather/{kind}" in r else None)
+        return ar, ga, bw
 
     def _price_step(self, d: Deployment, s: Schedule, t: int, prep: Prepared, totals: "Totals",
                     ctx: "Pricing") -> None:
@@ -365,8 +393,10 @@ class Simulator:
             keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
             totals.scale_step(t, sim.path_factor(d), keep)
         if ctx.tp_lat:
-            totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()),
-                                                     self.hw.intra_bw * self.hw.link_eff, ctx.tp_lat, self.b))
+            lat, gather_lat, bw = (self.tp_measured(d, own, sim._kind)
+                                   or (ctx.tp_lat, None, self.hw.intra_bw * self.hw.link_eff))
+            totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()), bw, lat,
+                                                     self.b, gather_lat))
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict, arrival_s: np.ndarray | None) -> Metrics:

@@ -14,7 +14,13 @@ runs per step, on the T tokens of the largest DP group (the lock-step waits for 
   tp_gather             = (G−1)/G · S·V·b / (link B/s · link_eff) + α_ar          (tp_size > 1; S rows sample)
 
 α_ar is the measured latency of a small gloo all-reduce among G local ranks on `this-machine`
-(`allreduce_latency`, measured once per simulator), else the hardware's intra-node latency.
+(`allreduce_latency`, measured once per simulator), else the hardware's intra-node latency. On
+`this-machine` calibrated on microbenchmarks, a TP group has its own path (calibrate.tp_rates, cached
+as `tp/G<g>`): the engine's group on G one-thread processes, whose measured seconds per all-reduce and
+per gather at the measured payloads give the link B/s (the slope between decode's small and
+prefill's large all-reduce) and α (each payload's bandwidth term taken off: the measured sizes are
+reproduced exactly) and whose step minus collectives, over the one-rank probed step, is the
+compute factor applied to the whole model's one-rank price (simulate.py `own_path`).
 """
 
 from __future__ import annotations
@@ -70,8 +76,9 @@ def tp_model(m: SimModel, d) -> SimModel:
 
 
 def tp_collectives(m: SimModel, d, tokens: float, sampled: float, bw: float, latency: float,
-                   act_bytes: int) -> dict[str, float]:
-    """Seconds of each TP collective phase in one step (zeros without TP). m: the full model."""
+                   act_bytes: int, gather_latency: float | None = None) -> dict[str, float]:
+    """Seconds of each TP collective phase in one step (zeros without TP). m: the full model.
+    gather_latency: the LM head gather's own α (this-machine's TP microbenchmark), else `latency`."""
     G = group_size(d)
     if G == 1 or tokens <= 0:
         return dict.fromkeys(TP_PHASES, 0.0)
@@ -79,7 +86,8 @@ def tp_collectives(m: SimModel, d, tokens: float, sampled: float, bw: float, lat
     one = ring * tokens * m.D * act_bytes / bw + latency  # all-reduce of [T, D]
     count = (m.L + len(m.dense_I) if d.tp_size > 1 else 0) + (m.Lm if d.expert_tp_size > 1 else 0)
     norms = m.L * (ring * tokens * 2 * 4 / bw + latency) if d.tp_size > 1 and m.whole_qk_norm else 0.0  # fp32 sums
-    gather = ((G - 1) / G * sampled * m.V * act_bytes / bw + latency) if d.tp_size > 1 and sampled > 0 else 0.0
+    g_lat = latency if gather_latency is None else gather_latency
+    gather = ((G - 1) / G * sampled * m.V * act_bytes / bw + g_lat) if d.tp_size > 1 and sampled > 0 else 0.0
     return {"tp_allreduce": count * one + norms, "tp_embed": one if d.tp_size > 1 else 0.0, "tp_gather": gather}
 
 
