@@ -2,7 +2,8 @@
 (low format, hot fraction) on the trace's own model, measured once per point and cached beside the study.
 
 - Measured by `moetune.bench.evaluate.evaluate` (the function behind `moetune eval`) at a small fixed
-  size (`QualitySize`: 4 held-out prompts of 32 tokens, 4 greedy tokens, one perplexity window of 64):
+  size (`QualitySize`: 4 held-out prompts of 32 tokens, 4 greedy tokens, one perplexity window of 64;
+  the prompts file's last 4, not the first ones a profile runs, whose routing ranked the hot experts):
   the mix is the trial's `quant` section (`space.quant_section`: the hot experts ranked by the trace's
   loads), the reference the same checkpoint without it (fp32, or the recipe's bf16 / fp16).
 - The model is the trace's own (the run directory's checkpoint). A scaled search (--scale-model)
@@ -99,6 +100,8 @@ class QualityLookup:
         t0 = time.perf_counter()
         target = resolve_target(cfg)
         texts, body = eval_texts()
+        texts = texts[-self.size.num_prompts:]  # the file's last prompts: a profile runs its first ones, and the
+        # hot experts ranked on a text's own routing would flatter the mix on that text
         result = ev.evaluate(target, ev.reference_target(target, None), body, texts, self.size.settings())
         self.measured += 1
         a = result["agreement"]
