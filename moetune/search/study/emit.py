@@ -37,6 +37,10 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
                   "ttft_ms", "tpot_ms", "request_s", "goodput_rps", "peak_mem_gb"):
             if k in metrics:
                 text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
+        detail = metrics.get("detail") or {}
+        if "kl" in detail:  # --max-kl / --quality: the expert mix's quality (quality.py)
+            text += (f"#   kl: {detail['kl']:.4g} nats, top1_agreement: {detail['top1_agreement']:.4f} (measured by "
+                     "moetune eval on the trace's model: see quality.json)\n")
     return text
 
 
