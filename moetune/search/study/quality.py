@@ -10,7 +10,8 @@
   prices a target without weights: the trace's model stands in, and the tables say so (`stand_in`).
 - No low format: KL 0, top-1 1, nothing run.
 - The cache (`OUT/quality.json`) is keyed by the checkpoint's identity (its resolved directory and
-  each file's name, size and mtime), the format, the hot fraction and the eval size; a resumed study
+  each file's name, size and mtime), the format, the hot fraction, the eval size and, with a hot
+  fraction, the trace's run directory (its loads chose the hot experts); a resumed study
   or a second trial at the same point reads it. Workers share it: a write merges under a file lock.
 - The kernel backend is the recipe's when it computes the format, else torch's dequantise-then-matmul
   twin (CPU has no fp8 kernel); the entry records which.
@@ -79,7 +80,7 @@ class QualityLookup:
 
     def key(self, low: str, hot: float) -> str:
         return json.dumps({"checkpoint": self.identity(), "format": low, "hot_fraction": float(hot),
-                           "size": asdict(self.size)}, sort_keys=True)
+                           "size": asdict(self.size), "loads": self.loads if hot else None}, sort_keys=True)
 
     def quality(self, d: Deployment) -> dict:
         """{kl, top1_agreement} of the deployment's expert mix (no low format: 0 and 1, nothing run)."""
