@@ -30,6 +30,11 @@ def search(
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT."),
     max_low_share: Optional[float] = typer.Option(None, "--max-low-share", help="Constraint (quality stand-in): "
                                                                                 "share of copies on low-bit experts."),
+    max_kl: Optional[float] = typer.Option(None, "--max-kl", help="Constraint: KL (nats) of the low-bit expert mix "
+                                           "vs full precision, measured by moetune eval on the trace's model "
+                                           "(once per format × hot fraction, cached in OUT/quality.json)."),
+    quality: bool = flag(False, "--quality", help="Measure each low-bit mix's KL / top-1 (as --max-kl does) "
+                         "without a limit: columns in trials.csv and the report."),
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
                                                     "failed and re-queued (after a crash)."),
     remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
@@ -49,6 +54,7 @@ def search(
     for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
         checks.number(name, value, 0, low_open=True)
+    checks.number("--max-kl", max_kl, 0)
     checks.number("--remeasure", remeasure, 0)
     checks.number("--grace-s", grace_s, 2)
     out_dir = Path(out)
@@ -60,12 +66,13 @@ def search(
         raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
-                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share),
+                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl),
                                    heartbeat_s=max(1, grace_s // 3), grace_s=grace_s,
                                    allow_changed_inputs=allow_changed_inputs)
     from moetune.search.study.run import SearchSettings
 
-    settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id)
+    settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
+                              quality=quality)
     _run(settings)
 
 

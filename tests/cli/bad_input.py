@@ -450,6 +450,7 @@ CASES: list[Case] = [
     Case("search-knob-value-outside", "search", (*S, "--space", "{d}/space.yaml"), 1,
          ("quant_low_format", "not one of"), prep=write("space.yaml", "quant_low_format: int3\n")),
     Case("search-storage-unreachable", "search", (*S, "--storage", "nosuchdb://x"), 1, ("--storage",)),
+    Case("search-max-kl-negative", "search", (*S, "--max-kl", "-0.01"), 1, ("--max-kl -0.01 must be >= 0",)),
     Case("search-measure-off-machine", "search", (*S, "--evaluator", "measure"), 1,
          ("--hardware this-machine",)),
     Case("simulate-unknown-hardware", "search", ("simulate", "--trace", "{run}", "--hardware", "Z9000"), 1,

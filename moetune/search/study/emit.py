@@ -16,6 +16,7 @@ from moetune.config import RunConfig
 from moetune.search.study.flag_table import LAUNCHERS, check, flag_table
 from moetune.search.study.launch import Launch, ServeTarget, world
 from moetune.search.study.optuna_study import TrialRow
+from moetune.search.study.quality import QUALITY_DETAIL
 from moetune.search.study.sglang_launch import sglang_launch
 from moetune.search.study.space import Deployment, to_config, what_if_values
 from moetune.search.study.vllm_launch import vllm_launch
@@ -36,6 +37,10 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
                   "ttft_ms", "tpot_ms", "request_s", "goodput_rps", "peak_mem_gb"):
             if k in metrics:
                 text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
+        detail = metrics.get("detail") or {}
+        if "kl" in detail:  # --max-kl / --quality: the expert mix's quality (quality.py)
+            text += (f"#   kl: {detail['kl']:.4g} nats, top1_agreement: {detail['top1_agreement']:.4f} (measured by "
+                     "moetune eval on the trace's model: see quality.json)\n")
     return text
 
 
@@ -123,7 +128,8 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
     metric_keys = ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
                    "output_tok_s_per_gpu", "request_s", "goodput_rps", "peak_mem_gb")
     tails = ("ttft", "tpot", "e2e")  # P99 ms of each (steady.py)
-    details = [k for k in CAPACITY_DETAIL if any(k in ((r.metrics or {}).get("detail") or {}) for r in rows)]
+    details = [k for k in (*CAPACITY_DETAIL, *QUALITY_DETAIL)
+               if any(k in ((r.metrics or {}).get("detail") or {}) for r in rows)]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
@@ -138,7 +144,8 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
                         m.get("workload", ""), tag, r.feasible, r.reason or ""])
 
 
-# a capacity's copies (the quality risk of drop; buffer's second pass): columns only where a trial has them
+# a capacity's copies (the quality risk of drop; buffer's second pass) and the expert mix's KL / top-1 agreement
+# (quality.py, --quality or --max-kl): columns only where a trial has them
 CAPACITY_DETAIL = ("dropped_fraction", "buffered_fraction")
 
 

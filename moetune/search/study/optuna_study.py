@@ -42,30 +42,27 @@ class Constraints:
     max_mem_gb: float | None = None
     max_ttft_ms: float | None = None
     max_tpot_ms: float | None = None
-    max_low_share: float | None = None  # quality stand-in until `moetune eval` feeds quality deltas
+    max_low_share: float | None = None  # share of copies on low-bit experts (the cheap stand-in)
+    max_kl: float | None = None  # KL of the expert mix vs full precision (quality.py: measured by moetune eval)
+
+    def _limits(self, m: Metrics) -> list[tuple[str, float | None, float]]:
+        """(flag, limit, the metrics' value) of each constraint."""
+        return [("--max-mem-gb", self.max_mem_gb, m.peak_mem_gb), ("--max-ttft-ms", self.max_ttft_ms, m.ttft_ms),
+                ("--max-tpot-ms", self.max_tpot_ms, m.tpot_ms),
+                ("--max-low-share", self.max_low_share, m.detail.get("low_precision_share", 0.0)),
+                ("--max-kl", self.max_kl, m.detail.get("kl", 0.0))]
 
     def values(self, m: Metrics) -> list[float]:
-        out = []
-        for limit, value in ((self.max_mem_gb, m.peak_mem_gb), (self.max_ttft_ms, m.ttft_ms),
-                             (self.max_tpot_ms, m.tpot_ms),
-                             (self.max_low_share, m.detail.get("low_precision_share", 0.0))):
-            if limit is not None:
-                out.append(float(value - limit))
-        return out
+        return [float(value - limit) for _, limit, value in self._limits(m) if limit is not None]
 
     def violations(self, m: Metrics) -> list[str]:
         """Each limit the metrics break, in words: why a completed trial is not feasible."""
-        out = []
-        for flag, limit, value in (("--max-mem-gb", self.max_mem_gb, m.peak_mem_gb),
-                                   ("--max-ttft-ms", self.max_ttft_ms, m.ttft_ms),
-                                   ("--max-tpot-ms", self.max_tpot_ms, m.tpot_ms),
-                                   ("--max-low-share", self.max_low_share, m.detail.get("low_precision_share", 0.0))):
-            if limit is not None and value > limit:
-                out.append(f"{flag[6:].replace('-', '_')} {value:.4g} over {flag} {limit:g}")
-        return out
+        return [f"{flag[6:].replace('-', '_')} {value:.4g} over {flag} {limit:g}"
+                for flag, limit, value in self._limits(m) if limit is not None and value > limit]
 
     def count(self) -> int:
-        return sum(x is not None for x in (self.max_mem_gb, self.max_ttft_ms, self.max_tpot_ms, self.max_low_share))
+        return sum(x is not None for x in (self.max_mem_gb, self.max_ttft_ms, self.max_tpot_ms, self.max_low_share,
+                                           self.max_kl))
 
 
 @dataclass(frozen=True)

@@ -127,15 +127,20 @@ def importances(study) -> Table:
 
 def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list[TrialRow], objectives, study,
            winner: Metrics, baseline: Metrics | None, extra: list[Table], labels: tuple[str, str] = ("", ""),
-           phases: tuple[Metrics, Metrics] | None = None) -> tuple[str, str, bytes | None]:
+           phases: tuple[Metrics, Metrics] | None = None, quality_note: str = "") -> tuple[str, str, bytes | None]:
     """→ (markdown, html, Pareto PNG). baseline None: it could not run. labels: the winner's and the
     baseline's deployments. phases: the pair the per-phase table compares, when not the two above (a
-    measured search records no phases: the cost model's estimates of the same two)."""
+    measured search records no phases: the cost model's estimates of the same two). quality_note: what
+    the KL / top-1 columns were measured on (quality.py; the tables have them where trials carry them)."""
     png = pareto_png(rows, front, tuple(objectives))
     why = [verdict(winner, baseline, objectives[0], *labels)]
     why += why_it_wins(winner, baseline) if baseline is not None else []
     win_p, base_p = phases or (winner, baseline)
-    tables = [trials_table(ranked, tuple(objectives)), states_table(rows), importances(study),
+    front_title = f"Pareto front ({len(front)} feasible non-dominated trials)"
+    fronts = [trials_table(front, tuple(objectives), top=len(front), title=front_title, quality_note=quality_note)] \
+        if len(objectives) > 1 else []  # one objective: its front is the best trial, the table above
+    tables = [trials_table(ranked, tuple(objectives), quality_note=quality_note), *fronts,
+              states_table(rows), importances(study),
               phase_table("Winner vs baseline, per step kind and phase" + (" (estimated by the cost model: the "
                           "measured trials record no phases)" if phases else ""), win_p, base_p, "baseline"), *extra]
     md = [f"# {title}", "", "## The winner against the baseline", "", *[f"- {s}" for s in why], ""]

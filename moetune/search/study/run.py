@@ -30,6 +30,7 @@ class SearchSettings:
     remeasure: int = 0  # top N re-measured on this machine after a simulated search
     prompts: str | None = None  # the measure evaluator's prompts (default: the profile's bundled ones)
     hf_id: str | None = None  # the model id the emitted vLLM/SGLang commands load
+    quality: bool = False  # measure each low-bit mix's KL / top-1 (quality.py); --max-kl asks for it too
 
 
 @dataclass
@@ -80,6 +81,11 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
         space = runnable_formats(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}))
     limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
+    lookup = quality_lookup(settings, setup, space)
+    if lookup is not None:
+        from moetune.search.study.quality import QualityEvaluator
+
+        evaluator = QualityEvaluator(evaluator, lookup)
     created = not settings.out.exists()
     settings.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -91,12 +97,31 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
             shutil.rmtree(settings.out, ignore_errors=True)
         raise
-    return finish(settings, setup, study, evaluator)
+    return finish(settings, setup, study, evaluator, lookup)
 
 
-def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) -> SearchResult:
+def quality_lookup(settings: SearchSettings, setup: Setup, space):
+    """The quality lookup of a search that asks for it (--quality or --max-kl) over a space with a low-bit
+    format; None otherwise (nothing measured: the default search stays as cheap as before)."""
+    from moetune.search.study.quality import QualityLookup, has_low_bit
+
+    asked = settings.quality or settings.study.constraints.max_kl is not None
+    if not asked or not has_low_bit(space):
+        return None
+    src = setup.source
+    model = setup.base.model.model_dump() if src.scaled_from is None and setup.base.model.path == src.model_path \
+        else {"path": src.model_path}
+    from moetune.config import parse_config
+
+    stand_in = setup.source.model.name if src.scaled_from is not None else None
+    return QualityLookup(parse_config({"model": model}, source="search quality"), str(Path(src.run_dir).resolve()),
+                         settings.out / "quality.json", kernel_backend(setup.base), stand_in=stand_in)
+
+
+def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, lookup=None) -> SearchResult:
     from moetune.report.table import Table
     from moetune.search.study.emit import write_csv, write_winner
+    from moetune.search.study.quality import quality_label
     from moetune.search.study.report import render, write_report
     from moetune.search.study.tables import remeasure_table
 
@@ -115,6 +140,10 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
     except Exception:  # the baseline may not run; the report says so
         result.baseline = None
     extra = [Table("What the figures are calibrated on", ["calibration"], [[result.calibrated_on]])]
+    if lookup is not None:
+        from moetune.search.study.tables import quality_table
+
+        extra.append(quality_table(lookup))
     if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
         extra.append(remeasure_table(result.remeasured))
@@ -127,7 +156,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator) 
     win = Metrics(**winner.metrics)
     md, html, png = render(title, all_rows, best, front, objectives, study, win, result.baseline, extra,
                            (chosen.label(), canonical(base_d, setup.limits())[0].label()),
-                           _estimated_phases(setup, win, chosen, base_d))
+                           _estimated_phases(setup, win, chosen, base_d), quality_label(lookup))
     for path in write_report(out, md, html, png):
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")

@@ -59,19 +59,44 @@ def phase_table(title: str, m: Metrics, other: Metrics | None = None, other_name
                                     "slowest one inside MoE layers")
 
 
-def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 10) -> Table:
-    """The best trials; a `dropped` column (copies a capacity dropped: the quality risk) where a trial has one."""
-    dropped = any("dropped_fraction" in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
+def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 10, title: str | None = None,
+                 quality_note: str = "") -> Table:
+    """The best trials; a `dropped` column (copies a capacity dropped: the quality risk) where a trial has one,
+    `KL` and `top-1` (the expert mix against full precision, quality.py) where a trial carries them."""
+    def has(key: str) -> bool:
+        return any(key in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
+
+    dropped, kl = has("dropped_fraction"), has("kl")
     cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", *(["dropped"] if dropped else []),
-            "figures"]
+            *(["KL nats (measured)", "top-1 (measured)"] if kl else []), "figures"]
     out = []
     for r in rows[:top]:
         m = r.metrics or {}
-        share = (m.get("detail") or {}).get("dropped_fraction")
+        detail = m.get("detail") or {}
+        share = detail.get("dropped_fraction")
         out.append([str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
-                    *([f"{share:.2%}" if share is not None else ""] if dropped else []), _tag(m)])
-    return Table(f"Best {min(top, len(rows))} trials", cols, out)
+                    *([f"{share:.2%}" if share is not None else ""] if dropped else []),
+                    *(_quality_cells(detail) if kl else []), _tag(m)])
+    return Table(title or f"Best {min(top, len(rows))} trials", cols, out, quality_note if kl else "")
+
+
+def _quality_cells(detail: dict) -> list[str]:
+    if "kl" not in detail:
+        return ["", ""]
+    return [f"{detail['kl']:.4g}", f"{detail['top1_agreement']:.4f}"]
+
+
+def quality_table(lookup) -> Table:
+    """Each low-bit mix measured (or read from the cache) for this study: the quality lookup's points."""
+    from moetune.search.study.quality import quality_label
+
+    rows = [[e["format"], f"{e['hot_fraction']:g}", f"{e['kl']:.4g}", f"{e['top1_agreement']:.4f}",
+             f"{e['greedy_match']:.3f}", f"{e['perplexity']:.4f} / {e['reference_perplexity']:.4f}",
+             e["kernel_backend"], f"{e['seconds']:.2f}"] for e in lookup.entries()]
+    return Table("Quality of each low-bit expert mix (measured)", ["low format", "hot fraction", "KL nats", "top-1",
+                 "greedy match", "perplexity / reference", "kernel backend", "seconds to measure"], rows,
+                 quality_label(lookup) + "; no low format: KL 0, top-1 1 (not run)")
 
 
 def states_table(rows: list[TrialRow]) -> Table:

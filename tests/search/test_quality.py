@@ -1,0 +1,86 @@
+"""Quality priced in the search (quality.py): each low-bit mix's KL / top-1 measured by `moetune eval`'s
+function on the trace's model, cached in OUT/quality.json, and `--max-kl` as a constraint."""
+
+import csv
+
+import pytest
+
+from moetune.bench import evaluate as ev
+from moetune.search.study.optuna_study import Constraints, StudySettings
+from moetune.search.study.run import SearchSettings, run_search
+from moetune.search.study.setup import Inputs
+
+SPACE = ("ep_size: 1\nreplicas: 1\nplacement: contiguous\nredundant_experts: 0\nmax_num_seqs: 8\n"
+         "max_num_batched_tokens: 256\noffload_resident_fraction: 1\noffload_prefetch_depth: 0\n"
+         "offload_eviction: lru\nquant_low_format: [int8, int4]\nquant_hot_fraction: [0, 0.25]\n")
+MAX_KL = 2e-4  # measured on the bundled model: int8 mixes <= 2e-5 nats, int4 ones 8e-4 (hot 0.25) .. 2e-3
+
+
+@pytest.fixture
+def count_evals(monkeypatch):
+    """Counts the calls of the function behind `moetune eval` (a measured point is one call)."""
+    calls = []
+    real = ev.evaluate
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].config.quant)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ev, "evaluate", counted)
+    return calls
+
+
+def _settings(run_dir, out, tmp_path, constraints=Constraints(max_kl=MAX_KL), quality=False, n=4):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    st = StudySettings("q", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", n, 0, constraints)
+    return SearchSettings(Inputs(str(run_dir), "H200"), st, out, "simulate", str(space), quality=quality)
+
+
+def test_max_kl_excludes_int4_measures_each_point_once_and_reuses_the_cache(run_dir, tmp_path, count_evals):
+    out = tmp_path / "out"
+    result = run_search(_settings(run_dir, out, tmp_path))
+    assert len(count_evals) == 4  # int8, int4 × hot 0, 0.25: one measurement each
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert len(rows) == 4 and {r["state"] for r in rows} == {"COMPLETE"}
+    for r in rows:
+        kl = float(r["kl"])
+        assert 0 < kl and 0 < float(r["top1_agreement"]) <= 1
+        if r["quant_low_format"] == "int4":
+            assert kl > MAX_KL and r["feasible"] == "False"
+            assert f"kl {kl:.4g} over --max-kl {MAX_KL:g}" in r["reason"]
+        else:
+            assert kl < MAX_KL and r["feasible"] == "True" and not r["reason"]
+    assert result.winner is not None and result.winner.deployment.quant_low_format == "int8"
+    cache = (out / "quality.json").read_text()
+    assert cache.count('"format": "int4"') == 2 and cache.count('"format": "int8"') == 2
+    report = (out / "report.md").read_text()
+    assert "KL nats (measured)" in report and "Quality of each low-bit expert mix" in report
+    hot = [q for q in count_evals if q.hot_fraction]
+    assert hot and all(q.loads == str(run_dir.resolve()) for q in hot)  # hot experts ranked by the trace's loads
+
+    again = tmp_path / "again"  # a second study at the same points, the cache beside it: nothing measured
+    again.mkdir()
+    (again / "quality.json").write_text(cache)
+    count_evals.clear()
+    run_search(_settings(run_dir, again, tmp_path))
+    assert count_evals == []
+    assert [r["kl"] for r in csv.DictReader((again / "trials.csv").open())] == [r["kl"] for r in rows]
+
+
+def test_without_max_kl_or_quality_nothing_is_measured(run_dir, tmp_path, count_evals):
+    out = tmp_path / "plain"
+    run_search(_settings(run_dir, out, tmp_path, Constraints(), n=2))
+    assert count_evals == [] and not (out / "quality.json").exists()
+    assert "kl" not in next(csv.DictReader((out / "trials.csv").open()))
+
+
+def test_a_point_without_low_format_is_kl_zero_without_running(run_dir, tmp_path, count_evals):
+    from moetune.config import parse_config
+    from moetune.search.cost.deployment import Deployment
+    from moetune.search.study.quality import QualityLookup
+
+    lookup = QualityLookup(parse_config({"model": {"path": "stdlib-moe", "device": "cpu"}}), str(run_dir),
+                           tmp_path / "quality.json", "cpu")
+    assert lookup.quality(Deployment(quant_low_format="none")) == {"kl": 0.0, "top1_agreement": 1.0}
+    assert count_evals == [] and lookup.measured == 0 and not (tmp_path / "quality.json").exists()
