@@ -11,18 +11,9 @@ import pytest
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
 from moetune.engine.generate import Generator
-from moetune.model.loader import load_model
-from tests.checkpoints import VOCAB, build_checkpoint
+from tests.checkpoints import VOCAB
 from tests.engine.driving import all_free, greedy, run_arrivals
 
-TYPES = ["qwen3_moe", "deepseek_v3"]
-
-
-@pytest.fixture(scope="module", params=TYPES)
-def model(request, tmp_path_factory):
-    path = build_checkpoint(request.param, tmp_path_factory.mktemp(request.param), shard=False,
-                            max_position_embeddings=512)
-    return load_model(path)
 
 
 def _requests(n: int, seed: int = 0) -> list[tuple[list[int], int]]:

@@ -21,14 +21,6 @@ from moetune.model.registry import bundled_asset, resolve_model
 from tests.checkpoints import VOCAB, build_checkpoint
 from tests.engine.driving import all_free, greedy, run_arrivals
 
-TYPES = ["qwen3_moe", "deepseek_v3"]
-
-
-@pytest.fixture(scope="module", params=TYPES)
-def model(request, tmp_path_factory):
-    path = build_checkpoint(request.param, tmp_path_factory.mktemp(request.param), shard=False,
-                            max_position_embeddings=512)
-    return load_model(path)
 
 
 def _requests(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
