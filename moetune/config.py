@@ -181,10 +181,11 @@ class OffloadConfig(_Section):
     resident_fraction: float | None = Field(None, gt=0, le=1)  # of E per MoE layer (rounded up)
     policy: Literal["lru", "lfu", "score"] = "lru"  # eviction
     tier: Literal["host", "disk"] = "host"  # where non-resident experts live
-    dir: str | None = None  # disk tier: directory for the expert blobs (None: a temporary one)
+    dir: str | None = None  # disk tier / disk_after: directory for the expert blobs (None: a temporary one)
     prefetch_depth: int = Field(1, ge=0, le=3)  # layers ahead whose experts are predicted and fetched
     warm_start: str | None = None  # run directory or JSON loads file: the most loaded experts loaded first
     demote_after: int = Field(0, ge=0)  # steps an expert may stay resident unused, then demoted (0: never)
+    disk_after: int = Field(0, ge=0)  # tier host: steps an expert may stay at host unused, then to disk (0: never)
     hints: Literal["router", "history", "both"] = "router"  # prefetch from the next layers' routers, the
     # sequences' routing history (traces beside the KV blocks), or both (experts/offload.py)
 
@@ -192,6 +193,9 @@ class OffloadConfig(_Section):
     def _one_capacity(self) -> "OffloadConfig":
         if (self.resident_experts is None) == (self.resident_fraction is None):
             raise ValueError("offload needs exactly one of resident_experts or resident_fraction")
+        if self.disk_after and self.tier == "disk":
+            raise ValueError("offload.disk_after moves idle host experts to disk, but with tier disk every "
+                             "non-resident expert is on disk already: use tier host with disk_after, or drop it")
         return self
 
 

@@ -84,7 +84,7 @@ def offload_factory(offload: OffloadConfig | None, spec: ModelSpec, device: torc
     capacity = offload.resident_experts or math.ceil(offload.resident_fraction * E - 1e-9)
     warm = None if offload.warm_start is None else warm_loads(offload.warm_start, list(spec.moe_layers), E)
     settings = OffloadSettings(capacity, offload.policy, offload.tier, offload.dir, offload.prefetch_depth,
-                               offload.hints, offload.demote_after)
+                               offload.hints, offload.demote_after, offload.disk_after)
     return lambda layers, _spec: OffloadingExpertStore(layers, spec.moe.router.top_k, settings, device, warm)
 
 

@@ -44,6 +44,13 @@ is taken before any eviction. Warm-up fills the slots most loaded first (`warm_l
 or serve recording run dir, or a JSON loads file). Counters per tier (`stats()["tiers"]`): device
 resident experts, demotions and promotions; the backing tier's reads and bytes.
 
+Disk below host (`settings.disk_after` N > 0, host tier): an expert that N consecutive steps of its
+layer neither used nor held on the device is demoted again, host → disk (experts/spill.py: one file
+per expert in `dir`, written atomically; the host copy dropped), and promoted back (disk → host →
+device) on its next use — on the prefetch thread when a prefetch asks for it. The tiers' row then
+has a `disk` entry: experts on disk only, writes, bytes written, reads and bytes read, demotions and
+promotions.
+
 Eviction among a layer's slots (never a slot the step needs):
   lru    least recently used        lfu    least often used (ties: least recent)
   score  lowest 0.5·recency + 0.3·frequency + 0.2·prediction, each in [0, 1]: recency = 1/(1+age in
@@ -73,6 +80,7 @@ import numpy as np
 import torch
 
 from moetune.errors import MoetuneError
+from moetune.experts.spill import SpillCounts, SpillingBacking
 from moetune.experts.store import ExpertWeights, FormatGroup, SlotMap
 from moetune.kernels.quant_formats import PackedWeight
 
@@ -95,6 +103,7 @@ class OffloadSettings:
     prefetch_depth: int = 1
     hints: str = "router"  # prefetch sources: router (router-ahead) | history (traces) | both
     demote_after: int = 0  # steps of a layer an expert may stay resident unused (0: never demoted)
+    disk_after: int = 0  # host tier: steps of a layer an expert may stay at host unused, then to disk (0: never)
 
 
 def region_sizes(capacity: int, group_sizes: list[int]) -> list[int]:
@@ -186,10 +195,11 @@ class _Backing:
         self.layouts = layouts
         self.blobs = [b.pin_memory() if pin else b for b in blobs]
 
-    def read(self, e: int, dests: list[torch.Tensor], stream=None) -> None:
+    def read(self, e: int, dests: list[torch.Tensor], stream=None) -> str:
         blob = self.blobs[e]
         for (_, _, _, start, end), dst in zip(self.layouts[e].parts, dests):
             dst.view(-1).view(torch.uint8).copy_(blob[start:end], non_blocking=stream is not None)
+        return self.tier
 
     def close(self) -> None:
         self.blobs = []
@@ -212,7 +222,7 @@ class _DiskBacking(_Backing):
         largest = max(x.nbytes for x in layouts)
         self.staging = None if device.type == "cpu" else torch.empty(largest, dtype=torch.uint8).pin_memory()
 
-    def read(self, e: int, dests: list[torch.Tensor], stream=None) -> None:
+    def read(self, e: int, dests: list[torch.Tensor], stream=None) -> str:
         offset, layout = self.offsets[e], self.layouts[e]
         if self.staging is None:  # straight into the resident tensors: one syscall, no extra copy
             views = [memoryview(d.view(-1).view(torch.uint8).numpy()) for d in dests]
@@ -227,6 +237,7 @@ class _DiskBacking(_Backing):
             raise OffloadError(f"offload file '{self.path}' is truncated (expert {e}: {got} of "
                                f"{layout.nbytes} bytes)")
         _drop_pages(self.fd, offset, layout.nbytes)
+        return self.tier
 
     def close(self) -> None:
         if self.fd >= 0:  # idempotent: a second close must not hit a descriptor number reused since
@@ -244,6 +255,12 @@ def _blob_offsets(path: Path, n: int) -> list[int]:
         size = struct.unpack("<Q", fh.read(8))[0]
         header = json.loads(fh.read(size))
     return [8 + size + header[f"e{e}"]["data_offsets"][0] for e in range(n)]
+
+
+def _reset_counts(cache: "_LayerCache") -> None:
+    cache.stats = LayerStats()
+    if isinstance(cache.backing, SpillingBacking):
+        cache.backing.counts = SpillCounts()
 
 
 @dataclass(frozen=True)
@@ -306,7 +323,7 @@ class OffloadingExpertStore:
         self._check(layers, top_k)
         self._order = sorted(layers)
         self._tmpdir = None
-        self._dir = self._disk_dir() if settings.tier == "disk" else None
+        self._dir = self._disk_dir() if settings.tier == "disk" or settings.disk_after else None
         self._lock = threading.Condition()
         self._queue: collections.deque = collections.deque()  # (layer, expert, distance, source)
         self._thread: threading.Thread | None = None
@@ -336,6 +353,9 @@ class OffloadingExpertStore:
             if len(w.groups) > s.capacity:
                 raise OffloadError(f"offload resident capacity {s.capacity} experts per layer is below the "
                                    f"{len(w.groups)} expert formats of layer {i} (each format needs a slot)")
+        if s.disk_after and s.tier == "disk":
+            raise OffloadError("offload disk_after demotes idle host experts to disk, but with tier disk every "
+                               "non-resident expert is on disk already: use tier host with disk_after, or drop it")
         if not 0 <= s.prefetch_depth <= 3:
             raise OffloadError(f"offload prefetch depth {s.prefetch_depth} must be within 0..3")
 
@@ -361,8 +381,10 @@ class OffloadingExpertStore:
         layouts = [BlobLayout.of(g.w13, g.w2) for g in w.groups]
         blobs = [_blob(w.groups[group_of[e]], slot[e] - w.groups[group_of[e]].start) for e in range(E)]
         per_expert = [layouts[group_of[e]] for e in range(E)]
-        if self._dir is not None:
+        if self.settings.tier == "disk":
             backing = _DiskBacking(blobs, per_expert, self._dir / f"layer{i}.safetensors", self.device)
+        elif self._dir is not None:  # host tier with disk below it
+            backing = SpillingBacking(blobs, per_expert, self._dir, i, pin=self.device.type == "cuda")
         else:
             backing = _Backing(blobs, per_expert, pin=self.device.type == "cuda")
         regions, start = [], 0
@@ -385,7 +407,7 @@ class OffloadingExpertStore:
                 slot = free[cache.region_of[e]].pop(0)
                 self._fill(cache, e, slot, None)
                 cache.expert_in[slot], cache.slot_of[e] = e, slot
-        cache.stats = LayerStats()
+        _reset_counts(cache)
 
     def bind_routers(self, routers: dict[int, object]) -> None:
         """layer → callable(hidden [T, D]) → topk_ids [T, K]: how prefetch predicts later layers."""
@@ -411,6 +433,8 @@ class OffloadingExpertStore:
             self._in_use = (layer, set(needed))
             if self.settings.demote_after:
                 self._demote_idle(cache, set(needed))
+            if self.settings.disk_after:
+                self._spill_idle(cache, set(needed))
             if self._overflows(cache, needed):
                 weights = self._overflow(cache, needed)
             else:
@@ -500,6 +524,14 @@ class OffloadingExpertStore:
                 cache.demoted.add(e)
                 cache.stats.demotions += 1
 
+    def _spill_idle(self, cache: _LayerCache, needed: set[int]) -> None:
+        """Under the lock: host → disk for experts neither on the device nor used for disk_after steps."""
+        N, backing = self.settings.disk_after, cache.backing
+        for e in range(cache.num_experts):
+            if cache.slot_of[e] < 0 and e not in cache.loading and e not in needed and backing.at_host(e) \
+                    and cache.tick - cache.last_used[e] >= N:
+                backing.demote(e)
+
     def _promoted(self, cache: _LayerCache, e: int) -> None:
         if e in cache.demoted:
             cache.demoted.discard(e)
@@ -539,8 +571,7 @@ class OffloadingExpertStore:
         cache.expert_in[slot] = -1
 
     def _fill(self, cache: _LayerCache, e: int, slot: int, stream) -> None:
-        cache.backing.read(e, cache.dests(e, slot), stream)
-        self._count_bytes(cache, e)
+        self._count_bytes(cache, e, cache.backing.read(e, cache.dests(e, slot), stream))
 
     def _weights(self, cache: _LayerCache) -> ExpertWeights:
         E, C = cache.num_experts, cache.capacity
@@ -581,12 +612,11 @@ class OffloadingExpertStore:
                 dst.copy_(src)
         else:
             cache.stats.misses += 1
-            cache.backing.read(e, dests)
-            self._count_bytes(cache, e)
+            self._count_bytes(cache, e, cache.backing.read(e, dests))
 
-    def _count_bytes(self, cache: _LayerCache, e: int) -> None:
+    def _count_bytes(self, cache: _LayerCache, e: int, tier: str) -> None:
         n = cache.backing.layouts[e].nbytes
-        if cache.backing.tier == "disk":
+        if tier == "disk":
             cache.stats.bytes_disk += n
         else:
             cache.stats.bytes_host += n
@@ -646,13 +676,20 @@ class OffloadingExpertStore:
     def _tier_row(self, c: _LayerCache) -> dict:
         """Counters per tier: the device cache's residents, demotions, promotions; the backing tier's reads."""
         s, tier = c.stats, c.backing.tier
-        return {"device": {"resident": sum(e >= 0 for e in c.expert_in), "demotions": s.demotions,
-                           "promotions": s.promotions},
-                tier: {"reads": s.misses + s.prefetch_issued, "bytes": s.bytes_disk if tier == "disk" else s.bytes_host}}
+        row = {"device": {"resident": sum(e >= 0 for e in c.expert_in), "demotions": s.demotions,
+                          "promotions": s.promotions},
+               tier: {"reads": s.misses + s.prefetch_issued, "bytes": s.bytes_disk if tier == "disk" else s.bytes_host}}
+        if isinstance(c.backing, SpillingBacking):
+            n = c.backing.counts
+            row["host"] = {"reads": n.reads_host, "bytes": n.bytes_host}
+            row["disk"] = {"on_disk": c.backing.on_disk(), "writes": n.writes, "bytes_written": n.bytes_written,
+                           "reads": n.reads_disk, "bytes": n.bytes_disk, "demotions": n.demotions,
+                           "promotions": n.promotions}
+        return row
 
     def reset_stats(self) -> None:
         for c in self._caches.values():
-            c.stats = LayerStats()
+            _reset_counts(c)
 
     def drain(self) -> None:
         """Wait until the prefetch queue is empty and nothing is loading (tests, benchmarks)."""

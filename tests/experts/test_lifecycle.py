@@ -11,7 +11,7 @@ import torch
 from moetune.config import parse_config
 from moetune.engine.build import build_generator, warm_loads
 from moetune.engine.sampling import SamplingParams
-from moetune.errors import RecipeError
+from moetune.errors import MoetuneError, RecipeError
 from moetune.experts.offload import OffloadingExpertStore, OffloadSettings
 from moetune.experts.store import ExpertWeights
 from moetune.model.loader import read_spec
@@ -79,3 +79,47 @@ def test_a_loads_file_of_another_shape_is_one_recipe_error(checkpoint, tmp_path)
     (tmp_path / "loads.json").write_text(json.dumps([[1.0, 2.0]]))
     with pytest.raises(RecipeError, match="this model has 3 MoE layers × 7 experts"):
         _generator(path, {"resident_experts": 3, "warm_start": str(tmp_path / "loads.json")})
+
+
+def test_host_to_disk_demotion_never_changes_tokens_and_is_counted_per_tier(checkpoint, tmp_path):
+    """disk_after 1: idle host experts go to per-expert files and are promoted back on use (demand and
+    prefetch); tokens equal the resident model's; close() leaves no file behind."""
+    path = checkpoint("qwen3_moe", shard=False)
+    want = _tokens(_generator(path))
+    gen = _generator(path, {"resident_experts": 3, "demote_after": 1, "disk_after": 1, "dir": str(tmp_path / "d")})
+    assert _tokens(gen) == want
+    gen.model.experts.drain()
+    tiers = [row["tiers"] for row in gen.model.experts.stats().values()]
+    disk = {k: sum(t["disk"][k] for t in tiers) for k in ("writes", "reads", "bytes", "bytes_written",
+                                                          "demotions", "promotions")}
+    assert disk["writes"] > 0 and disk["demotions"] >= disk["writes"] and disk["reads"] == disk["promotions"] > 0
+    assert disk["bytes"] > 0 and disk["bytes_written"] > 0
+    assert sum(t["host"]["reads"] for t in tiers) > 0
+    assert list((tmp_path / "d").glob("*.blob")) and not list((tmp_path / "d").glob("*.tmp"))
+    gen.model.experts.close()
+    assert not list((tmp_path / "d").iterdir())
+
+
+def test_a_failed_disk_write_leaves_nothing_half_written_and_keeps_the_expert_at_host(tmp_path, monkeypatch):
+    layers = {0: _layer_experts(4)}
+    store = OffloadingExpertStore(layers, 1, OffloadSettings(1, prefetch_depth=0, disk_after=2, dir=str(tmp_path)))
+    want = store.acquire(0, torch.tensor([[2]]))
+    w2 = want.groups[0].w2.data[int(want.slots.physical(torch.tensor([[2]]))[0, 0])].clone()  # [D, I] expert 2
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", full)
+    with pytest.raises(MoetuneError) as info:
+        store.acquire(0, torch.tensor([[1]]))  # experts 0, 3 idle at host for two steps: written → fails
+    assert "\n" not in str(info.value) and "No space left on device" in str(info.value)
+    assert not list(tmp_path.iterdir())  # no .tmp, no partial .blob
+    monkeypatch.undo()
+    got = store.acquire(0, torch.tensor([[2]]))  # still readable (from host or disk): bit-identical
+    assert torch.equal(got.groups[0].w2.data[int(got.slots.physical(torch.tensor([[2]]))[0, 0])], w2)
+    store.close()
+
+
+def test_disk_after_with_the_disk_tier_is_one_recipe_error(checkpoint):
+    with pytest.raises(RecipeError, match="disk_after moves idle host experts to disk"):
+        _generator(checkpoint("qwen3_moe", shard=False), {"resident_experts": 3, "tier": "disk", "disk_after": 2})
