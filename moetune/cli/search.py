@@ -33,6 +33,9 @@ def search(
     max_kl: Optional[float] = typer.Option(None, "--max-kl", help="Constraint: KL (nats) of the low-bit expert mix "
                                            "vs full precision, measured by moetune eval on the trace's model "
                                            "(once per format × hot fraction, cached in OUT/quality.json)."),
+    max_dropped_fraction: Optional[float] = typer.Option(None, "--max-dropped-fraction", help="Constraint: share "
+                                                         "of expert copies a capacity_policy drop drops (0..1; "
+                                                         "simulated or measured)."),
     quality: bool = flag(False, "--quality", help="Measure each low-bit mix's KL / top-1 (as --max-kl does) "
                          "without a limit: columns in trials.csv and the report."),
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
@@ -55,6 +58,7 @@ def search(
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
         checks.number(name, value, 0, low_open=True)
     checks.number("--max-kl", max_kl, 0)
+    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
     checks.number("--remeasure", remeasure, 0)
     checks.number("--grace-s", grace_s, 2)
     out_dir = Path(out)
@@ -66,7 +70,8 @@ def search(
         raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
-                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl),
+                                   n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl,
+                                                                   max_dropped_fraction),
                                    heartbeat_s=max(1, grace_s // 3), grace_s=grace_s,
                                    allow_changed_inputs=allow_changed_inputs)
     from moetune.search.study.run import SearchSettings

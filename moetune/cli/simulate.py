@@ -51,6 +51,10 @@ def simulate(
     console.print(f"[bold]{setup.source.model.name}[/] on {setup.hardware.name} "
                   f"({setup.hardware.max_ranks} ranks available): {d.label()}, {m.workload} — all figures estimated")
     console.print(setup.calibrated_on(), highlight=False)
+    if setup.not_priced:
+        console.print(f"NOT as priced: {', '.join(setup.not_priced)} — the trace cannot replay them (the same "
+                      "keys search's simulate evaluator refuses); measure them with moetune bench or "
+                      "search --evaluator measure", highlight=False, soft_wrap=True)
     console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
     console.print(rich_table(metrics_table("Totals (estimated)", m)))
     if explain:

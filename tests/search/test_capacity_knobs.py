@@ -16,7 +16,7 @@ from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.simulate import Simulator
 from moetune.search.cost.source import TraceSource
-from moetune.search.study.optuna_study import StudySettings
+from moetune.search.study.optuna_study import Constraints, StudySettings
 from moetune.search.study.run import SearchSettings, run_search
 from moetune.search.study.setup import Inputs, prepare
 from tests.cli_run import moetune
@@ -77,11 +77,11 @@ def test_a_large_factor_changes_nothing_but_the_second_pass_launches():
     assert buffer.output_tok_s < none.output_tok_s  # an empty second pass still launches its kernels
 
 
-def _study(run_dir, tmp_path, space: str, n: int, name: str, hw="H200", evaluator=None):
+def _study(run_dir, tmp_path, space: str, n: int, name: str, hw="H200", evaluator=None, constraints=Constraints()):
     path = tmp_path / f"{name}.yaml"
     path.write_text(space)
     out = tmp_path / name
-    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", n, 0)
+    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", n, 0, constraints)
     return run_search(SearchSettings(Inputs(str(run_dir), hw), st, out, "simulate", str(path)),
                       evaluator=evaluator), out
 
@@ -150,3 +150,58 @@ def test_a_measured_study_runs_capacity_and_affinity_for_real_and_records_their_
     assert by[("drop", "affinity")].metrics["detail"]["distinct_experts_per_step"] > 0  # the engine tracks routing
     assert "distinct_experts_per_step" not in by[("drop", "fcfs")].metrics["detail"]
     assert load_recipe(out / "winner.yaml").engine.scheduling == result.winner.params["scheduling"]
+
+
+def test_max_dropped_fraction_makes_a_simulated_trial_that_drops_more_infeasible_with_the_reason(run_dir, tmp_path):
+    from moetune.search.study.evaluate import SimulateEvaluator
+
+    setup = prepare(Inputs(str(run_dir), "H200"))
+    sim = Simulator(skewed_source(setup.source.model, setup.workload), setup.hardware)
+    base = Deployment(max_num_seqs=8, max_num_batched_tokens=1024)
+    share = {f: sim.evaluate(replace(base, capacity_policy="drop", capacity_factor=f)).detail["dropped_fraction"]
+             for f in (1.0, 1.5)}
+    limit = (share[1.0] + share[1.5]) / 2  # factor 1.0 drops more than the limit, 1.5 less
+    space = FIXED + "capacity_policy: [drop, buffer]\ncapacity_factor: [1.0, 1.5]\n"
+    _, out = _study(run_dir, tmp_path, space, 4, "maxdrop", evaluator=SimulateEvaluator(sim, setup.workload),
+                    constraints=Constraints(max_dropped_fraction=limit))
+    rows = {(r["capacity_policy"], r["capacity_factor"]): r for r in csv.DictReader((out / "trials.csv").open())}
+    assert rows[("drop", "1.0")]["feasible"] in ("False", "false", "0")
+    assert f"over --max-dropped-fraction {limit:g}" in rows[("drop", "1.0")]["reason"]
+    assert rows[("drop", "1.0")]["reason"].startswith("dropped_fraction ")
+    assert all(rows[k]["feasible"] in ("True", "true", "1") and not rows[k]["reason"]
+               for k in (("drop", "1.5"), ("buffer", "1.0"), ("buffer", "1.5")))
+
+
+def test_max_dropped_fraction_judges_a_measured_trial_by_the_engines_counters(run_dir, tmp_path):
+    path = tmp_path / "measured.yaml"
+    path.write_text(FIXED + "capacity_policy: [drop, buffer]\ncapacity_factor: 1.0\n")
+    out = tmp_path / "measured"
+    st = StudySettings("m", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", 2, 0,
+                       Constraints(max_dropped_fraction=1e-6))
+    result = run_search(SearchSettings(Inputs(str(run_dir), "this-machine", num_requests=2, output_len=2), st, out,
+                                       "measure", str(path)))
+    by = {r.params["capacity_policy"]: r for r in result.rows}
+    assert by["drop"].metrics["detail"]["dropped_fraction"] > 1e-6
+    rows = {r["capacity_policy"]: r for r in csv.DictReader((out / "trials.csv").open())}
+    assert "over --max-dropped-fraction 1e-06" in rows["drop"]["reason"] and not rows["buffer"]["reason"]
+    assert result.winner.params["capacity_policy"] == "buffer"  # the only feasible one
+
+
+def test_simulate_labels_the_recipe_keys_it_prices_as_something_else(run_dir, tmp_path):
+    """Through the console script: affinity, history hints and reroute are priced as fcfs, router and no
+    capacity limit, and one line says so (search's simulate evaluator refuses the same keys)."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {path: stdlib-moe}\nengine: {scheduling: affinity}\n"
+                      "offload: {resident_fraction: 0.5, hints: history}\n"
+                      "parallel: {capacity_policy: reroute, capacity_factor: 1.25}\n")
+    got = moetune("simulate", "--trace", str(run_dir), "--recipe", str(recipe), "--hardware", "H100")
+    assert got.returncode == 0, got.stderr
+    lines = [ln for ln in got.stdout.splitlines() if "NOT as priced" in ln]
+    assert len(lines) == 1, got.stdout
+    for said in ("parallel.capacity_policy reroute (priced as no capacity limit)",
+                 "engine.scheduling affinity (priced as fcfs)", "offload.hints history (priced as router)"):
+        assert said in lines[0]
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("model: {path: stdlib-moe}\noffload: {resident_fraction: 0.5}\n")
+    got = moetune("simulate", "--trace", str(run_dir), "--recipe", str(plain), "--hardware", "H100")
+    assert got.returncode == 0 and "NOT as priced" not in got.stdout, got.stderr

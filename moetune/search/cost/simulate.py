@@ -85,6 +85,22 @@ def unpriced_reason(d: Deployment) -> str | None:
     return None
 
 
+def priced_instead(d: Deployment) -> tuple[Deployment, list[str]]:
+    """The nearest deployment the simulator prices, and each key `unpriced_reason` refuses in words
+    (recipe key, value, what it was priced as) — `moetune simulate --recipe` labels rather than refuses."""
+    notes, changes = [], {}
+    if d.capacity_policy == "reroute":
+        notes.append("parallel.capacity_policy reroute (priced as no capacity limit)")
+        changes["capacity_policy"] = "none"
+    if d.scheduling != "fcfs":
+        notes.append(f"engine.scheduling {d.scheduling} (priced as fcfs)")
+        changes["scheduling"] = "fcfs"
+    if d.offload_hints != "router" and d.offload_resident_fraction < 1 and d.offload_prefetch_depth:
+        notes.append(f"offload.hints {d.offload_hints} (priced as router)")
+        changes["offload_hints"] = "router"
+    return replace(d, **changes), notes
+
+
 @dataclass
 class Prepared:
     """Per-deployment arrays (placement-dependent), built once per trial."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moetune.search.cost.metrics import Metrics
+from moetune.search.cost.simulate import priced_instead
 from moetune.search.study.setup import Inputs, Setup, prepare
 from moetune.search.study.space import Deployment, Limits, from_config, prune
 
@@ -23,7 +24,8 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
     from moetune.errors import MoetuneError
 
     setup = prepare(inp)
-    d = from_config(setup.base, **(what_if or {}))
+    d, notes = priced_instead(from_config(setup.base, **(what_if or {})))
+    setup.not_priced = tuple(notes)
     if as_profile and setup.workload.mode == "burst":
         batch = min(setup.source.batch_size, setup.workload.num_requests)
         tokens = max(d.max_num_batched_tokens, batch * max(setup.workload.prompt_lens))

@@ -44,13 +44,15 @@ class Constraints:
     max_tpot_ms: float | None = None
     max_low_share: float | None = None  # share of copies on low-bit experts (the cheap stand-in)
     max_kl: float | None = None  # KL of the expert mix vs full precision (quality.py: measured by moetune eval)
+    max_dropped_fraction: float | None = None  # copies a capacity drops / all copies (simulated or measured)
 
     def _limits(self, m: Metrics) -> list[tuple[str, float | None, float]]:
         """(flag, limit, the metrics' value) of each constraint."""
         return [("--max-mem-gb", self.max_mem_gb, m.peak_mem_gb), ("--max-ttft-ms", self.max_ttft_ms, m.ttft_ms),
                 ("--max-tpot-ms", self.max_tpot_ms, m.tpot_ms),
                 ("--max-low-share", self.max_low_share, m.detail.get("low_precision_share", 0.0)),
-                ("--max-kl", self.max_kl, m.detail.get("kl", 0.0))]
+                ("--max-kl", self.max_kl, m.detail.get("kl", 0.0)),
+                ("--max-dropped-fraction", self.max_dropped_fraction, m.detail.get("dropped_fraction", 0.0))]
 
     def values(self, m: Metrics) -> list[float]:
         return [float(value - limit) for _, limit, value in self._limits(m) if limit is not None]
@@ -62,7 +64,7 @@ class Constraints:
 
     def count(self) -> int:
         return sum(x is not None for x in (self.max_mem_gb, self.max_ttft_ms, self.max_tpot_ms, self.max_low_share,
-                                           self.max_kl))
+                                           self.max_kl, self.max_dropped_fraction))
 
 
 @dataclass(frozen=True)

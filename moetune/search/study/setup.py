@@ -46,6 +46,7 @@ class Setup:
     base: RunConfig
     sim: Simulator
     calibration: Calibration | None = None  # this-machine: what it was calibrated on (None: a description)
+    not_priced: tuple[str, ...] = ()  # simulate --recipe: keys priced as something else (cost.simulate.priced_instead)
 
     def calibrated_on(self) -> str:
         """What the estimates are calibrated on: the calibration's label, or the hardware description's source."""
