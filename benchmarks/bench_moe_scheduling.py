@@ -1,12 +1,16 @@
 """MoE-aware scheduling on the bundled model: FCFS vs expert affinity, prefetch sources, capacity drop vs buffer.
 
-  python benchmarks/bench_moe_scheduling.py [--requests 32] [--output-len 32] [--max-num-seqs 4] [--runs 3]
-      [--arrival shuffled|alternating] [--part scheduling|prefetch|capacity|all]
+  python benchmarks/bench_moe_scheduling.py [--model PATH] [--requests 32] [--output-len 32] [--max-num-seqs 4]
+      [--runs 3] [--arrival shuffled|alternating] [--part scheduling|prefetch|capacity|all]
+      [--capacity-prompts 16] [--capacity-len 128]
+
+--model: a checkpoint directory (default: the bundled model); the 340M model is slow on 2 cores, so
+its runs take fewer requests, tokens and capacity prompts.
 
 Workload: two prompt families that route apart — code (the bundled held-out prompts: the model was
 trained on the standard library) and English prose (below) — interleaved in arrival order and
 shuffled with a fixed seed (or strictly alternating), all arriving at once (a burst: admission order is the scheduler's).
-Offloading keeps 25 % and 50 % of each layer's 16 experts resident (host tier, LRU, prefetch depth 1).
+Offloading keeps 25 % and 50 % of each layer's experts resident (host tier, LRU, prefetch depth 1).
 
 table 1, per residency × policy (fcfs / affinity), medians of --runs interleaved runs [min–max]:
   distinct experts/step   Σ over MoE layers of the distinct experts a step woke (all steps)
@@ -15,8 +19,9 @@ table 1, per residency × policy (fcfs / affinity), medians of --runs interleave
   decode tok/s            decode tokens / seconds in decode steps
   P99 latency             99th percentile of request latency (burst start → last token), seconds
 table 2, prefetch source (router-ahead / history / both) at 25 % resident, FCFS: hit rate, precision and
-  recall per source (over the whole run).
-table 3, capacity policy (none / drop / buffer) × factor (1.0 / 1.5): prefill seconds of 16 held-out prompts
+  recall per source (medians of --runs interleaved runs [min–max]).
+table 3, capacity policy (none / drop / buffer) × factor (1.0 / 1.5): prefill seconds of --capacity-prompts
+  held-out prompts (each cut to --capacity-len tokens)
   (median of --runs interleaved runs), KL / top-1 vs no limit (`moetune eval`'s agreement), copies dropped
   or buffered. Machine load is printed beside the tables: the figures are from a shared 2-core machine.
 """
@@ -58,8 +63,11 @@ def workload(n: int, arrival: str) -> list[str]:
     return texts
 
 
+MODEL: str | None = None  # --model (None: the bundled model)
+
+
 def generator(engine: dict, offload: dict | None = None, parallel: dict | None = None):
-    data = {"model": {"device": "cpu"}, "engine": engine, "parallel": parallel or {}}
+    data = {"model": {"device": "cpu", "path": MODEL}, "engine": engine, "parallel": parallel or {}}
     if offload is not None:
         data["offload"] = offload
     return build_generator(parse_config(data))
@@ -118,27 +126,39 @@ def scheduling_table(args, texts: list[str]) -> None:
 
 
 def prefetch_table(args, texts: list[str]) -> None:
+    from moetune.profile.finish import source_totals
+
+    gens = {h: generator({"max_num_seqs": args.max_num_seqs}, {"resident_fraction": 0.25, "prefetch_depth": 1,
+                                                               "hints": h}) for h in ("router", "history", "both")}
+    prompts = [gens["router"].encode(t) for t in texts]
+    rows = {h: [] for h in gens}
+    for _ in range(args.runs):  # interleaved
+        for h, gen in gens.items():
+            hit_rate = run_burst(gen, prompts, args.output_len)["hit_rate"]
+            gen.model.experts.drain()
+            rows[h].append((hit_rate, source_totals(list(gen.model.experts.stats().values()))))
     print("\n| hints | hit rate | router issued / precision / recall | history issued / precision / recall |")
     print("|---|---|---|---|")
-    for hints in ("router", "history", "both"):
-        gen = generator({"max_num_seqs": args.max_num_seqs},
-                        {"resident_fraction": 0.25, "prefetch_depth": 1, "hints": hints})
-        prompts = [gen.encode(t) for t in texts]
-        hit_rate = run_burst(gen, prompts, args.output_len)["hit_rate"]
-        gen.model.experts.drain()
-        from moetune.profile.finish import source_totals
+    for h, got in rows.items():
+        print(f"| {h} | {cell([r[0] for r in got], '.3f')} | {source_cells(got, 'router')} | "
+              f"{source_cells(got, 'history')} |")
+        gens[h].model.experts.close()
 
-        by = source_totals(list(gen.model.experts.stats().values()))
-        fmt = lambda s: (f"{by[s]['issued']} / " + (f"{by[s]['precision']:.2f}" if by[s]['precision'] is not None  # noqa: E731
-                         else "–") + " / " + (f"{by[s]['recall']:.2f}" if by[s]['recall'] is not None else "–"))
-        print(f"| {hints} | {hit_rate:.3f} | {fmt('router')} | {fmt('history')} |")
-        gen.model.experts.close()
+
+def source_cells(got: list[tuple[float, dict]], src: str) -> str:
+    """issued / precision / recall of one prefetch source over the runs (medians [min–max]; – when never issued)."""
+    issued = [r[1][src]["issued"] for r in got]
+    if not any(issued):
+        return "0 / – / –"
+    prec = [r[1][src]["precision"] for r in got if r[1][src]["precision"] is not None]
+    rec = [r[1][src]["recall"] for r in got if r[1][src]["recall"] is not None]
+    return f"{statistics.median(issued):.0f} / {cell(prec, '.2f')} / {cell(rec, '.2f') if rec else '–'}"
 
 
 def capacity_table(args) -> None:
-    texts = load_prompt_texts(bundled_asset("prompts/stdlib-heldout.jsonl"))[:16]
+    texts = load_prompt_texts(bundled_asset("prompts/stdlib-heldout.jsonl"))[:args.capacity_prompts]
     ref = generator({})
-    prompts = [ref.encode(t)[:128] for t in texts]
+    prompts = [ref.encode(t)[:args.capacity_len] for t in texts]
     cases = [("none", None)] + [(p, f) for f in (1.0, 1.5) for p in ("drop", "buffer")]
     gens = {c: generator({}, parallel={} if c[0] == "none" else {"capacity_factor": c[1], "capacity_policy": c[0]})
             for c in cases}
@@ -148,7 +168,7 @@ def capacity_table(args) -> None:
             start = time.perf_counter()
             gen.engine.runner.forward_prompts(prompts)
             times[c].append(time.perf_counter() - start)
-    print("\n| capacity | prefill s (16 prompts) | KL vs none | top-1 | copies dropped | copies buffered |")
+    print(f"\n| capacity | prefill s ({len(prompts)} prompts) | KL vs none | top-1 | copies dropped | copies buffered |")
     print("|---|---|---|---|---|---|")
     for c, gen in gens.items():
         capacity_counts(gen.model, reset=True)
@@ -162,14 +182,20 @@ def capacity_table(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--arrival", choices=["shuffled", "alternating"], default="shuffled")
     ap.add_argument("--part", choices=["scheduling", "prefetch", "capacity", "all"], default="all")
+    ap.add_argument("--capacity-prompts", type=int, default=16)
+    ap.add_argument("--capacity-len", type=int, default=128)
     args = ap.parse_args()
-    print(f"loadavg before: {open('/proc/loadavg').read().split()[:3]} ({os.cpu_count()} CPUs)")
+    global MODEL
+    MODEL = args.model
+    print(f"model: {MODEL or 'bundled'}; loadavg before: {open('/proc/loadavg').read().split()[:3]} "
+          f"({os.cpu_count()} CPUs)")
     texts = workload(args.requests, args.arrival)
     if args.part in ("scheduling", "all"):
         scheduling_table(args, texts)

@@ -435,6 +435,13 @@ CASES: list[Case] = [
          ("offload directory 'blocker'", "cannot be used"),
          prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n"
                                                           "  dir: blocker\n"))),
+    Case("offload-disk-after-dir-unusable", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("offload directory 'blocker'", "cannot be used"),
+         prep=both(write("blocker", "x"), write("r.yaml", "offload:\n  resident_experts: 3\n  disk_after: 2\n"
+                                                          "  dir: blocker\n"))),
+    Case("offload-disk-after-with-disk-tier", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
+         ("offload.disk_after", "tier host with disk_after"),
+         prep=write("r.yaml", "offload:\n  resident_experts: 3\n  tier: disk\n  disk_after: 2\n")),
     Case("offload-with-expert-parallelism", "offload", (*G, "-m", "{ck}", "-r", "{d}/r.yaml"), 1,
          ("offload with parallel.ep_size=7", "not supported yet", "ep_size 1"),
          prep=write("r.yaml", "parallel:\n  ep_size: 7\noffload:\n  resident_experts: 3\n")),
@@ -451,6 +458,8 @@ CASES: list[Case] = [
          ("quant_low_format", "not one of"), prep=write("space.yaml", "quant_low_format: int3\n")),
     Case("search-storage-unreachable", "search", (*S, "--storage", "nosuchdb://x"), 1, ("--storage",)),
     Case("search-max-kl-negative", "search", (*S, "--max-kl", "-0.01"), 1, ("--max-kl -0.01 must be >= 0",)),
+    Case("search-max-dropped-fraction-over-one", "search", (*S, "--max-dropped-fraction", "1.5"), 1,
+         ("--max-dropped-fraction 1.5 must be <= 1",)),
     Case("search-measure-off-machine", "search", (*S, "--evaluator", "measure"), 1,
          ("--hardware this-machine",)),
     Case("simulate-unknown-hardware", "search", ("simulate", "--trace", "{run}", "--hardware", "Z9000"), 1,
