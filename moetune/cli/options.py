@@ -55,6 +55,9 @@ InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: th
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
                               "cached per machine) | trace (the trace's own phase times).")
+SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
+                                 help="Speculation priced without a measured acceptance (the trace not profiled "
+                                      "with that speculator): per-token acceptance 0..1, labelled assumed.")
 RecalibrateOpt = flag(False, "--recalibrate", help="this-machine: measure the microbenchmarks again even "
                                                            "when cached.")
 # the workload of `simulate` and `search` (search/cost/schedule.py, steady.py); default: a burst
@@ -162,6 +165,7 @@ class TraceArgs:
     slo_tpot_ms: Optional[float] = None
     calibrate_on: str = "microbenchmarks"
     recalibrate: bool = False
+    spec_acceptance: Optional[float] = None
 
     def inputs(self):
         from moetune.search.study.setup import Inputs
@@ -186,7 +190,7 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
             ("slo_tpot_ms", Optional[float], SloTpotOpt)]
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
          ("scale_model", Optional[str], ScaleModelOpt), *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt),
-         ("recalibrate", bool, RecalibrateOpt)]
+         ("recalibrate", bool, RecalibrateOpt), ("spec_acceptance", Optional[float], SpecAcceptanceOpt)]
 
 
 def model_options(*groups: str):

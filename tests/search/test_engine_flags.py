@@ -186,7 +186,7 @@ def test_an_ngram_recipe_launches_with_the_engines_ngram_speculation(target):
     got = speculative_commands("ngram:4", target, GRID[::5])
     assert {e for e, _, _ in got} == {"vllm", "sglang"}
     for engine, f, text in got:
-        assert "speculative decoding: not priced by moetune's simulator" in text and "ngram:4" in text
+        assert "speculative decoding: priced" in text and "ngram:4" in text
         assert "NOT as priced" in text and "n-gram" in text  # the match rule neither engine has a flag for
         if engine == "vllm":  # moetune's lookup: suffixes of 3, else 2 tokens (engine/speculative/ngram.py)
             assert json.loads(f["--speculative-config"]) == {"method": "ngram", "num_speculative_tokens": 4,
@@ -203,7 +203,7 @@ def test_a_draft_model_recipe_launches_with_the_draft_model_and_its_k(draft):
         f"draft:{draft}:3", DSV3, GRID[1::7])
     sample = "/models/draft" if draft == "$DRAFT_DIR" else draft  # commands_of fills the placeholder in
     for engine, f, text in got:
-        assert "speculative decoding: not priced by moetune's simulator" in text
+        assert "speculative decoding: priced" in text
         assert ('DRAFT_DIR="${DRAFT_DIR:?' in text) == (draft == "$DRAFT_DIR")
         if engine == "vllm":
             assert json.loads(f["--speculative-config"]) == {"model": sample, "num_speculative_tokens": 3}
@@ -225,7 +225,7 @@ def test_the_draft_placeholder_expands_inside_vllms_json_in_a_shell(tmp_path):
     assert json.loads(out[out.index("--speculative-config") + 1]) == {"model": "/d/x", "num_speculative_tokens": 2}
 
 
-def test_a_search_on_a_speculative_recipe_emits_the_speculation_it_did_not_price(run_dir, tmp_path):
+def test_a_search_on_a_speculative_recipe_emits_the_speculation_it_priced(run_dir, tmp_path):
     from moetune.config import load_recipe
     from moetune.search.study.optuna_study import StudySettings
     from moetune.search.study.run import SearchSettings, run_search
@@ -238,11 +238,11 @@ def test_a_search_on_a_speculative_recipe_emits_the_speculation_it_did_not_price
                      "offload_resident_fraction: 1\n")
     out = tmp_path / "out"
     st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "tpe", 2, 0)
-    run_search(SearchSettings(Inputs(str(run_dir), "H200", recipe=str(recipe)), st, out, "simulate", str(space),
-                              hf_id="org/model"))
+    run_search(SearchSettings(Inputs(str(run_dir), "H200", recipe=str(recipe), spec_acceptance=0.6), st, out,
+                              "simulate", str(space), hf_id="org/model"))
     assert load_recipe(out / "winner.yaml").engine.speculative == "ngram:4"
     for engine, flag in (("vllm", "--speculative-config"), ("sglang", "--speculative-algorithm")):
         text = (out / f"winner.{engine}.sh").read_text()
         cmds = commands_of(text)
         assert cmds and all(check(engine, argv) is None for argv in cmds)
-        assert all(flag in argv for argv in cmds) and "not priced by moetune's simulator" in text
+        assert all(flag in argv for argv in cmds) and "speculative decoding: priced" in text

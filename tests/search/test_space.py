@@ -48,7 +48,7 @@ def test_every_knob_has_a_recipe_key_so_every_knob_is_searched():
     assert recipe_accepts("quant.low") and recipe_accepts("offload.prefetch_depth")  # optional sections
     assert recipe_accepts("parallel.ep_size") and not recipe_accepts("quant.warp") and not recipe_accepts("x.y")
     plain = {k.name for k in build_space(16, 8).knobs}
-    named_only = {"capacity_policy", "capacity_factor", "scheduling", "offload_hints"}  # in the space when named
+    named_only = {"capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative"}  # when named
     assert plain == {k.name for k in default_knobs(16, 8)} - named_only
     assert plain == {k.name for k in build_space(16, 8, what_if=True).knobs}
 

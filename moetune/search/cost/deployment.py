@@ -28,6 +28,7 @@ class Deployment:
     capacity_factor: float = 1.0  # C = ceil(factor · T · K / E) copies per expert and rank's step (moot at none)
     scheduling: str = "fcfs"  # fcfs | affinity: the engine's admission order (engine/affinity.py)
     offload_hints: str = "router"  # router | history | both: where prefetch predictions come from (moot resident)
+    speculative: str = "none"  # none | ngram:K | draft:DIR:K | mtp:K: drafts verified per decode (cost/speculative.py)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +51,8 @@ class Deployment:
             parts.append(self.scheduling)
         if self.offload_hints != "router":
             parts.append(f"hints={self.offload_hints}")
+        if self.speculative != "none":
+            parts.append(f"spec={self.speculative}")
         return " ".join(parts)
 
 

@@ -121,7 +121,8 @@ def _bench_config(cfg: RunConfig, plan: BenchPlan, keep_variant: bool = False) -
     B = max(plan.batches)
     per_seq = -(-(plan.prompt_len + plan.decodes + 2) // data["engine"]["block_size"])
     data["engine"].update(max_num_seqs=B, prefix_caching=False, num_kv_blocks=B * per_seq + 4,
-                          max_num_batched_tokens=max(data["engine"]["max_num_batched_tokens"], B * plan.prompt_len))
+                          max_num_batched_tokens=max(data["engine"]["max_num_batched_tokens"], B * plan.prompt_len),
+                          speculative=None)  # plain steps: the simulator prices the verify rows on them
     data["parallel"] = {}
     if not keep_variant:
         data["quant"] = data["offload"] = None

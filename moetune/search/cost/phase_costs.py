@@ -29,14 +29,17 @@ class StepRows:
     B: np.ndarray  # [R] sequences, for per-sequence calls (0 with fused kernels: no per-sequence calls)
     pairs: np.ndarray  # [R] attention (query, key) pairs
     context: np.ndarray  # [R] KV tokens read
-    sampled: np.ndarray  # [R] tokens sampled
+    sampled: np.ndarray  # [R] rows through the LM head (the tokens sampled; a verify's 1 + j rows each)
     R: int
+    spec_seqs: np.ndarray | None = None  # [R] decoding sequences that verified a draft (speculative.py)
 
     @classmethod
     def of(cls, s, t: int, grouped_experts: bool) -> "StepRows":
         T = (s.prefill[t] + s.decode[t]).astype(np.float64)
         B = s.seqs[t].astype(np.float64) * (0.0 if grouped_experts else 1.0)
-        return cls(T, B, s.pairs[t], s.context[t], s.sampled[t].astype(np.float64), len(T))
+        head = s.sampled[t] if s.logits is None else s.logits[t]
+        drafting = np.zeros(len(T)) if s.drafting is None else s.drafting[t].astype(np.float64)
+        return cls(T, B, s.pairs[t], s.context[t], head.astype(np.float64), len(T), drafting)
 
 
 @dataclass

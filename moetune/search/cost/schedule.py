@@ -59,6 +59,8 @@ class Schedule:
     first_step: np.ndarray  # [n] step that sampled each request's first token
     last_step: np.ndarray  # [n] step that sampled its last token
     arrive_step: np.ndarray | None = None  # [n] first step each request could be scheduled in (None: all 0)
+    logits: np.ndarray | None = None  # [S, R] rows through the LM head (None: the sampled tokens)
+    drafting: np.ndarray | None = None  # [S, R] decoding sequences that verified a draft (speculation)
 
     @property
     def num_steps(self) -> int:
@@ -77,10 +79,12 @@ class Replay:
     that finished in it."""
 
     def __init__(self, w: SimWorkload, ranks: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True):
+                 chunked_prefill: bool = True, spec=None):
         n = w.num_requests
         self.w, self.R, self.max_seqs, self.budget, self.chunked = w, ranks, max_num_seqs, max_num_batched_tokens, \
             chunked_prefill
+        self.spec = spec  # speculative.SpecPlan or None: decodes verify drafts (`_lookahead`)
+        self.credit = np.zeros(n)  # speculation: each sequence's expected tokens not yet emitted (< 1)
         self.computed = np.zeros(n, dtype=np.int64)  # tokens in the KV cache
         self.generated = np.zeros(n, dtype=np.int64)
         self.first, self.last, self.arrive_step = np.full(n, -1), np.full(n, -1), np.full(n, -1)
@@ -105,7 +109,8 @@ class Replay:
         """One lock-step: its [R, 6] counts and how many requests finished in it."""
         before = int((self.last >= 0).sum())
         row = [_rank_step(r, self.w, self.computed, self.generated, self.first, self.last, self.waiting[r],
-                          self.running[r], self.steps, self.max_seqs, self.budget, self.chunked)
+                          self.running[r], self.steps, self.max_seqs, self.budget, self.chunked, self.spec,
+                          self.credit)
                for r in range(self.R)]
         self.rows.append(row)
         if self.steps > 10_000_000:  # a bug guard: every step makes progress by construction
@@ -114,21 +119,21 @@ class Replay:
 
     def idle(self) -> None:
         """A step in which no rank has work (an open-loop gap until the next arrival)."""
-        self.rows.append([(0,) * 6] * self.R)
+        self.rows.append([(0,) * ROW] * self.R)
 
     def schedule(self) -> Schedule:
         S = self.steps
-        a = np.array(self.rows, dtype=np.int64).reshape(S, self.R, 6)
+        a = np.array(self.rows, dtype=np.int64).reshape(S, self.R, ROW)
         return Schedule(a[..., 0], a[..., 1], a[..., 2], a[..., 3], a[..., 4], a[..., 5], self.first, self.last,
-                        self.arrive_step)
+                        self.arrive_step, a[..., 6], a[..., 7])
 
 
 def simulate_schedule(w: SimWorkload, ranks: int, max_num_seqs: int, max_num_batched_tokens: int,
-                      chunked_prefill: bool = True) -> Schedule:
+                      chunked_prefill: bool = True, spec=None) -> Schedule:
     """The whole schedule of a `burst` or `concurrency` workload (a `rate` one is driven by the clock)."""
     if w.mode == "rate":
         raise ValueError("a rate workload's schedule depends on step times: Simulator.evaluate drives it")
-    rp = Replay(w, ranks, max_num_seqs, max_num_batched_tokens, chunked_prefill)
+    rp = Replay(w, ranks, max_num_seqs, max_num_batched_tokens, chunked_prefill, spec)
     n = w.num_requests
     cap = n if w.mode == "burst" else min(n, max(1, w.concurrency))
     for i in range(cap):
@@ -140,9 +145,13 @@ def simulate_schedule(w: SimWorkload, ranks: int, max_num_seqs: int, max_num_bat
     return rp.schedule()
 
 
-def _rank_step(r, w, computed, generated, first, last, waiting, running, step, max_seqs, budget, chunked):
-    prefill = decode = pairs = context = sampled = 0
-    scheduled = []
+ROW = 8  # a rank's step: prefill, decode rows, pairs, context, sampled, seqs, logits rows, drafting seqs
+
+
+def _rank_step(r, w, computed, generated, first, last, waiting, running, step, max_seqs, budget, chunked,
+               spec=None, credit=None):
+    prefill = decode = 0
+    scheduled = []  # [request, tokens computed, draft tokens verified]
     for i in list(running):
         if budget == 0:
             break
@@ -153,10 +162,8 @@ def _rank_step(r, w, computed, generated, first, last, waiting, running, step, m
         else:
             take = 1
             decode += 1
-        pairs += take * computed[i] + take * (take + 1) // 2
-        context += computed[i] + take
         budget -= take
-        scheduled.append((i, take))
+        scheduled.append([i, take, 0])
     while waiting and budget > 0 and len(running) < max_seqs:
         i = waiting[0]
         take = min(w.prompt_lens[i], budget)
@@ -165,18 +172,46 @@ def _rank_step(r, w, computed, generated, first, last, waiting, running, step, m
         waiting.pop(0)
         running.append(i)
         prefill += take
-        pairs += take * (take + 1) // 2
-        context += take
         budget -= take
-        scheduled.append((i, take))
-    for i, take in scheduled:
-        computed[i] += take
-        if computed[i] >= w.prompt_lens[i]:  # prompt done (this step or earlier): a token is sampled
-            generated[i] += 1
-            sampled += 1
-            if generated[i] == 1:
+        scheduled.append([i, take, 0])
+    if spec is not None:
+        decode += _lookahead(w, spec.k, computed, generated, scheduled, budget)
+    pairs = context = sampled = logits = drafting = 0
+    for i, take, j in scheduled:
+        pairs += take * computed[i] + take * (take + 1) // 2
+        context += computed[i] + take
+        if j:  # a verify: the last token and the accepted drafts kept (speculative.py: expected tokens)
+            credit[i] += spec.tokens(j)
+            n = min(int(credit[i]), w.output_len - generated[i])
+            credit[i] -= int(credit[i])
+            computed[i] += n
+            new, logits, drafting = n, logits + take, drafting + 1
+        else:
+            computed[i] += take
+            new = 1 if computed[i] >= w.prompt_lens[i] else 0  # prompt done (this step or earlier): a token
+            logits += new
+        if new:
+            generated[i] += new
+            sampled += new
+            if generated[i] == new:
                 first[i] = step
             if generated[i] >= w.output_len:
                 last[i] = step
                 running.remove(i)
-    return prefill, decode, pairs, context, sampled, len(scheduled)
+    return prefill, decode, pairs, context, sampled, len(scheduled), logits, drafting
+
+
+def _lookahead(w, k: int, computed, generated, scheduled: list, budget: int) -> int:
+    """Extend the decodes with draft tokens from the budget left, in order (the engine's scheduler:
+    up to k each, fewer near the sequence's last token); returns the rows added."""
+    added = 0
+    for entry in scheduled:
+        i, take, _ = entry
+        if take != 1 or computed[i] < w.prompt_lens[i] or budget == 0:
+            continue
+        j = min(k, w.output_len - generated[i] - 1, budget)
+        if j > 0:
+            entry[1], entry[2] = 1 + j, j
+            budget -= j
+            added += j
+    return added

@@ -34,6 +34,11 @@ lacks; affinity scheduling and history prefetch hints change which requests shar
 is resident, which the trace cannot say without a model of their predictors: not priced here
 (`unpriced_reason`; the study's simulate evaluator refuses them, the measure evaluator runs them).
 
+With speculative decoding (speculative.py) a decode verifies j drafts: the schedule gives it 1 + j
+rows (attention pairs, experts from the trace's next rows at that count, LM head on every row) and
+1 + Σ p^i expected tokens; the drafter is its own line `draft`; on this-machine a verify step is
+priced on the unfused path (the engine's fused decode layer takes one-token decodes only).
+
 A replicated expert's copies split evenly over its replicas (token-index splitting gives that on
 average); replica j of an expert is active when the expert has more than j copies.
 
@@ -52,6 +57,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from moetune.search.cost import phase_costs as costs
+from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
 from moetune.search.cost.deployment import Deployment, resident_slots
 from moetune.search.cost.formats import expert_bytes
@@ -132,6 +138,8 @@ class Simulator:
         # deployment whose path the base microbenchmarks did not run is timed on its own (`own_path`)
         self.base_config = None
         self.config_of = None
+        self.spec_acceptance: float | None = None  # --spec-acceptance: assumed where the trace did not measure it
+        self._draft_models: dict = {}
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -140,6 +148,14 @@ class Simulator:
         per_expert = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format,
                                   d.quant_hot_fraction, m.D).mean()
         return rank_memory(m, d, self.src.workload, self.b, float(per_expert))
+
+    def spec_plan(self, d: Deployment) -> "spec_costs.SpecPlan | None":
+        """The speculation priced for d (cost/speculative.py): measured acceptance first, else assumed."""
+        return spec_costs.make_plan(d.speculative, self.src.speculative, self.spec_acceptance)
+
+    def spec_reason(self, d: Deployment) -> str | None:
+        """Why d's speculation cannot be priced (no acceptance known), or None."""
+        return spec_costs.plan_reason(d.speculative, self.src.speculative, self.spec_acceptance)
 
     def memory_reason(self, d: Deployment) -> str | None:
         return memory_reason(self.memory(d), self.hw, d.ep_size * tp_costs.group_size(d))
@@ -163,10 +179,11 @@ class Simulator:
         return self._metrics(d, w, sched, step_s, phases, detail, arrival)
 
     def schedule(self, d: Deployment, w: SimWorkload) -> Schedule:
-        key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w)
+        plan = self.spec_plan(d)
+        key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w, plan)
         if key not in self._schedules:
             self._schedules[key] = simulate_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
-                                                     self.chunked)
+                                                     self.chunked, plan)
         return self._schedules[key]
 
     def prepare(self, d: Deployment) -> Prepared:
@@ -266,7 +283,8 @@ class Simulator:
         """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
         then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
         ctx = self._pricing(d)
-        totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy)
+        totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy,
+                              ctx.spec is not None)
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
             if self.on_step is not None:
@@ -277,10 +295,10 @@ class Simulator:
         """A `rate` workload: requests join when the clock passes their Poisson arrival; a gap with no
         work is an idle step (no tokens, its seconds only)."""
         arrivals = poisson_arrivals(w.num_requests, w.rate, w.seed)  # [n]
-        rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked)
         ctx = self._pricing(d)
+        rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked, ctx.spec)
         one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0,  # step t priced into row 0, then copied out
-                           d.capacity_policy)
+                           d.capacity_policy, ctx.spec is not None)
         names = tuple(one.phases)
         step_s, lines, clock, n = [], {p: [] for p in names}, 0.0, w.num_requests
         while rp.arrived < n or rp.has_work():
@@ -311,7 +329,8 @@ class Simulator:
         own = self.own_path(d)
         if own is not None and own[0] in ("ep", "tp") and f"compute/{self._kind}" in own[1]:
             return own[1][f"compute/{self._kind}"].value
-        fused = d.ep_size * tp_costs.group_size(d) == 1 and d.capacity_policy not in CAPACITY_PRICED
+        fused = (d.ep_size * tp_costs.group_size(d) == 1 and d.capacity_policy not in CAPACITY_PRICED
+                 and d.speculative == "none")  # a verify entry keeps the step off the fused decode layer
         factor = self.cal.path_factor(self._kind, 1 if fused else 2)
         if own is not None and own[0] == "variant" and self._kind in own[1]:
             factor *= own[1][self._kind].value
@@ -349,7 +368,15 @@ class Simulator:
         own = self.own_path(d) if self.cal is not None else None
         # a TP group timed on its own: its compute factor is over the whole model's one-rank path
         view = self if own is not None and own[0] == "tp" else self.rank_view(d)
-        return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat)
+        plan = self.spec_plan(d)
+        draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
+        return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
+
+    def draft_model(self, path: str):
+        """The draft checkpoint's SimModel (read once)."""
+        if path not in self._draft_models:
+            self._draft_models[path] = spec_costs.draft_model_of(path)
+        return self._draft_models[path]
 
     def tp_measured(self, d: Deployment, own, kind: str) -> tuple[float, float | None, float] | None:
         """this-machine, a TP group timed on its own: (all-reduce α, gather α, link B/s) from the measured
@@ -405,6 +432,9 @@ class Simulator:
         totals.inter_bytes += a2a.inter_node_bytes
         _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
                   costs.other(sim, st, step_lat), len(m.dense_I), overflow)
+        if ctx.spec is not None:  # the drafter's own passes (cost/speculative.py), on the step's critical path
+            peek = ctx.trace.peek(int(st.spec_seqs.max()), m)[-1]  # [E] the next decode rows' last MoE layer
+            totals.add_line(t, "draft", spec_costs.draft_seconds(sim, ctx.spec, st, peek, ctx.draft))
         if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
             keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
             totals.scale_step(t, sim.path_factor(d), keep)
@@ -418,6 +448,9 @@ class Simulator:
                  detail: dict, arrival_s: np.ndarray | None) -> Metrics:
         mem = self.memory(d)
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps)}
+        plan = self.spec_plan(d)
+        if plan is not None:
+            detail["speculative"] = {**plan.as_dict(), "draft_s": float(phases.get("draft", np.zeros(1)).sum())}
         return summarize_steps(True, d.ep_size * tp_costs.group_size(d), w, s.prefill.sum(1), s.decode.sum(1),
                                s.sampled.sum(1), step_s, s.first_step, s.last_step, mem.total, phases, detail, arrival_s)
 
@@ -430,7 +463,8 @@ def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode
     end = np.cumsum(step_s)
     has_prefill = prefill > 0
     decode_only = ~has_prefill & (decode > 0)
-    pre_s, dec_s = step_s[has_prefill].sum(), step_s[decode_only].sum()
+    pre_s, dec_s = step_s[has_prefill].sum(), step_s[decode_only].sum()  # decode tok/s: tokens emitted (a
+    # decode-only step samples one per decode, a verify 1 to k + 1 per sequence)
     makespan = float(end[-1]) if len(end) else 0.0
     ttft = end[np.asarray(first)] if len(first) else np.zeros(1)
     tpot = ((end[np.asarray(last)] - ttft) / max(w.output_len - 1, 1)) if len(last) else np.zeros(1)
@@ -438,7 +472,7 @@ def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode
     m = Metrics(
         estimated=estimated,
         prefill_tok_s=float(prefill.sum() / pre_s) if pre_s > 0 else 0.0,
-        decode_tok_s=float(decode[decode_only].sum() / dec_s) if dec_s > 0 else 0.0,
+        decode_tok_s=float(sampled[decode_only].sum() / dec_s) if dec_s > 0 else 0.0,
         output_tok_s=generated / makespan if makespan > 0 else 0.0,
         output_tok_s_per_rank=generated / makespan / ranks if makespan > 0 else 0.0,
         ttft_ms=float(1e3 * np.median(ttft)), tpot_ms=float(1e3 * np.median(tpot)),
@@ -482,6 +516,11 @@ class TraceRows:
     def __init__(self, src: TraceSource):
         self.src, self.pre_cursor, self.dec_cursor = src, 0, 0
         self._prefix: dict[int, np.ndarray | None] = {}
+
+    def peek(self, n: int, m) -> np.ndarray:
+        """[Lm, E] copies per expert of the next n decode rows, the cursor left where it is."""
+        decode = self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids
+        return self._run(decode, self.dec_cursor, n, m) if n else np.zeros((m.Lm, m.E))
 
     def counts(self, s: Schedule, t: int, m) -> np.ndarray:
         """[R, Lm, E] copies per expert that each rank's tokens of step t send."""
@@ -544,12 +583,14 @@ class Pricing:
     links: costs.Links
     sim: "Simulator"  # one rank's view (rank_view: its TP shapes)
     tp_lat: float  # the TP group's all-reduce latency (0: no TP)
+    spec: "spec_costs.SpecPlan | None" = None  # speculative decoding priced (None: plain decodes)
+    draft: object = None  # the draft checkpoint's SimModel (draft:DIR:K)
 
 
 def _one_step(row: np.ndarray) -> Schedule:
     """A one-step Schedule of an [R, 6] row (what the per-step pricing reads)."""
     none = np.zeros(0, dtype=np.int64)
-    return Schedule(*(row[None, :, k] for k in range(6)), none, none)
+    return Schedule(*(row[None, :, k] for k in range(6)), none, none, None, row[None, :, 6], row[None, :, 7])
 
 
 @dataclass
@@ -568,15 +609,22 @@ class Totals:
     over: float = 0.0  # of which beyond capacity: dropped (drop) or in the second pass (buffer)
 
     @classmethod
-    def empty(cls, S: int, Lm: int, R: int, tp: bool = False, capacity: str = "none") -> "Totals":
+    def empty(cls, S: int, Lm: int, R: int, tp: bool = False, capacity: str = "none",
+              spec: bool = False) -> "Totals":
         capacity = capacity if capacity in CAPACITY_PRICED else "none"
         names = (PHASES + (tp_costs.TP_PHASES if tp else ())  # the TP lines only where TP runs
-                 + (("overflow",) if capacity == "buffer" else ()))  # the second pass only under buffer
+                 + (("overflow",) if capacity == "buffer" else ())  # the second pass only under buffer
+                 + (("draft",) if spec else ()))  # the drafter only under speculation
         return cls(np.zeros(S), {k: np.zeros(S) for k in names}, np.zeros((Lm, R)), capacity=capacity)
 
     def add_capacity(self, split: costs.CapacitySplit, counts: np.ndarray) -> None:
         self.routed += float(counts.sum())
         self.over += float(split.over.sum())
+
+    def add_line(self, t: int, phase: str, seconds: float) -> None:
+        """One more piece on step t's critical path, its own phase line."""
+        self.phases[phase][t] = seconds
+        self.step_s[t] += seconds
 
     def add_tp(self, t: int, seconds: dict[str, float]) -> None:
         """Step t's tensor-parallel collectives: each its own phase line, all on the step's critical path."""

@@ -29,6 +29,7 @@ class TraceSource:
     tables: object = None  # the run's RunTables (phase times: calibrate.py)
     prompts: str | None = None  # the prompts file the run used (the measure evaluator reuses it)
     machine_state: dict | None = None  # env.json `machine`: the machine the timings were taken on
+    speculative: dict | None = None  # summary.json `speculative`: the profile's acceptance (cost/speculative.py)
 
     def with_workload(self, w: SimWorkload) -> "TraceSource":
         from dataclasses import replace
@@ -64,7 +65,8 @@ def load_source(run_dir: str | Path, scale_config: str | None = None) -> TraceSo
     return TraceSource(Path(run_dir), model, ids[kinds != 1], ids[kinds == 1], loads.astype(np.float64),
                        SimWorkload(prompt_lens, int(w["output_len"])), int(w["batch_size"]),
                        str(run.env.get("device", {}).get("type", run.summary["model"].get("device", "?"))),
-                       model_path, scaled, run.tables, w.get("prompts"), run.env.get("machine"))
+                       model_path, scaled, run.tables, w.get("prompts"), run.env.get("machine"),
+                       run.summary.get("speculative"))
 
 
 def _prompt_lens(run, w: dict) -> tuple[int, ...]:

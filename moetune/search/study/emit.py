@@ -61,12 +61,13 @@ def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | 
              (f"; run it {launch.instances} times (one per replica, each on its own GPUs) behind a load balancer"
               if launch.instances > 1 else "")]
     if launch.speculative:
-        lines.append(f"# speculative decoding: not priced by moetune's simulator (engine.speculative "
-                     f"{launch.speculative}; the simulated figures here are without it)")
+        lines.append(f"# speculative decoding: priced (engine.speculative {launch.speculative}: the verify steps' "
+                     "rows and experts, the drafter, the accepted tokens per step; the figures here include it)")
     if launch.unsupported or launch.speculative_gaps:
         lines.append(f"# NOT as priced — no {table.title()} flag for:")
         lines += [f"#   - {u}" for u in launch.unsupported]
-        lines += [f"#   - speculative decoding (not priced, so not re-priced): {u}" for u in launch.speculative_gaps]
+        lines += [f"#   - speculative decoding (priced with moetune's speculator, so its acceptance may differ "
+                  f"here; not re-priced): {u}" for u in launch.speculative_gaps]
     lines.append(_as_run_line(table.title(), launch, as_run))
     lines += ["# notes:", *(f"#   - {x}" for x in launch.notes)] if launch.notes else []
     lines.append("set -euo pipefail")

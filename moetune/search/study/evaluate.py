@@ -31,7 +31,7 @@ class SimulateEvaluator:
     name: str = "simulate"
 
     def check(self, d: Deployment) -> str | None:
-        return unpriced_reason(d) or self.sim.memory_reason(d)
+        return unpriced_reason(d) or self.sim.spec_reason(d) or self.sim.memory_reason(d)
 
     def evaluate(self, d: Deployment) -> Metrics:
         return self.sim.evaluate(d, self.workload)

@@ -10,7 +10,8 @@ The engine's own counters over the timed requests (the warm-up's taken off) go i
 under a capacity, dropped_fraction / buffered_fraction = copies dropped / buffered over the copies
 routed (tokens computed × K × MoE layers); with offloading, cache_hit_rate and prefetch_precision;
 where the engine tracks routing (affinity scheduling, history hints), distinct_experts_per_step
-(Σ over MoE layers of the experts a step wakes, mean over the timed steps).
+(Σ over MoE layers of the experts a step wakes, mean over the timed steps); with engine.speculative,
+spec_acceptance_rate (accepted / drafted tokens) and spec_tokens_per_verify ((accepted + verified) / verified).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def engine_counters(dp) -> dict:
     model = dp.model
     out = {**capacity_counts(model), "moe_layers": sum(isinstance(x.mlp, MoELayer) for x in model.layers),
            "top_k": model.spec.moe.router.top_k, "computed": dp.engine.stats.computed_tokens,
-           "distinct": list(dp.engine.stats.distinct_experts)}
+           "distinct": list(dp.engine.stats.distinct_experts), "verified": dp.engine.stats.verified,
+           "draft_tokens": dp.engine.stats.draft_tokens, "accepted_tokens": dp.engine.stats.accepted_tokens}
     stats = model.experts.stats() if hasattr(model.experts, "stats") else {}
     for key in ("hits", "misses", "prefetch_issued", "prefetch_used"):
         out[key] = sum(row[key] for row in stats.values()) if stats else None
@@ -105,6 +107,10 @@ def counter_detail(ranks: list[dict], capacity_policy: str) -> dict:
         out["cache_hit_rate"] = sum(x["hits"] for x in c) / sum(x["hits"] + x["misses"] for x in c)
         issued = sum(x["prefetch_issued"] for x in c)
         out["prefetch_precision"] = sum(x["prefetch_used"] for x in c) / issued if issued else 0.0
+    drafted, verified = sum(x["draft_tokens"] for x in c), sum(x["verified"] for x in c)
+    if drafted:
+        accepted = sum(x["accepted_tokens"] for x in c)
+        out.update(spec_acceptance_rate=accepted / drafted, spec_tokens_per_verify=(accepted + verified) / verified)
     distinct = [d for x in c for d in x["distinct"]]
     if distinct:
         out["distinct_experts_per_step"] = sum(distinct) / len(distinct)

@@ -31,7 +31,7 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
         tokens = max(d.max_num_batched_tokens, batch * max(setup.workload.prompt_lens))
         d = replace(d, max_num_seqs=batch, max_num_batched_tokens=tokens)
     reason = _invalid(d, setup.limits())
-    reason = reason or setup.sim.memory_reason(d)
+    reason = reason or setup.sim.spec_reason(d) or setup.sim.memory_reason(d)
     if reason:
         raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")
     if explain:

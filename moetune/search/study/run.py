@@ -150,7 +150,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
     chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, winner_base(settings, setup), chosen, winner.metrics, how, setup.source.model,
-                                setup.source.loads, serve_target(settings, setup),
+                                setup.source.loads, serve_target(settings, setup, chosen),
                                 engine_price(settings, setup, evaluator), setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     win = Metrics(**winner.metrics)
@@ -189,9 +189,10 @@ def winner_base(settings: SearchSettings, setup: Setup):
     return parse_config(data, source="search winner")
 
 
-def serve_target(settings: SearchSettings, setup: Setup):
+def serve_target(settings: SearchSettings, setup: Setup, winner=None):
     """What the emitted engine launches serve: --hf-id, else this run's own checkpoint directory (not
-    for a scaled model), else the $MODEL_DIR placeholder."""
+    for a scaled model), else the $MODEL_DIR placeholder; the winner's speculation (its `speculative`
+    knob, the base recipe's without a winner)."""
     from moetune.search.study.launch import ServeTarget
 
     m, src = setup.source.model, setup.source
@@ -200,8 +201,10 @@ def serve_target(settings: SearchSettings, setup: Setup):
         from moetune.model.registry import resolve_model
 
         model_id = str(resolve_model(src.model_path))
+    spec = setup.base.engine.speculative if winner is None else (
+        None if winner.speculative == "none" else winner.speculative)
     return ServeTarget(model_id or "$MODEL_DIR", m.model_type, m.expert_groups, setup.hardware.ranks_per_node,
-                       setup.hardware.name, served_speculative(setup.base.engine.speculative, src.scaled_from))
+                       setup.hardware.name, served_speculative(spec, src.scaled_from))
 
 
 def served_speculative(text: str | None, scaled_from):

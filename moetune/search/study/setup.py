@@ -36,6 +36,7 @@ class Inputs:
     arrival_seed: int = 0
     slo_ttft_ms: float | None = None  # goodput's per-request limits
     slo_tpot_ms: float | None = None
+    spec_acceptance: float | None = None  # speculation's per-token acceptance where the trace did not measure it
 
 
 @dataclass
@@ -57,8 +58,11 @@ class Setup:
     def limits(self) -> Limits:
         """What the pruning rules need (the most requests in flight: each replica's in a steady state)."""
         m = self.source.model
+        from moetune.search.cost.speculative import mtp_layers
+
+        mtp = mtp_layers(self.source.model_path) if self.source.scaled_from is None else 0
         return Limits(m.E, m.K, self.hardware.max_ranks, self.workload.most_in_flight, self.workload.mode != "burst",
-                      model=m)
+                      model=m, mtp_layers=mtp)
 
 
 def prepare(inp: Inputs) -> Setup:
@@ -76,6 +80,7 @@ def prepare(inp: Inputs) -> Setup:
     source = source.with_workload(w)
     hw, cal = hardware_for(inp, source, base)
     sim = Simulator(source, hw, base.engine.chunked_prefill, cal.multipliers() if cal else None, cal)
+    sim.spec_acceptance = inp.spec_acceptance
     if cal is not None and cal.source == "microbenchmarks":  # a recipe path of its own is timed on its own
         from moetune.search.cost.calibrate import priced_config
         sim.base_config = priced_config(source, base)

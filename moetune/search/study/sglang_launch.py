@@ -10,7 +10,7 @@
 | quant fp8 | `--quantization fp8` (online; also attention and dense layers) | experts as priced |
 | quant int8 / int4, offload | no flag for a full-precision checkpoint (w8a8_int8 / moe_wna16 need pre-quantized weights) | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
-| engine.speculative (recipe) | `--speculative-algorithm NGRAM` / `STANDALONE` with its draft-token flags (speculative_launch.py) | not priced by moetune's simulator |
+| engine.speculative (recipe) | `--speculative-algorithm NGRAM` / `STANDALONE` with its draft-token flags (speculative_launch.py) | priced by moetune's simulator (cost/speculative.py) |
 | multi-node | `--nnodes n --node-rank k --dist-init-addr $HEAD_IP:5000` | — |
 """
 

@@ -20,6 +20,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | capacity_factor | parallel.capacity_factor | 1.0, 1.25, 1.5, 2.0 (any factor > 0) | — (moot with policy none) |
 | scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
 | offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
+| speculative | engine.speculative (searched when --space names it) | none, ngram:K, draft:DIR:K, mtp:K (1 <= K <= 16) | a TP group (the engine verifies on one group only); mtp:K on a model without MTP layers (config.json num_nextn_predict_layers); a value the recipe refuses; simulate: no acceptance known (neither the trace's profile with that speculator nor --spec-acceptance) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
@@ -56,7 +57,7 @@ from moetune.search.cost.tp import group_size, tp_reason
 PRICED_ONLY = ("replicas",)  # searched by default though no recipe key says them
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
-NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints")  # in the space when --space
+NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative")  # in the space when --space
 # names them; else the base recipe's values, and out of the grid (params, trials.csv) where those are neutral
 
 
@@ -101,6 +102,8 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
              "per-expert capacity C = ceil(factor · T · K / E) per rank's step"),
         Knob("scheduling", "engine.scheduling", ("fcfs", "affinity"), "admission order"),
         Knob("offload_hints", "offload.hints", ("router", "history", "both"), "where prefetch predictions come from"),
+        Knob("speculative", "engine.speculative", ("none", "ngram:2", "ngram:4", "mtp:1", "mtp:2"),
+             "speculator × draft tokens verified per decode (any ngram:K, draft:DIR:K, mtp:K)"),
     ]
 
 
@@ -175,6 +178,8 @@ def _coerce(knob: Knob, value: Any):
     if kind is str:
         if knob.name == "placement" and (str(value).endswith(".json")):
             return str(value)
+        if knob.name == "speculative":
+            return _speculative_value(value)
         if str(value) not in knob.values:
             raise SpaceError(f"--space: knob '{knob.name}' value {value!r} is not one of {list(knob.values)}")
         return str(value)
@@ -187,6 +192,16 @@ def _coerce(knob: Knob, value: Any):
     if knob.name == "capacity_factor" and not coerced > 0:
         raise SpaceError(f"--space: knob 'capacity_factor' value {value!r} must be positive")
     return coerced
+
+
+def _speculative_value(value: Any) -> str:
+    from moetune.search.cost.speculative import parse_knob
+
+    try:
+        parse_knob(str(value))
+    except ValueError as exc:
+        raise SpaceError(f"--space: knob 'speculative': {exc}") from None
+    return str(value)
 
 
 def read_space_file(path: str | Path) -> dict:
@@ -205,6 +220,7 @@ class Limits:
     requests: int  # the most requests in flight at once (all ranks; the workload's most_in_flight)
     per_replica: bool = False  # True: `requests` is each replica's (steady state); False: split over replicas
     model: SimModel | None = None  # the sizes a tensor-parallel split must divide (None: not checked)
+    mtp_layers: int = 0  # the model's MTP modules (config.json num_nextn_predict_layers): what mtp:K drafts with
 
 
 def prune(d: Deployment, lim: Limits) -> str | None:
@@ -230,7 +246,25 @@ def prune(d: Deployment, lim: Limits) -> str | None:
                 "(not one decode per running sequence)")
     if d.offload_resident_fraction < 1 and R > 1:  # RunConfig refuses the pair: never a trial, never a winner
         return f"offload with ep_size {R} is not supported yet (offloading runs on one rank)"
-    return _prune_what_if(d, lim)
+    return _prune_speculative(d, lim) or _prune_what_if(d, lim)
+
+
+def _prune_speculative(d: Deployment, lim: Limits) -> str | None:
+    """Speculation the engine cannot run: on a TP group, MTP without MTP layers, a value RunConfig refuses."""
+    if d.speculative == "none":
+        return None
+    from moetune.config import parse_speculative
+
+    if group_size(d) > 1:  # RunConfig refuses the pair (config.py): never a trial, never a winner
+        return (f"speculative {d.speculative} with a tensor-parallel group of {group_size(d)} is not supported yet "
+                "(the engine verifies drafts on one group only)")
+    if d.speculative.startswith("mtp:") and lim.mtp_layers < 1:
+        return f"speculative {d.speculative}: the model has no MTP layers (config.json num_nextn_predict_layers)"
+    try:
+        parse_speculative(d.speculative)
+    except ValueError as exc:
+        return f"engine.speculative: {exc}"
+    return None
 
 
 def _prune_tp(d: Deployment, lim: Limits) -> str | None:
@@ -314,6 +348,7 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None,
         section, _, name = knob.key.partition(".")
         if section in ("parallel", "engine") and recipe_accepts(knob.key) and not name.startswith("capacity_"):
             data[section][name] = values[knob.name]
+    data["engine"]["speculative"] = None if d.speculative == "none" else d.speculative
     data["parallel"]["capacity_policy"] = d.capacity_policy  # at none the base's factor stays (moot)
     if d.capacity_policy != "none":
         data["parallel"]["capacity_factor"] = d.capacity_factor
@@ -388,7 +423,7 @@ def named_values(cfg: RunConfig) -> dict:
     p = cfg.parallel
     factor = p.capacity_factor if p.capacity_policy != "none" and p.capacity_factor else NEUTRAL["capacity_factor"]
     return {"capacity_policy": p.capacity_policy, "capacity_factor": float(factor),
-            "scheduling": cfg.engine.scheduling,
+            "scheduling": cfg.engine.scheduling, "speculative": cfg.engine.speculative or "none",
             "offload_hints": cfg.offload.hints if cfg.offload is not None else NEUTRAL["offload_hints"]}
 
 

@@ -5,8 +5,13 @@
 | ngram:K (suffix of 3, else 2 tokens, looked up in the sequence's own tokens) | `--speculative-config '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'` | `--speculative-algorithm NGRAM --speculative-num-draft-tokens K+1` (the chain counts its root, the last verified token) `--speculative-ngram-min-bfs-breadth 1 --speculative-ngram-max-bfs-breadth 1` (one chain, as moetune drafts) |
 | draft:DIR:K (K greedy tokens of a smaller checkpoint) | `--speculative-config '{"model": DIR, "num_speculative_tokens": K}'` | `--speculative-algorithm STANDALONE --speculative-draft-model-path DIR --speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1` |
 
-Where an engine has no flag for a parameter the gap is listed (`gaps`), not re-priced: the
-simulator prices no speculation, so a winner is priced without it on every engine. DIR is the
+Speculation IS priced (search/cost/speculative.py: the verify step's B·(k + 1) rows through
+attention, the MoE layers — the experts the trace's rows wake at that row count — and the LM head,
+the drafter's passes, and the accepted tokens per step from the trace's measured acceptance, else
+--spec-acceptance, labelled assumed), so the figures of a winner with `engine.speculative` include
+it. Where an engine has no flag for a parameter the gap is listed (`gaps`) under "NOT as priced":
+the engine drafts differently there, so its acceptance may differ from the priced one; it is not
+re-priced (the simulator has moetune's speculators only). DIR is the
 recipe's draft checkpoint, resolved by the study (`ServeTarget.speculative`), or the placeholder
 $DRAFT_DIR where the model was scaled (the recipe's draft does not fit the model served).
 """
@@ -24,7 +29,7 @@ DRAFT_PLACEHOLDER = "$DRAFT_DIR"
 @dataclass
 class SpeculativeFlags:
     flags: list[str] = field(default_factory=list)
-    gaps: list[str] = field(default_factory=list)  # parameters with no flag (not priced either way)
+    gaps: list[str] = field(default_factory=list)  # parameters with no flag (priced as moetune drafts, not re-priced)
     notes: list[str] = field(default_factory=list)
 
 

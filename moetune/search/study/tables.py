@@ -8,7 +8,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.study.optuna_study import TrialRow
 
 PHASE_ORDER = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "overflow", "unpermute",
-               "shared_expert", "dense_mlp", "tp_allreduce", "tp_embed", "tp_gather", "other", "straggler_wait")
+               "shared_expert", "dense_mlp", "tp_allreduce", "tp_embed", "tp_gather", "draft", "other", "straggler_wait")
 
 
 def _tag(m: dict | Metrics | None) -> str:
@@ -32,6 +32,10 @@ def metrics_table(title: str, m: Metrics) -> Table:
     if steady:
         rows.append(["steady state", f"{steady['measured_requests']} requests measured, {steady['excluded_each_end']} "
                                      f"excluded at each end (warm-up, drain)", ""])
+    spec = m.detail.get("speculative")
+    if spec:  # cost/speculative.py: the plan priced, its acceptance measured or assumed
+        rows.append(["speculative", f"{spec['method']}:{spec['k']}, {spec['tokens_per_verify']:.2f} tokens per verify; "
+                                    f"{spec['acceptance']}; {spec['drafter']}", tag])
     for k, v in m.detail.items():
         if isinstance(v, (int, float)):
             rows.append([k, f"{v:,.4g}", tag])

@@ -11,7 +11,7 @@
 | quant int8 | `--quantization experts_int8` (online, every expert) | hot fraction > 0 re-priced as 0 |
 | quant int4, offload | no flag for a full-precision checkpoint | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
-| engine.speculative (recipe) | `--speculative-config '{...}'` (speculative_launch.py) | not priced by moetune's simulator |
+| engine.speculative (recipe) | `--speculative-config '{...}'` (speculative_launch.py) | priced by moetune's simulator (cost/speculative.py) |
 | multi-node | head: `-dpl`, `-dpa $HEAD_IP`, `-dpp`; others: `--headless -dpr` | — |
 | all-to-all | `--all2all-backend deepep_high_throughput` across nodes | — |
 """
