@@ -84,7 +84,7 @@ class EngineConfig(_Section):
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
     scheduling: Literal["fcfs", "affinity"] = "fcfs"  # admission order (engine/affinity.py)
     affinity_max_wait: int = Field(8, ge=1)  # steps a request may wait beyond FCFS order's admission (affinity)
-    speculative: str | None = None  # "ngram:K" | "draft:DIR:K": K drafted tokens verified per decode
+    speculative: str | None = None  # "ngram:K" | "draft:DIR:K" | "mtp:K": K drafted tokens verified per decode
 
     @field_validator("speculative")
     @classmethod
@@ -98,24 +98,23 @@ class EngineConfig(_Section):
 class SpeculativeSpec:
     """A parsed `engine.speculative`: the speculator and how many tokens it drafts per step."""
 
-    method: Literal["ngram", "draft"]
+    method: Literal["ngram", "draft", "mtp"]
     k: int  # draft tokens verified per sequence and step (the lookahead the scheduler budgets)
     path: str | None = None  # draft: the draft model's checkpoint directory (or bundled name)
     max_ngram: int = 3  # ngram: the longest suffix looked up in the sequence's own tokens
     min_ngram: int = 2  # ngram: the shortest (1-gram matches guess badly: engine/speculative/ngram.py)
 
 
-SPECULATIVE_FORMS = ("ngram:K (K draft tokens from the sequence's own earlier tokens) or draft:DIR:K (K tokens "
-                     "a smaller checkpoint DIR with the same vocabulary decodes greedily), 1 <= K <= 16")
+SPECULATIVE_FORMS = ("ngram:K (K draft tokens from the sequence's own earlier tokens), draft:DIR:K (K tokens "
+                     "a smaller checkpoint DIR with the same vocabulary decodes greedily) or mtp:K (K tokens from "
+                     "the checkpoint's own multi-token-prediction layer, num_nextn_predict_layers), 1 <= K <= 16")
 
 
 def parse_speculative(text: str) -> SpeculativeSpec:
-    """'ngram:K' | 'draft:DIR:K' → SpeculativeSpec; anything else is a ValueError naming the forms."""
+    """'ngram:K' | 'draft:DIR:K' | 'mtp:K' → SpeculativeSpec; anything else is a ValueError naming the forms."""
     method, _, rest = text.partition(":")
-    if method == "mtp":
-        raise ValueError(f"speculative method 'mtp' is not built yet; use {SPECULATIVE_FORMS}")
     path, _, k = rest.rpartition(":") if method == "draft" else (None, "", rest)
-    if method not in ("ngram", "draft") or not k.isdigit() or not 1 <= int(k) <= 16 or path == "":
+    if method not in ("ngram", "draft", "mtp") or not k.isdigit() or not 1 <= int(k) <= 16 or path == "":
         raise ValueError(f"speculative '{text}' is not one of: {SPECULATIVE_FORMS}")
     return SpeculativeSpec(method, int(k), path)
 

@@ -60,3 +60,30 @@ def build_checkpoint(model_type: str, out: Path, shard: bool = True, seed: int =
     model.save_pretrained(str(out), max_shard_size="60KB" if shard else "2GB")
     build_tokenizer(out)
     return out
+
+
+def build_mtp_checkpoint(model_type: str, out: Path, seed: int = 0, own_head: bool = True, **overrides) -> Path:
+    """A tiny checkpoint with one random MTP layer in the DeepSeek-V3 layout (model/mtp.py): built
+    with one decoder layer more than it declares, whose block becomes layer L's MTP block, plus
+    enorm, hnorm, eh_proj, shared_head.norm (and, with own_head, shared_head.head and
+    embed_tokens) written beside it; config.json gains num_nextn_predict_layers: 1."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    L = int(overrides.pop("num_hidden_layers", CONFIGS[model_type]["num_hidden_layers"]))
+    build_checkpoint(model_type, out, shard=False, seed=seed, num_hidden_layers=L + 1, **overrides)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(num_hidden_layers=L, num_nextn_predict_layers=1)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    tensors = load_file(str(out / "model.safetensors"))
+    gen, D, V = torch.Generator().manual_seed(seed + 100), cfg["hidden_size"], cfg["vocab_size"]
+    p = f"model.layers.{L}."
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[p + name + ".weight"] = 1.0 + 0.2 * torch.rand(D, generator=gen)
+    tensors[p + "eh_proj.weight"] = 0.2 * torch.randn(D, 2 * D, generator=gen)
+    if own_head:
+        tensors[p + "shared_head.head.weight"] = 0.2 * torch.randn(V, D, generator=gen)
+        tensors[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out

@@ -41,6 +41,7 @@ def test_the_default_is_the_bundled_model_and_it_ships_in_the_wheel(model_dir, t
                     str(tmp_path), str(root)], check=True, capture_output=True)
     names = zipfile.ZipFile(next(tmp_path.glob("moetune-*.whl"))).namelist()
     for required in ("moetune/assets/models/stdlib-moe/model.safetensors",
+                     "moetune/assets/models/stdlib-moe/mtp.safetensors",
                      "moetune/assets/models/stdlib-moe/tokenizer.json",
                      "moetune/assets/models/stdlib-moe/README.md",
                      "moetune/assets/prompts/stdlib-heldout.jsonl"):

@@ -100,6 +100,45 @@ def test_tiny_training_run(tmp_path):
     assert back.config.model_type == "qwen3_moe" and next(back.parameters()).dtype == torch.bfloat16
 
 
+def test_an_exported_mtp_head_is_what_the_engine_computes_and_transformers_ignores(tmp_path):
+    """The mtp stage's head (transformers' decoder block, moetune/train/mtp.py) exported beside a
+    tiny model: moetune's loader reads it back (load_mtp) and its logits over a sequence equal the
+    training module's; transformers loads the directory with no unexpected or missing keys."""
+    from transformers import AutoModelForCausalLM
+
+    from moetune.engine.model_runner import ModelRunner
+    from moetune.model.batch import StepKind
+    from moetune.model.loader import load_model, load_mtp
+    from moetune.train.mtp import MTPHead, export_head
+    from tests.checkpoints import VOCAB, build_tokenizer
+
+    train.export(train.build_model(train.build_config(tiny_model_cfg(), VOCAB, 0), 0), tmp_path, 0)
+    build_tokenizer(tmp_path)
+    target = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    head = MTPHead(target, 0.2)
+    with torch.no_grad():
+        for name in ("enorm", "hnorm", "norm"):  # not all ones: the norms' order and place matter
+            getattr(head, name).weight.uniform_(0.5, 1.5)
+    export_head(head, target, tmp_path)
+    head = head.to(torch.bfloat16).float().eval()  # the weights as stored
+    x = torch.randint(1, VOCAB, (1, 20))  # [1, S]
+    with torch.no_grad():
+        ref = head(target, x, target.model(input_ids=x).last_hidden_state)[0]  # [S-1, V]
+    model = load_model(tmp_path)
+    module = load_mtp(model)
+    runner = ModelRunner(model, 4, 16)
+    hidden = runner.forward_prompts([x[0].tolist()])  # [S, D]
+    cache = module.new_cache(4, 16)
+    cache.zero_blocks([1, 2])
+    batch = runner.build_batch([(x[0, 1:].tolist(), 0, [1, 2])], StepKind.PREFILL)
+    got = module.logits(module.forward(batch.input_ids, hidden[:-1], batch, cache))  # [S-1, V]
+    assert torch.allclose(got, ref, atol=2e-4, rtol=1e-3), (got - ref).abs().max()
+    back, info = AutoModelForCausalLM.from_pretrained(str(tmp_path), output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]
+    assert json.loads((tmp_path / "config.json").read_text())["num_nextn_predict_layers"] == 1
+
+
 def test_batches_deterministic():
     stream = torch.arange(1000)
     a = [x for _, x in zip(range(5), train.batches(stream, 10, 4, seed=7))]
@@ -114,6 +153,8 @@ def test_shipped_folder_config_and_size():
     assert n_experts >= 16 and cfg["num_experts_per_tok"] >= 2 and cfg["num_hidden_layers"] >= 4
     assert cfg["norm_topk_prob"] and cfg["decoder_sparse_step"] == 1 and cfg["mlp_only_layers"] == []
     assert (MODEL_DIR / "model.safetensors").stat().st_size <= 20 * 1024 * 1024
+    assert sum(f.stat().st_size for f in MODEL_DIR.iterdir()) <= 25 * 10**6  # with mtp.safetensors: ≤ 25 MB
+    assert cfg["num_nextn_predict_layers"] == 1 and (MODEL_DIR / "mtp.safetensors").exists()
     for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"):
         assert (MODEL_DIR / name).exists()
 

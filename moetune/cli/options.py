@@ -39,8 +39,9 @@ ExpertTpSizeOpt = typer.Option(None, "--expert-tp-size", help="Split each expert
 SpeculativeOpt = typer.Option(None, "--speculative", help="Speculative decoding: ngram:K drafts up to K tokens per "
                                                            "decode from the sequence's own earlier tokens, "
                                                            "draft:DIR:K from a smaller checkpoint with the same "
-                                                           "vocabulary; one step verifies them (default: recipe, "
-                                                           "else off).")
+                                                           "vocabulary, mtp:K from the checkpoint's own MTP layer "
+                                                           "(num_nextn_predict_layers); one step verifies them "
+                                                           "(default: recipe, else off).")
 PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
 RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")
 

@@ -28,6 +28,7 @@ from moetune.engine.sampling import SamplingParams, TokenLogprobs
 from moetune.engine.routing import StepRouting
 from moetune.engine.scheduler import Admission, FCFSAdmission, Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
+from moetune.engine.speculative.base import HiddenStateSpeculator
 from moetune.engine.speculative.experts import VerifyExperts
 from moetune.engine.speculative.make import make_speculator
 from moetune.errors import RequestError
@@ -84,7 +85,7 @@ class Engine:
         self.speculator = None
         if config.speculative is not None:
             spec = parse_speculative(config.speculative)
-            self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine)
+            self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine, self.runner)
         if self.speculator is not None:
             self.runner.experts = VerifyExperts()
         self.stats = EngineStats()
@@ -177,7 +178,10 @@ class Engine:
         self.stats.steps[sched.kind.value] += 1
         self.stats.computed_tokens += sched.num_tokens
         self.stats.verify_steps += any(e.num_draft for e in sched.entries)
-        return self._postprocess(sched, tokens)
+        out = self._postprocess(sched, tokens)
+        if isinstance(self.speculator, HiddenStateSpeculator):  # MTP: drafts from this step's hidden states
+            self.speculator.observe(sched, self.runner.last_batch, self.runner.last_hidden)
+        return out
 
     def _hint(self, sched: SchedulerOutput) -> None:
         """History hints: per MoE layer, the experts the step's decodes chose in their last tokens."""

@@ -42,6 +42,8 @@ class ModelRunner:
         self.logprobs: dict[int, TokenLogprobs] = {}  # seq_id → of the last execute(), for seqs that asked
         self.failures: dict[int, str] = {}  # seq_id → why its sampling failed in the last execute()
         self.experts: VerifyExperts | None = None  # set: verify steps count the experts they wake
+        self.last_batch: StepBatch | None = None  # the last execute()'s batch and the target's hidden
+        self.last_hidden: torch.Tensor | None = None  # states of all its rows [T, D] (MTP drafts from them)
 
     def execute(self, sched: SchedulerOutput) -> list[list[int]]:
         """Run one scheduled step; the tokens each entry yields ([] while its prompt is unfinished
@@ -55,6 +57,7 @@ class ModelRunner:
             self.observer.step_begin(batch.kind.value, batch)
         with self._counting_experts(sched, batch):
             hidden = self.model.forward(batch, self.cache)  # [T, D]
+        self.last_batch, self.last_hidden = batch, hidden
         rows = self._logit_rows(sched, batch, samplers, hidden.shape[0])  # [S'] or None: every row
         logits = self.model.logits(hidden if rows is None else hidden[rows])  # [S', V]
         if self.observer is not None:
@@ -78,7 +81,7 @@ class ModelRunner:
         spans = [(e.seq.token_ids(e.seq.num_computed_tokens, e.seq.num_computed_tokens + e.num_tokens - e.num_draft)
                   + e.seq.draft_ids[: e.num_draft], e.seq.num_computed_tokens, e.seq.block_table)
                  for e in sched.entries]
-        return self._batch(spans, sched.kind)
+        return self.build_batch(spans, sched.kind)
 
     def _counting_experts(self, sched: SchedulerOutput, batch: StepBatch):
         """On a verify step (with `experts` set): count the experts of its decode rows and of the
@@ -134,7 +137,7 @@ class ModelRunner:
         if next_block - 1 > self.cache.num_blocks:
             raise ValueError(f"{next_block - 1} blocks needed, the cache has {self.cache.num_blocks}")
         self.cache.zero_blocks(list(range(1, next_block)))
-        batch = self._batch(spans, StepKind.PREFILL)
+        batch = self.build_batch(spans, StepKind.PREFILL)
         if self.observer is not None:
             self.observer.step_begin(batch.kind.value, batch)
         hidden = self.model.forward(batch, self.cache)
@@ -142,7 +145,7 @@ class ModelRunner:
             self.observer.step_end(batch.kind.value, batch)
         return hidden
 
-    def _batch(self, spans: list[tuple[list[int], int, list[int]]], kind: StepKind) -> StepBatch:
+    def build_batch(self, spans: list[tuple[list[int], int, list[int]]], kind: StepKind) -> StepBatch:
         """spans: per sequence (new token ids, position of the first, its block table)."""
         ids, positions, slots, query_lens, context_lens = [], [], [], [], []
         bs = self.block_size

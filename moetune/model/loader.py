@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from moetune.model.hugepages import to_huge_pages
 from moetune.model.linear import SMALL_M, Linear
 from moetune.model.mla import MLAttention
 from moetune.model.mlp import GatedMLP
+from moetune.model.mtp import MTPModule
 from moetune.model.naming import TensorNames
 from moetune.model.norm import RMSNorm
 from moetune.model.tp_norm import split_qk_norm
@@ -98,6 +101,7 @@ def load_model(
     if dense is not None:
         quantize_dense(model, dense)
     model.precision = table  # the routed experts' formats (None: the load dtype), for the profile summary
+    model.model_dir = model_dir  # where its MTP layers are found (`load_mtp`)
     model.bytes_read = whole.bytes_read  # checkpoint bytes this process read (its slices under TP)
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
@@ -258,3 +262,36 @@ def _decoder_layer(source, names: TensorNames, spec: ModelSpec, i: int, rotary: 
         mlp=mlp,
         tp=tp,
     )
+
+
+def load_mtp(model: MoETransformer, kernel_backend: str = "auto") -> MTPModule:
+    """The first multi-token-prediction module of `model`'s checkpoint (model/mtp.py): layer index
+    num_hidden_layers, counted by config.json's `num_nextn_predict_layers`, read from any of the
+    directory's safetensors files, on the model's device and dtype. Its experts (an MoE block) are
+    a resident store of their own; its attention writes layer 0 of the module's own cache."""
+    from moetune.errors import CheckpointError
+    from moetune.model.adapters import spec_from_config
+
+    model_dir = Path(model.model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if not cfg.get("num_nextn_predict_layers"):
+        raise CheckpointError(f"{model_dir / 'config.json'} has no num_nextn_predict_layers: this checkpoint has "
+                              "no MTP layer; use ngram:K or draft:DIR:K")
+    spec, L = model.local, model.spec.num_layers
+    layer = spec_from_config(dict(cfg, num_hidden_layers=L + 1)).layers[L]  # the family's dense / MoE rule
+    mtp_spec = replace(spec, num_layers=L + 1, layers=(*spec.layers, layer))
+    source, names = WeightSource(model_dir, model.device, model.dtype), TensorNames(spec.model_type)
+    experts = ResidentExpertStore({L: _layer_experts(source, names, mtp_spec, L, None, 0, None, None)}
+                                  if layer.is_moe else {})
+    backend = resolve_backend(kernel_backend, model.device)
+    block = _decoder_layer(source, names, mtp_spec, L, model.rotary, experts, backend, None, model.small_m,
+                           None, mtp_spec)
+    block.attention.layer = 0  # the module's own one-layer cache
+    p, eps, kernel = f"model.layers.{L}.", spec.rms_norm_eps, model.small_m > 0
+    embed = source.get(p + "embed_tokens.weight") if source.has(p + "embed_tokens.weight") else model.embed
+    head = linear_weight(source, p + "shared_head.head.weight") if source.has(p + "shared_head.head.weight") \
+        else model.lm_head
+    return MTPModule(spec, embed, _norm(source, p + "enorm.weight", eps, kernel),
+                     _norm(source, p + "hnorm.weight", eps, kernel), _linear(source, p + "eh_proj", model.small_m),
+                     block, _norm(source, p + "shared_head.norm.weight", eps, kernel), head, model.rotary,
+                     model.small_m)

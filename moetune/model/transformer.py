@@ -55,6 +55,7 @@ class DecoderLayer:
 
 class MoETransformer:
     precision = None  # PrecisionTable of the routed experts (set by the loader; None: the load dtype)
+    model_dir = None  # the checkpoint directory it was loaded from (set by the loader; its MTP layers: load_mtp)
 
     def __init__(self, spec: ModelSpec, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm,
                  lm_head: Weight, rotary: Rotary, experts: ExpertStore, small_m: int = 0,

@@ -107,7 +107,9 @@ def results_section(m: dict) -> list[str]:
 def rerun_section(r: dict) -> list[str]:
     return ["## Re-run", "", "```bash", "python -m moetune.train recipes/train-stdlib-moe.yaml            # overwrites the shipped assets",
             "python -m moetune.train recipes/train-stdlib-moe.yaml --out /tmp/stdlib-moe   # everything under /tmp/stdlib-moe",
-            "python -m moetune.train recipes/train-stdlib-moe.yaml --card-only             # only regenerate this README", "```", "",
+            "python -m moetune.train recipes/train-stdlib-moe.yaml --card-only             # only regenerate this README",
+            "python -m moetune.train recipes/train-stdlib-moe.yaml --stage mtp             # only the MTP head (target frozen)",
+            "```", "",
             "The split and tokenizer are deterministic for a given stdlib; the result depends on the Python version "
             "(its stdlib), and on the torch version and CPU (floating point). Other outputs: "
             f"`{r['outputs']['prompts']}` ({r['samples']['n_prompts']} held-out prompts) and "
@@ -122,6 +124,33 @@ def files_section() -> list[str]:
             "config.json carries both `num_experts` and `num_local_experts`, `rope_theta` and `rope_parameters`.", ""]
 
 
+def mtp_section(r: dict, m: dict) -> list[str]:
+    """The multi-token-prediction head (moetune/train/mtp.py), when the `mtp` stage has run."""
+    got = m.get("mtp")
+    if not got:
+        return []
+    t, h, c = got["training"], got["heldout"], r["mtp"]
+    lines = ["## MTP head (speculative decoding)", "",
+             f"`mtp.safetensors` ({got['file_bytes'] / 1e6:.1f} MB bf16, {got['params']:,} parameters) holds one "
+             "multi-token-prediction module in the DeepSeek-V3 layout at layer index "
+             f"{r['model']['num_hidden_layers']} (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` and a qwen3_moe "
+             "decoder block; head and embedding are the tied target's), announced by `num_nextn_predict_layers: 1` "
+             "in config.json. transformers loads `model.safetensors` alone and never opens it; "
+             "`moetune generate --speculative mtp:K` drafts with it (README: Speculative decoding; docs/architecture.md §3h).", "",
+             f"Trained with the target frozen, {t['steps']} steps of {t['batch_size']} x {t['context_length']} "
+             f"tokens ({t['wall_s'] / 60:.1f} min, {r['threads']} threads), AdamW lr {c['lr']} (warmup "
+             f"{c['warmup_steps']}, cosine to 10 %), to match the target's next-position distribution (soft "
+             "cross-entropy); the block starts as a copy of the target's last layer. Held-out windows "
+             f"({got['eval_windows']} x {got['window_tokens']} tokens): top-1 agreement with the target one position "
+             f"on {h['top1_agreement']:.3f}, soft cross-entropy {h['soft_ce']:.3f} nats.", "",
+             "Through moetune's engine (greedy, the first held-out prompts of `stdlib-heldout.jsonl` decoded at once):",
+             "", "| K | prompts x tokens | drafts | accepted | acceptance | tokens per verify |", "|---|---|---|---|---|---|"]
+    for e in got.get("engine", []):
+        lines.append(f"| {e['k']} | {e['prompts']} x {e['max_tokens']} | {e['draft_tokens']:,} | "
+                     f"{e['accepted_tokens']:,} | {e['acceptance_rate']:.3f} | {e['tokens_per_verify']:.2f} |")
+    return lines + [""]
+
+
 def write_card(model_dir: Path, r: dict, m: dict) -> None:
     model_dir = Path(model_dir)
     log = json.loads((model_dir / "training_log.json").read_text())
@@ -130,5 +159,5 @@ def write_card(model_dir: Path, r: dict, m: dict) -> None:
             "a Hugging Face `qwen3_moe` checkpoint trained from scratch on the Python standard library. "
             "It exists to exercise MoE inference and routing profiling with real (skewed) routing, not to write code.", ""]
     parts = [head, arch_section(r, m, model_dir), data_section(r, m), tokenizer_section(r, m),
-             training_section(r, m, log), results_section(m), files_section(), rerun_section(r)]
+             training_section(r, m, log), results_section(m), mtp_section(r, m), files_section(), rerun_section(r)]
     (model_dir / "README.md").write_text("\n".join(line for part in parts for line in part))

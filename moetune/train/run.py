@@ -104,6 +104,10 @@ def run_recipe(recipe_path: Path, out: Path | None = None) -> dict:
                "data": data_summary(d), "machine": machine(), "recipe": str(recipe_path),
                "total_wall_s": time.time() - t_start, "protocol": PROTOCOL}
     (paths["model"] / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    if "mtp" in r:  # the MTP head, on the model just exported (moetune/train/mtp.py)
+        from .mtp import run_and_record
+
+        metrics = run_and_record(r, paths["model"], paths["prompts"])
     write_card_safely(paths["model"], r, metrics)
     return metrics
 

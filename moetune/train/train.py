@@ -106,17 +106,18 @@ def train_step(model, opt, x: torch.Tensor, lr: float, t: dict) -> tuple[float, 
 class Logger:
     """Accumulates curve rows; rewrites training_log.json and .csv after every row."""
 
-    def __init__(self, out_dir: Path):
-        self.out_dir, self.rows = Path(out_dir), []
+    def __init__(self, out_dir: Path, name: str = "training_log",
+                 keys: tuple[str, ...] = ("step", "epoch", "tokens_seen", "elapsed_s", "lr", "train_loss", "aux_loss",
+                                          "heldout_loss")):
+        self.out_dir, self.rows, self.name, self.keys = Path(out_dir), [], name, keys
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
         print(json.dumps(row), flush=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "training_log.json").write_text(json.dumps(self.rows, indent=1))
-        keys = ["step", "epoch", "tokens_seen", "elapsed_s", "lr", "train_loss", "aux_loss", "heldout_loss"]
-        with open(self.out_dir / "training_log.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        (self.out_dir / f"{self.name}.json").write_text(json.dumps(self.rows, indent=1))
+        with open(self.out_dir / f"{self.name}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(self.keys), extrasaction="ignore")
             w.writeheader()
             w.writerows(self.rows)
 

@@ -213,6 +213,19 @@ def test_a_draft_model_recipe_launches_with_the_draft_model_and_its_k(draft):
                     f["--speculative-num-draft-tokens"]) == ("3", "1", "4")
 
 
+def test_an_mtp_recipe_launches_with_the_engines_mtp_speculation():
+    got = speculative_commands("mtp:2", DSV3, GRID[::5])
+    assert {e for e, _, _ in got} == {"vllm", "sglang"}
+    for engine, f, text in got:
+        assert "speculative decoding: not priced by moetune's simulator" in text and "mtp:2" in text
+        if engine == "vllm":
+            assert json.loads(f["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 2}
+        else:  # EAGLE (= NEXTN) on the target's own MTP layer: no draft model path
+            assert (f["--speculative-algorithm"], f["--speculative-num-steps"], f["--speculative-eagle-topk"],
+                    f["--speculative-num-draft-tokens"]) == ("EAGLE", "2", "1", "3")
+            assert "--speculative-draft-model-path" not in f
+
+
 def test_the_draft_placeholder_expands_inside_vllms_json_in_a_shell(tmp_path):
     import subprocess
 

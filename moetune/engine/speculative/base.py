@@ -11,7 +11,7 @@ speculator that drafts nothing for a sequence leaves it an ordinary one-token de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -37,3 +37,11 @@ class Speculator(Protocol):
 
     def forget(self, seq: Sequence) -> None: ...
 
+
+
+@runtime_checkable
+class HiddenStateSpeculator(Protocol):
+    """A speculator that drafts from the target's hidden states (MTP: speculative/mtp.py): after
+    every step the engine hands it the step's schedule, batch and hidden states [T, D]."""
+
+    def observe(self, sched, batch, hidden: torch.Tensor) -> None: ...

@@ -4,6 +4,7 @@
 |---|---|---|
 | ngram:K (suffix of 3, else 2 tokens, looked up in the sequence's own tokens) | `--speculative-config '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'` | `--speculative-algorithm NGRAM --speculative-num-draft-tokens K+1` (the chain counts its root, the last verified token) `--speculative-ngram-min-bfs-breadth 1 --speculative-ngram-max-bfs-breadth 1` (one chain, as moetune drafts) |
 | draft:DIR:K (K greedy tokens of a smaller checkpoint) | `--speculative-config '{"model": DIR, "num_speculative_tokens": K}'` | `--speculative-algorithm STANDALONE --speculative-draft-model-path DIR --speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1` |
+| mtp:K (the checkpoint's MTP layer, chained K times) | `--speculative-config '{"method": "mtp", "num_speculative_tokens": K}'` | `--speculative-algorithm EAGLE --speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1` (EAGLE = NEXTN: the target's own MTP layer, no draft path) |
 
 Speculation IS priced (search/cost/speculative.py: the verify step's B·(k + 1) rows through
 attention, the MoE layers — the experts the trace's rows wake at that row count — and the LM head,
@@ -34,8 +35,13 @@ class SpeculativeFlags:
 
 
 def describe(spec: SpeculativeSpec) -> str:
-    """The recipe value back: 'ngram:4' | 'draft:DIR:3'."""
-    return f"ngram:{spec.k}" if spec.method == "ngram" else f"draft:{spec.path}:{spec.k}"
+    """The recipe value back: 'ngram:4' | 'draft:DIR:3' | 'mtp:2'."""
+    return f"draft:{spec.path}:{spec.k}" if spec.method == "draft" else f"{spec.method}:{spec.k}"
+
+
+MTP_NOTE = ("MTP: the engine reads the checkpoint's own MTP layer (num_nextn_predict_layers) through a model class "
+            "of its own for the architecture (DeepSeek-V3 and a few others); a checkpoint of another architecture "
+            "with an MTP layer in DeepSeek's layout, such as moetune's bundled qwen3_moe, has none there")
 
 
 def vllm_speculative(spec: SpeculativeSpec | None) -> SpeculativeFlags:
@@ -48,6 +54,9 @@ def vllm_speculative(spec: SpeculativeSpec | None) -> SpeculativeFlags:
         out.gaps.append(f"n-gram match choice: moetune drafts after the latest earlier occurrence of the longest "
                         f"matching suffix ({spec.min_ngram}..{spec.max_ngram} tokens); vLLM after the earliest "
                         "(no flag)")
+    elif spec.method == "mtp":
+        config = {"method": "mtp", "num_speculative_tokens": spec.k}
+        out.notes.append(MTP_NOTE)
     else:
         config = {"model": spec.path, "num_speculative_tokens": spec.k}
         out.notes.append("draft model: vLLM drafts greedily with it on the target's GPUs, as moetune's draft:DIR:K "
@@ -67,6 +76,10 @@ def sglang_speculative(spec: SpeculativeSpec | None, attn_dp: bool) -> Speculati
                         "tokens: SGLang's NGRAM matches in a trie over every request's tokens "
                         "(--speculative-ngram-capacity, --speculative-ngram-max-trie-depth) and has no "
                         "match-length flag")
+    elif spec.method == "mtp":
+        out.flags = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(spec.k),
+                     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(spec.k + 1)]
+        out.notes.append(MTP_NOTE)
     else:
         out.flags = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", spec.path,
                      "--speculative-num-steps", str(spec.k), "--speculative-eagle-topk", "1",
