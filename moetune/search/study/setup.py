@@ -36,6 +36,7 @@ class Inputs:
     arrival_seed: int = 0
     slo_ttft_ms: float | None = None  # goodput's per-request limits
     slo_tpot_ms: float | None = None
+    scale_routing: str | None = None  # --scale-routing stats | blocks | loads:FILE (None: stats; scale.py)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def prepare(inp: Inputs) -> Setup:
     if inp.calibrate_on not in ("microbenchmarks", "trace"):
         raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace")
     base = load_recipe(inp.recipe) if inp.recipe else None
-    source = load_source(Path(inp.trace), inp.scale_model)
+    source = load_source(Path(inp.trace), inp.scale_model, inp.scale_routing)
     if base is None:
         base = parse_config({"model": {"path": source.model_path}}, source=f"run directory {inp.trace}")
     w = workload(inp, source.workload)
