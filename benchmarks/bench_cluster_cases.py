@@ -5,6 +5,7 @@ For each case and concurrency: the winner, tok/s per GPU, TTFT/TPOT P50 and P99,
 its phase breakdown, and the time each simulated trial took (median, P99).
 
   python benchmarks/bench_cluster_cases.py --trace RUN [--trials 30] [--concurrency 256 1024]
+      [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
 Every figure is an estimate. Public reference points (their own conditions; not the same workload):
 SGLang's large-scale EP DeepSeek-V3 (96 H100, prefill/decode disaggregated) ~2.8k output tok/s per
@@ -25,7 +26,8 @@ CASES = [("Mixtral-8x7B", "mixtral-8x7b.json", "8xH200"), ("Qwen3-30B-A3B", "qwe
          ("DeepSeek-V3", "deepseek-v3.json", "8xH200"), ("DeepSeek-V3", "deepseek-v3.json", "16xH200")]
 
 
-def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: int, out: Path):
+def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: int, out: Path,
+             scale_routing: str | None = None):
     from moetune.search.study.optuna_study import Constraints, StudySettings
     from moetune.search.study.run import SearchSettings, run_search
     from moetune.search.study.setup import Inputs
@@ -38,7 +40,7 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
         last[0] = now
 
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
-                    num_requests=4 * concurrency, concurrency=concurrency)
+                    num_requests=4 * concurrency, concurrency=concurrency, scale_routing=scale_routing)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0))
     result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
@@ -66,6 +68,7 @@ def main() -> None:
     ap.add_argument("--trace", required=True)
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--scale-routing", default=None, help="stats (default) | blocks | loads:FILE")
     a = ap.parse_args()
     print("| model | GPUs | concurrency / replica | winner | output tok/s/GPU (est.) | TTFT P50/P99 ms | "
           "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | trial s median / P99 |")
@@ -73,7 +76,7 @@ def main() -> None:
     for name, config, hw in CASES:
         for c in a.concurrency:
             with tempfile.TemporaryDirectory() as tmp:
-                result, times = run_case(a.trace, config, hw, c, a.trials, Path(tmp) / "out")
+                result, times = run_case(a.trace, config, hw, c, a.trials, Path(tmp) / "out", a.scale_routing)
                 print(row(name, hw, c, result, times), flush=True)
 
 

@@ -51,6 +51,10 @@ HardwareOpt = typer.Option("this-machine", "--hardware", help="H100 | H200 | B20
                                                               "file.")
 NodesOpt = typer.Option(None, "--nodes", help="Nodes of the hardware (default: 1, or from NxGPU).")
 ScaleModelOpt = typer.Option(None, "--scale-model", help="config.json of a larger model to replay the routing on.")
+ScaleRoutingOpt = typer.Option(None, "--scale-routing", help="How --scale-model carries the routing over: stats "
+                               "(default: each layer's load CV kept, hot experts at random ids), blocks (each source "
+                               "expert a block of target experts: the toy's skew) | loads:FILE (a real deployment's "
+                               "per-layer loads: SGLang's expert-distribution .pt dump or a moetune run directory).")
 NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: the run's).")
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
@@ -155,6 +159,7 @@ class TraceArgs:
     hardware: str = "this-machine"
     nodes: Optional[int] = None
     scale_model: Optional[str] = None
+    scale_routing: Optional[str] = None
     num_requests: Optional[int] = None
     input_len: Optional[int] = None
     output_len: Optional[int] = None
@@ -190,8 +195,9 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
             ("arrival_seed", int, ArrivalSeedOpt), ("slo_ttft_ms", Optional[float], SloTtftOpt),
             ("slo_tpot_ms", Optional[float], SloTpotOpt)]
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
-         ("scale_model", Optional[str], ScaleModelOpt), *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt),
-         ("recalibrate", bool, RecalibrateOpt), ("spec_acceptance", Optional[float], SpecAcceptanceOpt)]
+         ("scale_model", Optional[str], ScaleModelOpt), ("scale_routing", Optional[str], ScaleRoutingOpt),
+         *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt), ("recalibrate", bool, RecalibrateOpt),
+         ("spec_acceptance", Optional[float], SpecAcceptanceOpt)]
 
 
 def model_options(*groups: str):

@@ -30,6 +30,7 @@ class TraceSource:
     prompts: str | None = None  # the prompts file the run used (the measure evaluator reuses it)
     machine_state: dict | None = None  # env.json `machine`: the machine the timings were taken on
     speculative: dict | None = None  # summary.json `speculative`: the profile's acceptance (cost/speculative.py)
+    scale_routing: str | None = None  # how the routing was scaled (scale.py ScaleRouting.label), None: not scaled
 
     def with_workload(self, w: SimWorkload) -> "TraceSource":
         from dataclasses import replace
@@ -37,13 +38,16 @@ class TraceSource:
         return replace(self, workload=w)
 
 
-def load_source(run_dir: str | Path, scale_config: str | None = None) -> TraceSource:
+def load_source(run_dir: str | Path, scale_config: str | None = None, scale_routing: str | None = None) -> TraceSource:
+    """The run directory's trace source; with scale_config, its routing scaled to that model by
+    scale_routing (`--scale-routing`: stats (default) | blocks | loads:FILE, search/cost/scale.py)."""
     import yaml
 
     from moetune.model.registry import resolve_model
     from moetune.model.validate import read_spec
     from moetune.profile.rundir import read_run
-    from moetune.search.cost.scale import read_scale_spec, scale_ids
+    from moetune.errors import MoetuneError
+    from moetune.search.cost.scale import parse_scale_routing, read_scale_spec, scale_routing_ids
 
     run = read_run(Path(run_dir))
     recipe = yaml.safe_load(run.recipe_yaml) or {}
@@ -51,9 +55,12 @@ def load_source(run_dir: str | Path, scale_config: str | None = None) -> TraceSo
     trace = run.trace
     kinds = np.repeat(trace.step_kind, np.diff(trace.step_offsets))  # [N] kind of each row
     ids = trace.topk_ids
+    if scale_routing is not None and not scale_config:
+        raise MoetuneError("--scale-routing needs --scale-model (the routing it scales)")
+    routing = parse_scale_routing(scale_routing)
     if scale_config:
         spec = read_scale_spec(scale_config)
-        ids = scale_ids(ids, trace.num_experts, spec.moe.num_experts, len(spec.moe_layers), spec.moe.router.top_k)
+        ids = scale_routing_ids(ids, trace.num_experts, spec, routing)
         model, scaled = sim_model(spec, Path(scale_config).stem), run.summary["model"].get("name")
     else:
         spec = read_spec(resolve_model(model_path))
@@ -66,7 +73,8 @@ def load_source(run_dir: str | Path, scale_config: str | None = None) -> TraceSo
                        SimWorkload(prompt_lens, int(w["output_len"])), int(w["batch_size"]),
                        str(run.env.get("device", {}).get("type", run.summary["model"].get("device", "?"))),
                        model_path, scaled, run.tables, w.get("prompts"), run.env.get("machine"),
-                       run.summary.get("speculative"))
+                       run.summary.get("speculative"),
+                       routing.label() if scale_config else None)
 
 
 def _prompt_lens(run, w: dict) -> tuple[int, ...]:

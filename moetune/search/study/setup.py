@@ -37,6 +37,7 @@ class Inputs:
     slo_ttft_ms: float | None = None  # goodput's per-request limits
     slo_tpot_ms: float | None = None
     spec_acceptance: float | None = None  # speculation's per-token acceptance where the trace did not measure it
+    scale_routing: str | None = None  # --scale-routing stats | blocks | loads:FILE (None: stats; scale.py)
 
 
 @dataclass
@@ -73,7 +74,7 @@ def prepare(inp: Inputs) -> Setup:
     if inp.calibrate_on not in ("microbenchmarks", "trace"):
         raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace")
     base = load_recipe(inp.recipe) if inp.recipe else None
-    source = load_source(Path(inp.trace), inp.scale_model)
+    source = load_source(Path(inp.trace), inp.scale_model, inp.scale_routing)
     if base is None:
         base = parse_config({"model": {"path": source.model_path}}, source=f"run directory {inp.trace}")
     w = workload(inp, source.workload)
