@@ -5,10 +5,11 @@ batch (its last tokens alone) — the trade-off of speculation on an MoE: draft 
 sequences route to different experts, so a verify step reads more expert weights than a decode.
 
   python benchmarks/make_cpu_bench_models.py mixtral /tmp/m340     # the Mixtral-style ~340M model
-  python benchmarks/bench_speculative.py --model stdlib-moe /tmp/m340 --batch 1 4 16 64 [--speculative ngram:4]
+  python benchmarks/bench_speculative.py --model stdlib-moe /tmp/m340 --batch 1 4 16 64 [--speculative ngram:4 mtp:1]
 
-Per model and batch: `rounds` rounds; each round runs the plain engine and the speculative one
-(the order flips every round) on the same B prompts (held-out stdlib code, cut to --prompt-len
+Per model and batch: `rounds` rounds; each round runs the plain engine and one engine per
+speculator (mtp:K needs a checkpoint with an MTP layer; the order rotates every round and every
+other round runs backwards) on the same B prompts (held-out stdlib code, cut to --prompt-len
 tokens, cycled), each timed from after its prefill until every sequence has --output-len tokens
 (greedy; EOS ignored). tok/s = B · (output_len − 1) / time. The speed-up is the median of the
 rounds' paired ratios (speculative ÷ plain), with min–max. Load average before and after.
@@ -60,31 +61,40 @@ def _engine(model, batch: int, prompt_len: int, output_len: int, speculative: st
     return Engine(model, None, frozenset(), config)
 
 
-def bench_one(model, tokenizer, batch: int, args) -> dict:
+def bench_one(model, tokenizer, batch: int, args) -> list[dict]:
+    """One batch size: the plain engine and one engine per speculator, interleaved (each round
+    rotates the order and every other round reverses it); a row per speculator."""
     from moetune.bench.roofline import expert_bytes
     from moetune.engine.speculative.experts import speculative_counters, speculative_summary
 
     prompts = _prompts(tokenizer, batch, args.prompt_len)
-    plain = _engine(model, batch, args.prompt_len, args.output_len, None)
-    spec = _engine(model, batch, args.prompt_len, args.output_len, args.speculative)
-    _timed(plain, prompts, 4), _timed(spec, prompts, 4)  # warm-up (kernels compiled, pools touched)
-    before = speculative_counters(spec.stats, spec.runner.experts)
-    times: dict[str, list[float]] = {"plain": [], "spec": []}
+    engines = {"plain": _engine(model, batch, args.prompt_len, args.output_len, None)}
+    engines.update({s: _engine(model, batch, args.prompt_len, args.output_len, s) for s in args.speculative})
+    for engine in engines.values():  # warm-up (kernels compiled, pools touched)
+        _timed(engine, prompts, 4)
+    before = {s: speculative_counters(engines[s].stats, engines[s].runner.experts) for s in args.speculative}
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    names = list(engines)
     for r in range(args.rounds):
-        for side in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
-            times[side].append(_timed(plain if side == "plain" else spec, prompts, args.output_len))
-    after = speculative_counters(spec.stats, spec.runner.experts)
-    s = speculative_summary(args.speculative, {k: after[k] - before[k] for k in after}, expert_bytes(model))
-    tokens = batch * (args.output_len - 1)
-    return {"batch": batch, "plain": [tokens / t for t in times["plain"]], "spec": [tokens / t for t in times["spec"]],
-            "ratio": [p / q for p, q in zip(times["plain"], times["spec"])], **s}
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in (order if r % 2 == 0 else order[::-1]):
+            times[name].append(_timed(engines[name], prompts, args.output_len))
+    tokens, rows = batch * (args.output_len - 1), []
+    for spec in args.speculative:
+        after = speculative_counters(engines[spec].stats, engines[spec].runner.experts)
+        s = speculative_summary(spec, {k: after[k] - before[spec][k] for k in after}, expert_bytes(model))
+        rows.append({"batch": batch, "plain": [tokens / t for t in times["plain"]],
+                     "spec": [tokens / t for t in times[spec]],
+                     "ratio": [p / q for p, q in zip(times["plain"], times[spec])], **s})
+    return rows
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", nargs="+", default=["stdlib-moe"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--speculative", default="ngram:4")
+    p.add_argument("--speculative", nargs="+", default=["ngram:4"],
+                   help="one or more of ngram:K, draft:DIR:K, mtp:K (each timed against plain, interleaved)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt-len", type=int, default=96)
     p.add_argument("--output-len", type=int, default=33)
@@ -102,20 +112,24 @@ def main() -> None:
 
     print(f"loadavg before: {open('/proc/loadavg').read().strip()}  ·  {args.speculative}, {args.rounds} rounds, "
           f"prompt {args.prompt_len}, output {args.output_len}, threads {args.threads}, pid {os.getpid()}")
-    print("| model | batch | plain tok/s | speculative tok/s | speed-up | acceptance | tokens/verify "
+    print("| model | batch | speculative | plain tok/s | speculative tok/s | speed-up | acceptance | tokens/verify "
           "| experts/layer verify vs plain | expert MiB/step verify vs plain |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.model:
         target = resolve_target(parse_config({"model": {"path": name}}, source="bench_speculative"))
         model, tokenizer = build_model(target), load_tokenizer(target.model_dir)
         for batch in args.batch:
-            r = bench_one(model, tokenizer, batch, args)
-            print(f"| {target.model_dir.name} | {batch} | {_spread(r['plain'])} | {_spread(r['spec'])} | "
-                  f"{_spread(r['ratio'], '.2f')}× | {100 * r['acceptance_rate']:.0f}% | {r['tokens_per_verify']:.2f} | "
-                  f"{r['experts_per_layer_verify']:.1f} vs {r['experts_per_layer_plain']:.1f} | "
-                  f"{r['expert_bytes_per_step_verify'] / 2**20:.1f} vs {r['expert_bytes_per_step_plain'] / 2**20:.1f} |",
-                  flush=True)
+            for r in bench_one(model, tokenizer, batch, args):
+                _row(target.model_dir.name, batch, r)
     print(f"loadavg after: {open('/proc/loadavg').read().strip()}")
+
+
+def _row(name: str, batch: int, r: dict) -> None:
+    print(f"| {name} | {batch} | {r['method']} | {_spread(r['plain'])} | {_spread(r['spec'])} | "
+          f"{_spread(r['ratio'], '.2f')}× | {100 * r['acceptance_rate']:.0f}% | {r['tokens_per_verify']:.2f} | "
+          f"{r['experts_per_layer_verify']:.1f} vs {r['experts_per_layer_plain']:.1f} | "
+          f"{r['expert_bytes_per_step_verify'] / 2**20:.1f} vs {r['expert_bytes_per_step_plain'] / 2**20:.1f} |",
+          flush=True)
 
 
 if __name__ == "__main__":
