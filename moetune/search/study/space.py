@@ -20,6 +20,10 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | capacity_factor | parallel.capacity_factor | 1.0, 1.25, 1.5, 2.0 (any factor > 0) | — (moot with policy none) |
 | scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
 | offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
+| dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware only) | none, fp8 | — |
+| kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
+| overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
+| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only) | 0 (eager), 32, 128, 512 | — (a size above the decode batch a rank holds: same as the smallest holding it) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
@@ -32,8 +36,10 @@ low format with hot fraction 0 is `quant.experts`; with a hot fraction, the hot 
 the trace's expert loads) keep the model's precision; the resident fraction is written as a count
 of the rank's slots, rounded up, the same number the simulator prices. A knob is searched only
 when RunConfig accepts its key (`recipe_accepts`); `--what-if` adds knobs a recipe cannot say yet
-to simulated searches (none at present); `replicas` is searched without a recipe key (PRICED_ONLY:
-the simulator prices it, the measure evaluator prunes values above 1). The NAMED_ONLY knobs
+to simulated searches (none at present); `replicas` and the serving engines' knobs (dense and KV
+precision, two-batch overlap, CUDA-graph capture size) are searched without a recipe key
+(PRICED_ONLY: the simulator prices them on GPU hardware, where the emitted launch flags say them;
+a this-machine search never proposes them: moetune's CPU engine has none of them). The NAMED_ONLY knobs
 (capacity, scheduling, prefetch hints) are in the space only when --space names them, else they keep
 the base recipe's values (a one-value knob only where that is not the neutral one), so a default
 space is the grid it was before them. To add a knob: one `Knob(...)` row in `KNOBS`, a field in
@@ -53,7 +59,9 @@ from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
 
 
-PRICED_ONLY = ("replicas",)  # searched by default though no recipe key says them
+PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs")  # searched by default on
+# priced (simulated GPU) searches though no recipe key says them: the serving engines' knobs (their launch flags)
+GRAPH_SIZES = (0, 32, 128, 512)  # cuda_graph_max_bs on GPUs: 0 eager, else the largest decode batch per rank captured
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
 NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints")  # in the space when --space
@@ -101,6 +109,10 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
              "per-expert capacity C = ceil(factor · T · K / E) per rank's step"),
         Knob("scheduling", "engine.scheduling", ("fcfs", "affinity"), "admission order"),
         Knob("offload_hints", "offload.hints", ("router", "history", "both"), "where prefetch predictions come from"),
+        Knob("dense_format", "serve.dense_format", ("none", "fp8"), "attention / dense / shared-expert weights"),
+        Knob("kv_format", "serve.kv_format", ("none", "fp8"), "KV-cache precision"),
+        Knob("overlap", "serve.overlap", (0, 1), "two-batch overlap of dispatch/combine with compute"),
+        Knob("cuda_graph_max_bs", "serve.cuda_graph_max_bs", GRAPH_SIZES, "largest decode batch per rank in a CUDA graph"),
     ]
 
 
@@ -274,6 +286,14 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     if d.offload_resident_fraction >= 1 and (d.offload_prefetch_depth or d.offload_eviction != "lru"):
         out = replace(out, offload_prefetch_depth=0, offload_eviction="lru")
         notes.append("every expert resident: prefetch and eviction are moot")
+    if d.overlap and d.ep_size == 1:
+        out = replace(out, overlap=0)
+        notes.append("at ep_size 1 there is no dispatch/combine to overlap")
+    graphs = [g for g in GRAPH_SIZES if g >= min(per_rank, out.max_num_seqs)]
+    if d.cuda_graph_max_bs > 0 and graphs and d.cuda_graph_max_bs > graphs[0]:
+        out = replace(out, cuda_graph_max_bs=graphs[0])
+        notes.append(f"cuda_graph_max_bs {d.cuda_graph_max_bs} runs the same as {graphs[0]} (decode batches of at "
+                     f"most {min(per_rank, out.max_num_seqs)} sequences a rank)")
     return _canonical_named(out, notes)
 
 
