@@ -23,7 +23,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware only) | none, fp8 | — |
 | kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
 | overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
-| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only) | 0 (eager), 32, 128, 512 | — (a size above the decode batch a rank holds: same as the smallest holding it) |
+| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (a size above the decode batch a rank holds: same as the smallest holding it) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
@@ -62,6 +62,8 @@ from moetune.search.cost.tp import group_size, tp_reason
 PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs")  # searched by default on
 # priced (simulated GPU) searches though no recipe key says them: the serving engines' knobs (their launch flags)
 GRAPH_SIZES = (0, 32, 128, 512)  # cuda_graph_max_bs on GPUs: 0 eager, else the largest decode batch per rank captured
+DOMINATED = {"cuda_graph_max_bs": 512}  # never worse in the cost model than its other values (no graph memory is
+# priced): one value unless --space names the knob, so that it does not dilute a small trial budget
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
 NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints")  # in the space when --space
@@ -168,6 +170,8 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             if not values:
                 raise SpaceError(f"--space: knob '{knob.name}' has no values")
             knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
+        elif knob.name in DOMINATED:
+            knob = replace(knob, values=(DOMINATED[knob.name],))
         elif knob.name in OPT_IN:
             knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
         elif knob.name in NAMED_ONLY:
