@@ -29,6 +29,12 @@ class Deployment:
     scheduling: str = "fcfs"  # fcfs | affinity: the engine's admission order (engine/affinity.py)
     offload_hints: str = "router"  # router | history | both: where prefetch predictions come from (moot resident)
     speculative: str = "none"  # none | ngram:K | draft:DIR:K | mtp:K: drafts verified per decode (cost/speculative.py)
+    # serving-engine knobs priced on GPU hardware (precision.py, overlap.py): no moetune recipe key
+    dense_format: str = "none"  # none (the model dtype) | fp8: attention, dense and shared-expert MLP weights
+    kv_format: str = "none"  # none (the model dtype) | fp8: the KV cache (bytes held and read per step)
+    overlap: int = 0  # 1: two-batch overlap (two micro-batches, one's dispatch/combine behind the other's compute)
+    cuda_graph_max_bs: int = -1  # -1: every kernel at the hardware's one per-kernel figure (as before; CPU);
+    # 0: eager (no CUDA graphs); n: decode-only steps of at most n sequences per rank replay a graph
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +59,12 @@ class Deployment:
             parts.append(f"hints={self.offload_hints}")
         if self.speculative != "none":
             parts.append(f"spec={self.speculative}")
+        if self.dense_format != "none" or self.kv_format != "none":
+            parts.append(f"dense={self.dense_format}/kv={self.kv_format}")
+        if self.overlap:
+            parts.append("TBO")
+        if self.cuda_graph_max_bs >= 0:
+            parts.append(f"graphs≤{self.cuda_graph_max_bs}" if self.cuda_graph_max_bs else "eager")
         return " ".join(parts)
 
 

@@ -7,6 +7,7 @@ efficiency, because no kernel reaches peak):
 | figure | H100 SXM | H200 SXM | B200 (HGX) | source |
 |---|---|---|---|---|
 | dense BF16 FLOP/s | 989 T | 989 T | 2.25 P | NVIDIA H100 / H200 datasheets; NVIDIA DGX B200 datasheet (72 PFLOPS FP8 sparse training per 8 GPUs → 2.25 PFLOPS dense BF16 per GPU) |
+| dense FP8 FLOP/s | 1,979 T | 1,979 T | 4.5 P | same datasheets (2× BF16; `fp8_flops`, 0 = no fp8 tensor cores: fp8 weights compute at `flops`) |
 | HBM bytes/s | 3.35 T | 4.8 T | 8 T | same datasheets |
 | HBM capacity | 80 GB | 141 GB | 180 GB | same datasheets (DGX B200: 1,440 GB per 8 GPUs) |
 | NVLink per GPU, one direction | 450 GB/s | 450 GB/s | 900 GB/s | NVLink 4: 900 GB/s bidirectional; NVLink 5: 1.8 TB/s bidirectional |
@@ -15,7 +16,10 @@ efficiency, because no kernel reaches peak):
 
 Efficiencies (`gemm_eff` 0.6, `mem_eff` 0.8, `link_eff` 0.7) and the launch / collective
 latencies (2 µs per kernel as replayed in a CUDA graph, 20 µs per collective intra-node, 35 µs
-across nodes) are assumptions, stated here and in
+across nodes) are assumptions, and so is `eager_launch_s` (6 µs: the CPU's cost of launching one
+kernel eagerly — framework dispatch plus cudaLaunchKernel — which bounds a step from below when
+its kernels are shorter: a step not replayed from a CUDA graph costs max(GPU time, kernels × 6 µs)
+per phase; 0 on `this-machine`, where every torch call is priced by its measured overhead), stated here and in
 every `--hardware` file; override them with a YAML file of the same keys.
 
 `this-machine` is measured when asked for (a fraction of a second): fp32 matmul FLOP/s with one
@@ -56,6 +60,8 @@ class Hardware:
     mem_eff: float = 0.8
     link_eff: float = 0.7
     op_overhead_s: float = 2e-6  # per kernel launch (GPU, replayed in a CUDA graph) / per torch call (CPU)
+    fp8_flops: float = 0.0  # peak FLOP/s of fp8 GEMMs (w8a8); 0: none, fp8 weights compute at `flops`
+    eager_launch_s: float = 0.0  # CPU seconds to launch one kernel eagerly (no CUDA graph); 0: not priced
     intra_latency_s: float = 20e-6  # per collective inside a node
     inter_latency_s: float = 35e-6  # per collective across nodes
     grouped_experts: bool = True  # fused kernels (GPU): one grouped GEMM per rank, batched attention;
@@ -75,6 +81,10 @@ class Hardware:
             return self.flops
         return self.flops_one_thread
 
+    def fp8_speedup(self) -> float:
+        """How much faster an fp8 GEMM computes than one at the activation dtype (1: no fp8 tensor cores)."""
+        return self.fp8_flops / self.flops if self.fp8_flops > self.flops else 1.0
+
     def with_nodes(self, nodes: int) -> "Hardware":
         return replace(self, nodes=nodes)
 
@@ -82,12 +92,14 @@ class Hardware:
         return asdict(self)
 
 
-_HOPPER = dict(ranks_per_node=8, nodes=1, flops=989e12, intra_bw=450 * GB, inter_bw=50 * GB, host_bw=55 * GB)
+_HOPPER = dict(ranks_per_node=8, nodes=1, flops=989e12, intra_bw=450 * GB, inter_bw=50 * GB, host_bw=55 * GB,
+               fp8_flops=1979e12, eager_launch_s=6e-6)
 BUILTIN = {
     "H100": Hardware("H100", mem_bw=3.35e12, mem_bytes=80 * GB, source="NVIDIA H100 SXM datasheet", **_HOPPER),
     "H200": Hardware("H200", mem_bw=4.8e12, mem_bytes=141 * GB, source="NVIDIA H200 SXM datasheet", **_HOPPER),
     "B200": Hardware("B200", ranks_per_node=8, nodes=1, flops=2.25e15, mem_bw=8e12, mem_bytes=180 * GB,
-                     intra_bw=900 * GB, inter_bw=50 * GB, host_bw=55 * GB, source="NVIDIA DGX B200 datasheet"),
+                     intra_bw=900 * GB, inter_bw=50 * GB, host_bw=55 * GB, fp8_flops=4.5e15, eager_launch_s=6e-6,
+                     source="NVIDIA DGX B200 datasheet"),
 }
 NAMES = (*BUILTIN, "this-machine")
 

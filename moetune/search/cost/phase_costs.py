@@ -51,6 +51,7 @@ class SlotRows:
     rows_q: np.ndarray  # [Lm, R] rows each rank computes
     act_bytes_q: np.ndarray  # [Lm, R] weight bytes of each rank's active slots
     act_n_q: np.ndarray  # [Lm, R] active slots per rank
+    low_rows_q: np.ndarray  # [Lm, R] of rows_q, those on slots in the low format (fp8: computed at the fp8 rate)
 
     @classmethod
     def of(cls, counts: np.ndarray, prep, R: int) -> "SlotRows":
@@ -60,14 +61,14 @@ class SlotRows:
         active = slot_counts > prep.replica_idx  # [Lm, P]
         slot_rows = slot_counts / prep.reps_slot
         return cls(active, slot_rows, per_rank(slot_rows, R), per_rank(active * prep.slot_bytes, R),
-                   per_rank(active.astype(np.float64), R))
+                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.low_share_slot, R))
 
 
 def attention(sim, st: StepRows) -> np.ndarray:
-    m, b = sim.src.model, sim.b
+    m, b, p = sim.src.model, sim.b, sim.prec
     T, B = st.T, st.B
-    return sim.roof(2 * T * m.attn_weights + m.pair_flops * st.pairs,
-                    np.where(T > 0, m.attn_weights * b + st.context * m.kv_elems * b + 2 * T * m.D * b, 0),
+    return sim.roof(2 * T * m.attn_weights * p.dense_k + m.pair_flops * st.pairs,
+                    np.where(T > 0, m.attn_weights * p.dense_b + st.context * m.kv_elems * p.kv_b + 2 * T * m.D * b, 0),
                     np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), st.R, "attention")
 
 
@@ -87,10 +88,10 @@ def unpermute(sim, st: StepRows) -> np.ndarray:
 
 
 def shared_expert(sim, st: StepRows) -> np.ndarray:
-    m, b, T = sim.src.model, sim.b, st.T
+    m, b, T, p = sim.src.model, sim.b, st.T, sim.prec
     if not m.I_shared:
         return np.zeros(st.R)
-    return sim.roof(6 * T * m.D * m.I_shared, 3 * m.D * m.I_shared * b + 2 * T * m.D * b,
+    return sim.roof(6 * T * m.D * m.I_shared * p.dense_k, 3 * m.D * m.I_shared * p.dense_b + 2 * T * m.D * b,
                     CALLS["shared_expert"][0], st.R, "shared_expert")
 
 
@@ -103,7 +104,8 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     """[Lm, R]: the grouped GEMMs of each rank's active slots."""
     m, b, hw = sim.src.model, sim.b, sim.hw
     calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * slots.act_n_q
-    return sim.roof(6 * slots.rows_q * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
+    rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.low_rows_q
+    return sim.roof(6 * rows * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
                     "experts")
 
 
@@ -137,10 +139,10 @@ def overflow_pass(sim, st: StepRows, over: np.ndarray, prep, links: "Links") -> 
 
 def dense_mlp(sim, st: StepRows) -> np.ndarray:
     """[R]: the MLPs of every dense layer (0 without dense layers)."""
-    m, b, T = sim.src.model, sim.b, st.T
+    m, b, T, p = sim.src.model, sim.b, st.T, sim.prec
     if not m.dense_I:
         return np.zeros(st.R)
-    return sum(sim.roof(6 * T * m.D * i, 3 * m.D * i * b + 2 * T * m.D * b, CALLS["dense_mlp"][0], st.R, "dense_mlp")
+    return sum(sim.roof(6 * T * m.D * i * p.dense_k, 3 * m.D * i * p.dense_b + 2 * T * m.D * b, CALLS["dense_mlp"][0], st.R, "dense_mlp")
                for i in m.dense_I)
 
 

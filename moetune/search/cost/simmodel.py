@@ -49,6 +49,11 @@ class SimModel:
         per_moe = 3 * self.D * self.I_shared + self.D * self.E
         return embed + self.L * self.attn_weights + sum(3 * self.D * i for i in self.dense_I) + self.Lm * per_moe
 
+    def dense_projections(self) -> int:
+        """The dense weights a dense-precision knob stores (attention, dense-layer and shared-expert
+        MLPs); the rest of `dense_weights` (embedding, LM head, routers) keeps the model dtype."""
+        return self.L * self.attn_weights + sum(3 * self.D * i for i in self.dense_I) + self.Lm * 3 * self.D * self.I_shared
+
     def total_weights(self) -> int:
         return self.dense_weights() + self.Lm * self.E * self.expert_weights
 

@@ -65,6 +65,8 @@ from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.offload import OffloadState
+from moetune.search.cost.overlap import serial_layer, tbo_layer
+from moetune.search.cost.precision import Precision, precision
 from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.source import TraceSource
@@ -128,6 +130,8 @@ class Simulator:
         self.cal = calibration  # calibrate.Calibration of this-machine (path factors, link latency) or None
         self.terms: dict | None = None  # --explain: (kind, phase) → summed cost-model terms (explain.py)
         self.b = hardware.act_bytes
+        self.prec = Precision.plain(self.b)  # the deployment being priced: dense / KV / fp8 figures (precision.py)
+        self._launch_s = 0.0  # CPU seconds per eager kernel launch in the step being priced (0: graph / not priced)
         self._schedules: dict = {}
         self._link_measured = False
         self._allreduce_s: dict[int, float] = {}  # this-machine: measured all-reduce latency per TP group size
@@ -147,7 +151,7 @@ class Simulator:
         m = tp_costs.tp_model(self.src.model, d)  # one rank's share under tensor parallelism
         per_expert = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format,
                                   d.quant_hot_fraction, m.D).mean()
-        return rank_memory(m, d, self.src.workload, self.b, float(per_expert))
+        return rank_memory(m, d, self.src.workload, self.b, float(per_expert), precision(d, self.hw, self.b))
 
     def spec_plan(self, d: Deployment) -> "spec_costs.SpecPlan | None":
         """The speculation priced for d (cost/speculative.py): measured acceptance first, else assumed."""
@@ -236,6 +240,8 @@ class Simulator:
         memory = nbytes / (hw.mem_bw * hw.mem_eff)
         overhead = calls * hw.op_overhead_s * k
         t = (np.maximum(compute, memory) + overhead) * share
+        if self._launch_s:  # launched eagerly: the CPU launching kernels bounds the phase from below
+            t = np.maximum(t, calls * self._launch_s * share)
         if self.terms is not None:
             from moetune.search.cost.explain import note_terms
 
@@ -284,7 +290,7 @@ class Simulator:
         then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
         ctx = self._pricing(d)
         totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy,
-                              ctx.spec is not None)
+                              ctx.spec is not None, bool(d.overlap and d.ep_size > 1))
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
             if self.on_step is not None:
@@ -298,7 +304,8 @@ class Simulator:
         ctx = self._pricing(d)
         rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked, ctx.spec)
         one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0,  # step t priced into row 0, then copied out
-                           d.capacity_policy, ctx.spec is not None)
+                           d.capacity_policy, ctx.spec is not None,
+                           bool(d.overlap and d.ep_size > 1))
         names = tuple(one.phases)
         step_s, lines, clock, n = [], {p: [] for p in names}, 0.0, w.num_requests
         while rp.arrived < n or rp.has_work():
@@ -368,6 +375,7 @@ class Simulator:
         own = self.own_path(d) if self.cal is not None else None
         # a TP group timed on its own: its compute factor is over the whole model's one-rank path
         view = self if own is not None and own[0] == "tp" else self.rank_view(d)
+        self.prec = view.prec = precision(d, self.hw, self.b)
         plan = self.spec_plan(d)
         draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
@@ -403,8 +411,11 @@ class Simulator:
                     ctx: "Pricing") -> None:
         sim, m, R = ctx.sim, self.src.model, d.ep_size
         sim._kind = "prefill" if s.prefill[t].any() else "decode"
+        sim._launch_s = self.launch_s(d, s, t)
         counts = ctx.trace.counts(s, t, m)  # [R, Lm, E]
-        st = costs.StepRows.of(s, t, self.hw.grouped_experts)
+        whole = costs.StepRows.of(s, t, self.hw.grouped_experts)
+        halves = 2 if d.overlap and R > 1 else 1  # two-batch overlap: the MoE layers priced per micro-batch
+        st, counts = (whole, counts) if halves == 1 else (_half(whole), counts / 2)
         per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
         split = (costs.CapacitySplit.of(counts, st.T, d.capacity_factor, m.K, m.E)
                  if d.capacity_policy in CAPACITY_PRICED else None)
@@ -428,13 +439,18 @@ class Simulator:
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
         a2a = costs.all_to_all(sim, counts, prep, links)
-        totals.a2a_bytes += a2a.bytes
-        totals.inter_bytes += a2a.inter_node_bytes
-        _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
-                  costs.other(sim, st, step_lat), len(m.dense_I), overflow)
+        totals.a2a_bytes += a2a.bytes * halves
+        totals.inter_bytes += a2a.inter_node_bytes * halves
+        if halves == 2:
+            totals.add_slots(slots, prep)  # the other micro-batch's rows
+            _overlapped(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, whole),
+                        costs.other(sim, whole, step_lat), len(m.dense_I), overflow)
+        else:
+            _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
+                      costs.other(sim, st, step_lat), len(m.dense_I), overflow)
         if ctx.spec is not None:  # the drafter's own passes (cost/speculative.py), on the step's critical path
-            peek = ctx.trace.peek(int(st.spec_seqs.max()), m)[-1]  # [E] the next decode rows' last MoE layer
-            totals.add_line(t, "draft", spec_costs.draft_seconds(sim, ctx.spec, st, peek, ctx.draft))
+            peek = ctx.trace.peek(int(whole.spec_seqs.max()), m)[-1]  # [E] the next decode rows' last MoE layer
+            totals.add_line(t, "draft", spec_costs.draft_seconds(sim, ctx.spec, whole, peek, ctx.draft))
         if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
             keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
             totals.scale_step(t, sim.path_factor(d), keep)
@@ -443,6 +459,17 @@ class Simulator:
                                    or (ctx.tp_lat, None, self.hw.intra_bw * self.hw.link_eff))
             totals.add_tp(t, tp_costs.tp_collectives(m, d, float(st.T.max()), float(st.sampled.max()), bw, lat,
                                                      self.b, gather_lat))
+
+    def launch_s(self, d: Deployment, s: Schedule, t: int) -> float:
+        """CPU seconds per kernel launched eagerly in step t: 0 where the step replays a CUDA graph
+        (decode only, at most cuda_graph_max_bs sequences on every rank) or graphs are not modelled
+        (cuda_graph_max_bs −1, or a hardware without an eager launch figure)."""
+        cap = d.cuda_graph_max_bs
+        if cap < 0 or not self.hw.eager_launch_s:
+            return 0.0
+        if cap > 0 and not s.prefill[t].any() and int(s.seqs[t].max()) <= cap:
+            return 0.0
+        return self.hw.eager_launch_s
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict, arrival_s: np.ndarray | None) -> Metrics:
@@ -610,11 +637,12 @@ class Totals:
 
     @classmethod
     def empty(cls, S: int, Lm: int, R: int, tp: bool = False, capacity: str = "none",
-              spec: bool = False) -> "Totals":
+              spec: bool = False, overlap: bool = False) -> "Totals":
         capacity = capacity if capacity in CAPACITY_PRICED else "none"
         names = (PHASES + (tp_costs.TP_PHASES if tp else ())  # the TP lines only where TP runs
                  + (("overflow",) if capacity == "buffer" else ())  # the second pass only under buffer
-                 + (("draft",) if spec else ()))  # the drafter only under speculation
+                 + (("draft",) if spec else ())  # the drafter only under speculation
+                 + (("overlap_hidden",) if overlap else ()))  # two-batch overlap: seconds hidden (step = Σ − it)
         return cls(np.zeros(S), {k: np.zeros(S) for k in names}, np.zeros((Lm, R)), capacity=capacity)
 
     def add_capacity(self, split: costs.CapacitySplit, counts: np.ndarray) -> None:
@@ -690,6 +718,30 @@ def _add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stal
                                       + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0)))
     for phase, value in lines.items():
         totals.phases[phase][t] = value
+
+
+def _half(st: costs.StepRows) -> costs.StepRows:
+    """One of two micro-batches of a step: half of every rank's rows, pairs and context (overlap.py)."""
+    return costs.StepRows(st.T / 2, st.B / 2, st.pairs / 2, st.context / 2, st.sampled / 2, st.R,
+                          None if st.spec_seqs is None else st.spec_seqs / 2)
+
+
+def _overlapped(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,
+                dense: np.ndarray, other: np.ndarray, dense_layers: int, overflow: np.ndarray | None) -> None:
+    """Step t under two-batch overlap from one micro-batch's pieces (overlap.py): the phase lines are
+    both halves' (twice one's), the step is the overlapped schedule; `overlap_hidden` is what it hides."""
+    two = {k: 2 * v for k, v in per_rank.items()}
+    both = costs.AllToAll(2 * a2a.dispatch, 2 * a2a.combine, 2 * a2a.bytes, 2 * a2a.inter_node_bytes)
+    _add_step(totals, t, two, 2 * expert_s, 2 * stall, both, dense, other, dense_layers,
+              None if overflow is None else 2 * overflow)
+    pre = (per_rank["attention"] + per_rank["router"] + per_rank["permute"]).max()
+    post = (per_rank["unpermute"] + per_rank["shared_expert"]).max()
+    exp = (expert_s + stall).max(1) + (0 if overflow is None else overflow)  # [Lm]
+    pre_l, post_l = np.full_like(exp, pre), np.full_like(exp, post)
+    hidden = float((serial_layer(pre_l, a2a.dispatch, exp, a2a.combine, post_l)
+                    - tbo_layer(pre_l, a2a.dispatch, exp, a2a.combine, post_l)).sum())
+    totals.step_s[t] -= hidden
+    totals.phases["overlap_hidden"][t] = hidden
 
 
 def _take(pool: np.ndarray, cursor: int, n: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from moetune.search.study.launch import Launch, ServeTarget, world
 from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.quality import QUALITY_DETAIL
 from moetune.search.study.sglang_launch import sglang_launch
-from moetune.search.study.space import Deployment, to_config, what_if_values
+from moetune.search.study.space import NEUTRAL, Deployment, to_config, what_if_values
 from moetune.search.study.vllm_launch import vllm_launch
 
 
@@ -27,7 +27,7 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
     text = f"# moetune search winner ({how}): {d.label()}\n"
     text += yaml.safe_dump(cfg.model_dump(), sort_keys=False)
     extra = {k: v for k, v in what_if_values(d).items()}
-    if any(v not in ("none", 0, 0.0, 1.0, "lru") for v in extra.values()):
+    if any(v not in ("none", 0, 0.0, 1.0, "lru", NEUTRAL["cuda_graph_max_bs"]) for v in extra.values()):
         text += "# what-if knobs (no recipe key on this branch yet; the estimate assumed them):\n"
         text += "".join(f"#   {k}: {v}\n" for k, v in extra.items())
     if metrics:

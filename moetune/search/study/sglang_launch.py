@@ -7,7 +7,8 @@
 | replicas | `--dp-size replicas` without DP attention; else one instance per replica (SGLang refuses both) | yes |
 | max_num_seqs, max_num_batched_tokens | `--max-running-requests`, `--chunked-prefill-size`: per instance (× R under DP attention) | closest (chunked prefill is not a step budget) |
 | redundant_experts, placement | `--ep-num-redundant-experts N`, `--init-expert-location FILE` | yes |
-| quant fp8 | `--quantization fp8` (online; also attention and dense layers) | experts as priced |
+| quant fp8, dense_format fp8 | `--quantization fp8` (online, or an fp8 checkpoint as stored: dense layers and every expert) | re-priced with both fp8 |
+| kv_format, overlap, cuda_graph_max_bs | `--kv-cache-dtype fp8_e4m3`, `--enable-two-batch-overlap` (DeepEP only), `--disable-decode-cuda-graph` / `--cuda-graph-max-bs-decode` (engine_knobs.py) | yes (overlap at G > 1: re-priced without) |
 | quant int8 / int4, offload | no flag for a full-precision checkpoint (w8a8_int8 / moe_wna16 need pre-quantized weights) | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
 | engine.speculative (recipe) | `--speculative-algorithm NGRAM` / `STANDALONE` with its draft-token flags (speculative_launch.py) | priced by moetune's simulator (cost/speculative.py) |
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 from moetune.search.cost.deployment import Deployment
+from moetune.search.study.engine_knobs import engine_knobs, fp8_as_run, fp8_weights, knobs_as_run
 from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
 from moetune.search.study.speculative_launch import describe, sglang_speculative
 
@@ -46,6 +48,10 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
         flags += ["--init-expert-location", location_json]
     quant = _quant(d, flags, unsupported, notes)
     unsupported += moetune_only(d, "SGLang")
+    knobs = engine_knobs(d, "sglang", overlap_ok=G == 1)
+    flags += knobs.flags
+    notes += knobs.notes
+    unsupported += knobs.unsupported
     if d.offload_resident_fraction < 1:
         unsupported.append("expert offloading with prefetch (no SGLang equivalent)")
     instances = d.replicas
@@ -59,7 +65,8 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
     n = nodes_of(d, t)
     nodes = [flags] if n == 1 else [flags + ["--nnodes", str(n), "--node-rank", str(k), "--dist-init-addr",
                                              f"$HEAD_IP:{DIST_PORT}"] for k in range(n)]
-    return Launch("sglang", nodes, as_engine_runs(d, d.placement, quant), unsupported, notes + spec.notes, instances,
+    as_run = knobs_as_run(d, fp8_as_run(d, as_engine_runs(d, d.placement, quant)), knobs)
+    return Launch("sglang", nodes, as_run, unsupported, notes + spec.notes, instances,
                   describe(t.speculative) if t.speculative else None, spec.gaps)
 
 
@@ -76,14 +83,17 @@ def _expert_parallel(d: Deployment, R: int, G: int, notes: list) -> list[str]:
 
 def _quant(d: Deployment, flags: list, unsupported: list, notes: list) -> bool:
     low = d.quant_low_format
+    if low in ("none", "fp8") and fp8_weights(d):
+        flags += ["--quantization", "fp8"]
+        notes.append("--quantization fp8 (online, or an fp8 checkpoint as stored) quantizes the dense layers and "
+                     "every expert: re-priced with both fp8")
+    elif d.dense_format == "fp8":
+        unsupported.append(f"fp8 dense weights beside {low} experts (one --quantization: re-priced bf16 dense)")
     if low == "none":
         return True
     if low != "fp8":
         unsupported.append(f"{low} experts (SGLang's int8/int4 paths need a pre-quantized checkpoint)")
         return False
-    flags += ["--quantization", "fp8"]
-    notes.append("--quantization fp8 is online and also quantizes attention and dense layers; moetune priced "
-                 "fp8 experts")
     if d.quant_hot_fraction > 0:
         unsupported.append(f"hot experts kept in full precision ({d.quant_hot_fraction:g}): SGLang quantizes "
                            "every expert (re-priced with hot fraction 0)")

@@ -21,6 +21,10 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
 | offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
 | speculative | engine.speculative (searched when --space names it) | none, ngram:K, draft:DIR:K, mtp:K (1 <= K <= 16) | a TP group (the engine verifies on one group only); mtp:K on a model without MTP layers (config.json num_nextn_predict_layers); a value the recipe refuses; simulate: no acceptance known (neither the trace's profile with that speculator nor --spec-acceptance) |
+| dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware only) | none, fp8 | — |
+| kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
+| overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
+| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (a size above the decode batch a rank holds: same as the smallest holding it) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
@@ -33,8 +37,10 @@ low format with hot fraction 0 is `quant.experts`; with a hot fraction, the hot 
 the trace's expert loads) keep the model's precision; the resident fraction is written as a count
 of the rank's slots, rounded up, the same number the simulator prices. A knob is searched only
 when RunConfig accepts its key (`recipe_accepts`); `--what-if` adds knobs a recipe cannot say yet
-to simulated searches (none at present); `replicas` is searched without a recipe key (PRICED_ONLY:
-the simulator prices it, the measure evaluator prunes values above 1). The NAMED_ONLY knobs
+to simulated searches (none at present); `replicas` and the serving engines' knobs (dense and KV
+precision, two-batch overlap, CUDA-graph capture size) are searched without a recipe key
+(PRICED_ONLY: the simulator prices them on GPU hardware, where the emitted launch flags say them;
+a this-machine search never proposes them: moetune's CPU engine has none of them). The NAMED_ONLY knobs
 (capacity, scheduling, prefetch hints) are in the space only when --space names them, else they keep
 the base recipe's values (a one-value knob only where that is not the neutral one), so a default
 space is the grid it was before them. To add a knob: one `Knob(...)` row in `KNOBS`, a field in
@@ -54,7 +60,11 @@ from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
 
 
-PRICED_ONLY = ("replicas",)  # searched by default though no recipe key says them
+PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs")  # searched by default on
+# priced (simulated GPU) searches though no recipe key says them: the serving engines' knobs (their launch flags)
+GRAPH_SIZES = (0, 32, 128, 512)  # cuda_graph_max_bs on GPUs: 0 eager, else the largest decode batch per rank captured
+DOMINATED = {"cuda_graph_max_bs": 512}  # never worse in the cost model than its other values (no graph memory is
+# priced): one value unless --space names the knob, so that it does not dilute a small trial budget
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
 NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative")  # in the space when --space
@@ -104,6 +114,10 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
         Knob("offload_hints", "offload.hints", ("router", "history", "both"), "where prefetch predictions come from"),
         Knob("speculative", "engine.speculative", ("none", "ngram:2", "ngram:4", "mtp:1", "mtp:2"),
              "speculator × draft tokens verified per decode (any ngram:K, draft:DIR:K, mtp:K)"),
+        Knob("dense_format", "serve.dense_format", ("none", "fp8"), "attention / dense / shared-expert weights"),
+        Knob("kv_format", "serve.kv_format", ("none", "fp8"), "KV-cache precision"),
+        Knob("overlap", "serve.overlap", (0, 1), "two-batch overlap of dispatch/combine with compute"),
+        Knob("cuda_graph_max_bs", "serve.cuda_graph_max_bs", GRAPH_SIZES, "largest decode batch per rank in a CUDA graph"),
     ]
 
 
@@ -159,6 +173,8 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             if not values:
                 raise SpaceError(f"--space: knob '{knob.name}' has no values")
             knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
+        elif knob.name in DOMINATED:
+            knob = replace(knob, values=(DOMINATED[knob.name],))
         elif knob.name in OPT_IN:
             knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
         elif knob.name in NAMED_ONLY:
@@ -308,6 +324,14 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     if d.offload_resident_fraction >= 1 and (d.offload_prefetch_depth or d.offload_eviction != "lru"):
         out = replace(out, offload_prefetch_depth=0, offload_eviction="lru")
         notes.append("every expert resident: prefetch and eviction are moot")
+    if d.overlap and d.ep_size == 1:
+        out = replace(out, overlap=0)
+        notes.append("at ep_size 1 there is no dispatch/combine to overlap")
+    graphs = [g for g in GRAPH_SIZES if g >= min(per_rank, out.max_num_seqs)]
+    if d.cuda_graph_max_bs > 0 and graphs and d.cuda_graph_max_bs > graphs[0]:
+        out = replace(out, cuda_graph_max_bs=graphs[0])
+        notes.append(f"cuda_graph_max_bs {d.cuda_graph_max_bs} runs the same as {graphs[0]} (decode batches of at "
+                     f"most {min(per_rank, out.max_num_seqs)} sequences a rank)")
     return _canonical_named(out, notes)
 
 

@@ -7,7 +7,8 @@
 | max_num_seqs, max_num_batched_tokens | `--max-num-seqs`, `--max-num-batched-tokens` (per DP rank) | yes |
 | redundant_experts, eplb | `--enable-eplb --eplb-config '{"num_redundant_experts": N}'` | vLLM rebalances from live load |
 | round_robin | `--expert-placement-strategy round_robin` only for models with expert groups, N = 0, no EPLB, on the DeepEP low-latency all-to-all (else vLLM falls back to linear: re-priced contiguous) | where honoured |
-| quant fp8 | `--quantization fp8` (online; vLLM also quantizes attention and dense layers) | experts as priced |
+| quant fp8, dense_format fp8 | `--quantization fp8` (online, or an fp8 checkpoint as stored: dense layers and every expert) | re-priced with both fp8 |
+| kv_format, overlap, cuda_graph_max_bs | `--kv-cache-dtype fp8`, `--enable-dbo`, `--enforce-eager` / `--max-cudagraph-capture-size` (engine_knobs.py) | yes |
 | quant int8 | `--quantization experts_int8` (online, every expert) | hot fraction > 0 re-priced as 0 |
 | quant int4, offload | no flag for a full-precision checkpoint | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 from moetune.search.cost.deployment import Deployment
+from moetune.search.study.engine_knobs import engine_knobs, fp8_as_run, fp8_weights, knobs_as_run
 from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
 from moetune.search.study.speculative_launch import describe, vllm_speculative
 
@@ -50,7 +52,10 @@ def vllm_launch(d: Deployment, t: ServeTarget) -> Launch:
         common += ["--expert-placement-strategy", "round_robin"]
     quant = _quant(d, common, unsupported, notes)
     unsupported += moetune_only(d, "vLLM")
-    as_run = as_engine_runs(d, placement, quant)
+    knobs = engine_knobs(d, "vllm")
+    common += knobs.flags
+    notes += knobs.notes
+    as_run = knobs_as_run(d, fp8_as_run(d, as_engine_runs(d, placement, quant)), knobs)
     if d.offload_resident_fraction < 1:
         unsupported.append("expert offloading with prefetch (vLLM's --cpu-offload-gb offloads whole weights)")
     instances = d.replicas
@@ -83,16 +88,18 @@ def _placement(d: Deployment, t: ServeTarget, n_nodes: int, unsupported: list, n
 def _quant(d: Deployment, flags: list, unsupported: list, notes: list) -> bool:
     """Adds the quantization flag; False when the low-bit experts cannot be deployed (re-priced without)."""
     low = d.quant_low_format
+    if low in ("none", "fp8") and fp8_weights(d):
+        flags += ["--quantization", "fp8"]
+        notes.append("--quantization fp8 (online from a bf16 checkpoint; an fp8 checkpoint is read as stored) "
+                     "quantizes the dense layers and every expert: re-priced with both fp8")
+    elif d.dense_format == "fp8":
+        unsupported.append(f"fp8 dense weights beside {low} experts (one --quantization: re-priced bf16 dense)")
     if low == "none":
         return True
-    if low == "fp8":
-        flags += ["--quantization", "fp8"]
-        notes.append("--quantization fp8 is online (from a bf16 checkpoint) and also quantizes attention and "
-                     "dense layers; moetune priced fp8 experts")
-    elif low == "int8":
+    if low == "int8":
         flags += ["--quantization", "experts_int8"]
         notes.append("--quantization experts_int8: online int8 weights for every expert")
-    else:
+    elif low != "fp8":
         unsupported.append(f"{low} experts (vLLM needs a pre-quantized GPTQ/AWQ checkpoint for int4)")
         return False
     if d.quant_hot_fraction > 0:

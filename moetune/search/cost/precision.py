@@ -1,0 +1,42 @@
+"""Dense-weight and KV-cache precision, and the compute rate of fp8 GEMMs (the serving engines'
+`--quantization fp8` / `--kv-cache-dtype fp8` knobs, priced on GPU hardware).
+
+| knob | what it changes | bytes | FLOPs |
+|---|---|---|---|
+| dense_format fp8 | attention projections, dense-layer and shared-expert MLPs (block-wise fp8 weights, as DeepSeek-V3's checkpoint and the engines' online fp8 store them; the embedding, LM head and router stay at the model dtype: neither engine's `--quantization fp8` nor DeepSeek-V3's checkpoint quantizes them) | 1 + 4/128 per weight (formats.py) | w8a8: at the hardware's fp8 rate (`fp8_flops`, 2× bf16 on H100/H200) |
+| kv_format fp8 | the KV cache (GQA's K/V, MLA's latent) | 1 per element: twice the sequences in the same memory, half the bytes read per decode step | the attention scores stay at the activation dtype |
+| quant_low_format fp8 (experts) | the cold experts | formats.py | w8a8 at the fp8 rate (the engines' fp8 MoE kernels) |
+
+int8 / int4 experts are weight-only (dequantised into the activation dtype's GEMM): bytes only.
+A FLOP multiplier k < 1 scales a GEMM's FLOPs into activation-dtype FLOPs (the roofline divides by
+one rate), so `--explain`'s flops of an fp8 GEMM are its bf16-equivalent FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moetune.search.cost.formats import bytes_per_weight
+
+DENSE_FORMATS = ("none", "fp8")
+KV_FORMATS = ("none", "fp8")
+
+
+@dataclass(frozen=True)
+class Precision:
+    dense_b: float  # bytes per dense projection weight
+    dense_k: float  # FLOP multiplier of the dense projections' GEMMs (1 / fp8 speedup, else 1)
+    kv_b: float  # bytes per KV-cache element
+    expert_fp8_k: float  # FLOP multiplier of the low-format experts' GEMMs (fp8: 1 / fp8 speedup, else 1)
+
+    @classmethod
+    def plain(cls, b: int) -> "Precision":
+        return cls(float(b), 1.0, float(b), 1.0)
+
+
+def precision(d, hw, b: int) -> Precision:
+    """The deployment's precision figures on hardware `hw` (activation / model dtype bytes `b`)."""
+    k = 1.0 / hw.fp8_speedup()
+    dense_fp8 = d.dense_format == "fp8"
+    return Precision(bytes_per_weight(d.dense_format, b), k if dense_fp8 else 1.0,
+                     1.0 if d.kv_format == "fp8" else float(b), k if d.quant_low_format == "fp8" else 1.0)
