@@ -217,7 +217,7 @@ def test_an_mtp_recipe_launches_with_the_engines_mtp_speculation():
     got = speculative_commands("mtp:2", DSV3, GRID[::5])
     assert {e for e, _, _ in got} == {"vllm", "sglang"}
     for engine, f, text in got:
-        assert "speculative decoding: not priced by moetune's simulator" in text and "mtp:2" in text
+        assert "speculative decoding: priced" in text and "mtp:2" in text
         if engine == "vllm":
             assert json.loads(f["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 2}
         else:  # EAGLE (= NEXTN) on the target's own MTP layer: no draft model path

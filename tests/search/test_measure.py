@@ -13,7 +13,8 @@ from moetune.search.study.setup import Inputs
 from moetune.search.study.optuna_study import StudySettings
 
 NEUTRAL = ("quant_low_format: none\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
-           "offload_prefetch_depth: 0\noffload_eviction: lru\n")  # quant and offload knobs fixed
+           "offload_prefetch_depth: 0\noffload_eviction: lru\n"
+           "dense_format: none\nkv_format: none\noverlap: 0\n")  # quant, offload and the GPU serving knobs fixed
 SPACE = ("redundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 4\nmax_num_batched_tokens: 1024\n"
          + NEUTRAL)
 

@@ -20,7 +20,8 @@ from tests.cli_run import assert_one_line_error, moetune
 
 
 NEUTRAL = ("quant_low_format: none\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
-           "offload_prefetch_depth: 0\noffload_eviction: lru\nreplicas: 1\n")  # quant, offload, replicas fixed
+           "offload_prefetch_depth: 0\noffload_eviction: lru\nreplicas: 1\n"
+           "dense_format: none\nkv_format: none\noverlap: 0\n")  # quant, offload, replicas, GPU serving knobs fixed
 
 
 def settings(run_dir, out: Path, hw="H200", sampler="tpe", n=12, objectives=("throughput",), space=None,

@@ -24,7 +24,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware only) | none, fp8 | — |
 | kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
 | overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
-| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (a size above the decode batch a rank holds: same as the smallest holding it) |
+| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (kept as sampled: a size above the decode batch a rank holds prices the same, and the launch flags say the size) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
@@ -327,11 +327,6 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     if d.overlap and d.ep_size == 1:
         out = replace(out, overlap=0)
         notes.append("at ep_size 1 there is no dispatch/combine to overlap")
-    graphs = [g for g in GRAPH_SIZES if g >= min(per_rank, out.max_num_seqs)]
-    if d.cuda_graph_max_bs > 0 and graphs and d.cuda_graph_max_bs > graphs[0]:
-        out = replace(out, cuda_graph_max_bs=graphs[0])
-        notes.append(f"cuda_graph_max_bs {d.cuda_graph_max_bs} runs the same as {graphs[0]} (decode batches of at "
-                     f"most {min(per_rank, out.max_num_seqs)} sequences a rank)")
     return _canonical_named(out, notes)
 
 
