@@ -48,6 +48,12 @@ tokens, to fit 2 cores), load 1.82–2.90 (another session's process ran beside 
   0.284, history 0.343, both 0.316; 15 / 10 / 15 prefetches issued, precision 0 for every source.
   capacity: prefill none 0.198 s, drop 1.0 0.168, drop 1.5 0.183, buffer 1.0 0.240, buffer 1.5 0.231;
   KL drop 1.0 0.032 (top-1 0.19), drop 1.5 0.021 (0.33), buffer 0 (1.000).
+340M again, 16 requests × 16 tokens, load 1.11 → 1.72: distinct/step 44.2 fcfs vs 44.1 affinity (decode
+  43.5 both); hit rate 25 % 0.292 vs 0.298, 50 % 0.640 vs 0.625; decode tok/s 25 % 17 [14–18] vs 20 [15–20],
+  50 % 14 [6–15] vs 11 [6–13] (50 % slower than 25 %: other load, not the policy); P99 25 % 15.2 vs 13.9 s.
+  At 8 experts top-2 the two families barely route apart, so affinity has little to group.
+bundled capacity again, 9 runs, load 1.12: prefill none 24 ms, drop 1.0 25, drop 1.5 26, buffer 1.0 31,
+  buffer 1.5 30 ms.
 """
 
 from __future__ import annotations
