@@ -24,6 +24,36 @@ table 3, capacity policy (none / drop / buffer) × factor (1.0 / 1.5): prefill s
   held-out prompts (each cut to --capacity-len tokens)
   (median of --runs interleaved runs), KL / top-1 vs no limit (`moetune eval`'s agreement), copies dropped
   or buffered. Machine load is printed beside the tables: the figures are from a shared 2-core machine.
+
+Figures (2026-12-02, under the shared CPU lock; medians of 3 interleaved runs [min–max]):
+bundled model, defaults (32 requests × 32 tokens, max_num_seqs 4, shuffled arrival), load 1.37 → 1.26:
+  | resident | policy   | distinct/step | decode distinct | hit rate | decode tok/s  | P99 s            |
+  | 25 %     | fcfs     | 21.3          | 20.7            | 0.593    | 360 [354–373] | 2.97 [2.86–3.17] |
+  | 25 %     | affinity | 19.6          | 19.0            | 0.615    | 402 [401–406] | 2.69 [2.65–2.79] |
+  | 50 %     | fcfs     | 21.3          | 20.7            | 0.885    | 558 [556–575] | 1.97 [1.91–2.04] |
+  | 50 %     | affinity | 19.6          | 19.0            | 0.894    | 572 [548–579] | 2.02 [1.94–2.02] |
+  prefetch at 25 %: hit rate router 0.594, history 0.534, both 0.594; precision router 0.30 (841 issued),
+  history 0.24 (241), both: router 0.30 (844) + history 3 issued (router-ahead had them queued first).
+  capacity (16 prompts × 128 tokens): prefill 35 ms none / drop 1.0 / drop 1.5, 40–41 ms buffer
+  (spread up to 2.5× on a 35 ms figure); KL vs none drop 1.0 0.366 (top-1 0.667), drop 1.5 0.160
+  (0.789), buffer 0 (1.000) at both factors.
+340M Mixtral (/work/runs/m340: 8 experts, top-2; 8 requests × 8 tokens, 4 capacity prompts × 64
+tokens, to fit 2 cores), load 1.82–2.90 (another session's process ran beside the lock):
+  | resident | policy   | distinct/step | decode distinct | hit rate | decode tok/s | P99 s            |
+  | 25 %     | fcfs     | 42.9          | 41.3            | 0.284    | 17 [9–18]    | 4.42 [4.00–8.98] |
+  | 25 %     | affinity | 42.3          | 40.3            | 0.267    | 19 [10–20]   | 3.84 [3.59–6.90] |
+  | 50 %     | fcfs     | 42.9          | 41.3            | 0.636    | 26 [24–27]   | 3.07 [3.00–3.21] |
+  | 50 %     | affinity | 42.3          | 40.3            | 0.622    | 16 [10–18]   | 4.39 [4.06–6.62] |
+  prefetch at 25 % (2 slots = top-k: a prefetch rarely finds a slot no step needs): hit rate router
+  0.284, history 0.343, both 0.316; 15 / 10 / 15 prefetches issued, precision 0 for every source.
+  capacity: prefill none 0.198 s, drop 1.0 0.168, drop 1.5 0.183, buffer 1.0 0.240, buffer 1.5 0.231;
+  KL drop 1.0 0.032 (top-1 0.19), drop 1.5 0.021 (0.33), buffer 0 (1.000).
+340M again, 16 requests × 16 tokens, load 1.11 → 1.72: distinct/step 44.2 fcfs vs 44.1 affinity (decode
+  43.5 both); hit rate 25 % 0.292 vs 0.298, 50 % 0.640 vs 0.625; decode tok/s 25 % 17 [14–18] vs 20 [15–20],
+  50 % 14 [6–15] vs 11 [6–13] (50 % slower than 25 %: other load, not the policy); P99 25 % 15.2 vs 13.9 s.
+  At 8 experts top-2 the two families barely route apart, so affinity has little to group.
+bundled capacity again, 9 runs, load 1.12: prefill none 24 ms, drop 1.0 25, drop 1.5 26, buffer 1.0 31,
+  buffer 1.5 30 ms.
 """
 
 from __future__ import annotations
