@@ -12,9 +12,11 @@ and reuses the result of an earlier trial of the same deployment, like a canonic
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from moetune.search.cost.deployment import Deployment
+from moetune.search.study.space import Limits, Space, prune
 
 
 def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list[str]]:
@@ -35,3 +37,69 @@ def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list
         out = replace(out, offload_resident_fraction=1.0, offload_prefetch_depth=0, offload_eviction="lru")
         notes.append(f"offloading at ep_size {R} → every expert resident (the engine offloads on one rank)")
     return out, notes
+
+
+# ---- memory: a point that does not fit, stepped to the nearest that does ---------------------------------
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """The evaluator's memory estimate (simulated searches only): bytes a rank needs, and why it does not fit."""
+
+    need: Callable[[Deployment], float]  # bytes per rank (the quantity each move must lower)
+    reason: Callable[[Deployment], str | None]  # None when the point fits
+
+
+LOW_ORDER = ("none", "fp8", "int8", "int4")  # expert formats, most bytes first
+STEPS = tuple(2 ** p for p in range(13, 2, -1))  # max_num_batched_tokens / max_num_seqs tried: 8192 .. 8, down
+# the moves, least harm first: (the knob, what it tries). Each value tried in turn; a value is kept only
+# when the space allows it, prune() passes and the rank needs fewer bytes; the first point that fits stops
+MOVES = ("kv_format", "dense_format", "quant_low_format:fp8", "quant_hot_fraction", "quant_low_format",
+         "max_num_batched_tokens", "max_num_seqs", "ep_size")
+
+
+def fit_memory(d: Deployment, space: Space, lim: Limits, rule: MemoryRule) -> tuple[Deployment, list[str]]:
+    """d stepped by MOVES until it fits, with a note of what changed from what; d unchanged (no notes) when
+    it fits already or when no allowed sequence of moves makes it fit (then the memory rule prunes it)."""
+    if rule.reason(d) is None:
+        return d, []
+    allowed = {k.name: k.values for k in space.knobs}
+    cur = d
+    for move in MOVES:
+        for cand in _candidates(cur, move, lim.max_ranks, lim.num_experts):
+            if _allowed(cand, d, allowed) and prune(cand, lim) is None and rule.need(cand) < rule.need(cur):
+                cur = cand
+                if rule.reason(cur) is None:
+                    return cur, [_note(d, cur, rule)]
+    return d, []
+
+
+def _candidates(d: Deployment, move: str, gpus: int, num_experts: int) -> list[Deployment]:
+    name, _, only = move.partition(":")
+    if name in ("kv_format", "dense_format"):
+        return [replace(d, **{name: "fp8"})] if getattr(d, name) == "none" else []
+    if name == "quant_low_format":
+        lower = LOW_ORDER[LOW_ORDER.index(d.quant_low_format) + 1:]
+        return [replace(d, quant_low_format=f) for f in lower if not only or f == only]
+    if name == "quant_hot_fraction":
+        return [replace(d, quant_hot_fraction=h) for h in (0.25, 0.125, 0.0) if h < d.quant_hot_fraction]
+    if name in ("max_num_batched_tokens", "max_num_seqs"):
+        value = getattr(d, name)
+        return [replace(d, **{name: v}) for v in STEPS if v < value]
+    W = max(d.tp_size, d.expert_tp_size)  # ep_size: more ranks per replica, fewer replicas
+    wider = [r for r in range(d.ep_size + 1, gpus // W + 1) if (gpus // W) % r == 0 or d.replicas == 1]
+    return [repair(replace(d, ep_size=r, replicas=max(1, gpus // (r * W)) if d.replicas > 1 else 1),
+                   num_experts, gpus)[0] for r in wider]
+
+
+def _allowed(cand: Deployment, start: Deployment, allowed: dict) -> bool:
+    """Every knob the moves changed is a searched one, at a value of its --space domain."""
+    a, b = cand.as_dict(), start.as_dict()
+    return all(k in allowed and a[k] in allowed[k] for k in a if a[k] != b[k])
+
+
+def _note(d: Deployment, out: Deployment, rule: MemoryRule) -> str:
+    a, b = d.as_dict(), out.as_dict()
+    order = [m.partition(":")[0] for m in MOVES]
+    keys = sorted((k for k in a if a[k] != b[k]), key=lambda k: order.index(k) if k in order else len(order))
+    moved = ", ".join(f"{k} {a[k]} → {b[k]}" for k in keys)
+    return f"memory: {moved} (needs {rule.need(d) / 1e9:.1f} → {rule.need(out) / 1e9:.1f} GB per rank to fit)"
