@@ -4,7 +4,10 @@ default grid's (ep_size, redundant_experts, replicas) triples do not tile the GP
 
 - redundant slots N rounded up until the E + N slots tile the R ranks ((E + N) % R = 0);
 - replicas > 1 are copies filling the GPUs: GPUs / (R·G) of them (one when R·G does not divide them);
-- offloading at R > 1 (the engine offloads on one rank only): every expert resident.
+- offloading at R > 1 (the engine offloads on one rank only): every expert resident;
+- (fit_memory, simulated searches: the evaluator's `memory_rule`) a point over the per-rank memory
+  estimate stepped by MOVES, least harm first, to the first point that fits, each move only to a value
+  the space's domain holds (docs/search.md "Repair").
 
 A repaired trial says what it ran and why (the trial's `same_as` note, trials.csv `deployment`),
 and reuses the result of an earlier trial of the same deployment, like a canonical twin.
@@ -51,10 +54,16 @@ class MemoryRule:
 
 LOW_ORDER = ("none", "fp8", "int8", "int4")  # expert formats, most bytes first
 STEPS = tuple(2 ** p for p in range(13, 2, -1))  # max_num_batched_tokens / max_num_seqs tried: 8192 .. 8, down
-# the moves, least harm first: (the knob, what it tries). Each value tried in turn; a value is kept only
-# when the space allows it, prune() passes and the rank needs fewer bytes; the first point that fits stops
-MOVES = ("kv_format", "dense_format", "quant_low_format:fp8", "quant_hot_fraction", "quant_low_format",
-         "max_num_batched_tokens", "max_num_seqs", "ep_size")
+# the moves, least harm first. Each value tried in turn; a value is kept only when the space allows it,
+# prune() passes and the rank needs fewer bytes; at the first point that fits the moves stop, and then
+# each knob moved (most harmful first, ep_size aside) is set back as far toward its sampled value as still fits
+MOVES = ("kv_format", "dense_format", "quant_low_format:fp8", "quant_hot_fraction", "redundant_experts",
+         "quant_low_format", "max_num_batched_tokens", "max_num_seqs", "ep_size")
+ORDER = {"kv_format": ("none", "fp8"), "dense_format": ("none", "fp8"), "quant_low_format": LOW_ORDER,
+         "quant_hot_fraction": (0.5, 0.25, 0.125, 0.0), "max_num_batched_tokens": (16384, *STEPS),
+         "max_num_seqs": (1024, *STEPS)}  # each knob's values, least harm (most bytes) first
+RELAX = ("max_num_seqs", "max_num_batched_tokens", "quant_low_format", "quant_hot_fraction", "dense_format",
+         "kv_format")  # set back in this order (most harmful move first)
 
 
 def fit_memory(d: Deployment, space: Space, lim: Limits, rule: MemoryRule) -> tuple[Deployment, list[str]]:
@@ -63,14 +72,30 @@ def fit_memory(d: Deployment, space: Space, lim: Limits, rule: MemoryRule) -> tu
     if rule.reason(d) is None:
         return d, []
     allowed = {k.name: k.values for k in space.knobs}
+    ok = lambda c: _allowed(c, d, allowed) and prune(c, lim) is None  # noqa: E731
     cur = d
     for move in MOVES:
         for cand in _candidates(cur, move, lim.max_ranks, lim.num_experts):
-            if _allowed(cand, d, allowed) and prune(cand, lim) is None and rule.need(cand) < rule.need(cur):
+            if ok(cand) and rule.need(cand) < rule.need(cur):
                 cur = cand
                 if rule.reason(cur) is None:
-                    return cur, [_note(d, cur, rule)]
+                    out = _relax(d, cur, ok, rule)
+                    return out, [_note(d, out, rule)]
     return d, []
+
+
+def _relax(d: Deployment, cur: Deployment, ok: Callable[[Deployment], bool], rule: MemoryRule) -> Deployment:
+    """Each knob the moves changed set back to the value nearest its sampled one that still fits."""
+    for name in RELAX:
+        order, was, now = ORDER[name], getattr(d, name), getattr(cur, name)
+        if was == now or was not in order or now not in order:
+            continue
+        for value in order[order.index(was):order.index(now)]:  # the sampled value first
+            cand = replace(cur, **{name: value})
+            if ok(cand) and rule.reason(cand) is None:
+                cur = cand
+                break
+    return cur
 
 
 def _candidates(d: Deployment, move: str, gpus: int, num_experts: int) -> list[Deployment]:
@@ -82,6 +107,9 @@ def _candidates(d: Deployment, move: str, gpus: int, num_experts: int) -> list[D
         return [replace(d, quant_low_format=f) for f in lower if not only or f == only]
     if name == "quant_hot_fraction":
         return [replace(d, quant_hot_fraction=h) for h in (0.25, 0.125, 0.0) if h < d.quant_hot_fraction]
+    if name == "redundant_experts":  # fewer hot-expert replicas, still tiling the ranks
+        fewer = range(d.redundant_experts - 1, -1, -1)
+        return [replace(d, redundant_experts=n) for n in fewer if (num_experts + n) % d.ep_size == 0]
     if name in ("max_num_batched_tokens", "max_num_seqs"):
         value = getattr(d, name)
         return [replace(d, **{name: v}) for v in STEPS if v < value]
