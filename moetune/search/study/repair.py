@@ -72,7 +72,7 @@ def fit_memory(d: Deployment, space: Space, lim: Limits, rule: MemoryRule) -> tu
     if rule.reason(d) is None:
         return d, []
     allowed = {k.name: k.values for k in space.knobs}
-    ok = lambda c: _allowed(c, d, allowed) and prune(c, lim) is None  # noqa: E731
+    ok = lambda c: _allowed(c, d, allowed, lim.num_experts) and prune(c, lim) is None  # noqa: E731
     cur = d
     for move in MOVES:
         for cand in _candidates(cur, move, lim.max_ranks, lim.num_experts):
@@ -119,10 +119,15 @@ def _candidates(d: Deployment, move: str, gpus: int, num_experts: int) -> list[D
                    num_experts, gpus)[0] for r in wider]
 
 
-def _allowed(cand: Deployment, start: Deployment, allowed: dict) -> bool:
-    """Every knob the moves changed is a searched one, at a value of its --space domain."""
+def _allowed(cand: Deployment, start: Deployment, allowed: dict, num_experts: int) -> bool:
+    """Every knob the moves changed is a searched one, at a value of its --space domain (redundant slots:
+    or a domain value rounded up to tile the ranks, as `repair` rounds a sampled one)."""
     a, b = cand.as_dict(), start.as_dict()
-    return all(k in allowed and a[k] in allowed[k] for k in a if a[k] != b[k])
+    domain = dict(allowed)
+    if "redundant_experts" in domain:
+        E, R = num_experts, cand.ep_size
+        domain["redundant_experts"] = {n + (-(E + n)) % R for n in domain["redundant_experts"]}
+    return all(k in domain and a[k] in domain[k] for k in a if a[k] != b[k])
 
 
 def _note(d: Deployment, out: Deployment, rule: MemoryRule) -> str:
