@@ -78,3 +78,12 @@ def test_a_deepseek_v3_tpe_search_on_8_h200_now_finds_a_feasible_trial(run_dir, 
     ran = [r for r in result.rows if r.metrics is not None]
     assert ran and any("memory: " in (r.reason or "") for r in ran)
     assert result.winner is not None and result.winner.metrics["peak_mem_gb"] < 141 * HEADROOM
+
+
+def test_an_ep_move_re_tiles_the_redundant_slots_within_the_space():
+    d = Deployment(ep_size=3, redundant_experts=5, max_num_seqs=8, max_num_batched_tokens=256, **FP8)  # 4 → 5 tiles 3
+    _, rule = _rule(replace(d, ep_size=4, redundant_experts=4))
+    space = build_space(16, 8, overrides={"redundant_experts": [0, 4], "quant_low_format": "fp8", "max_num_seqs": 8,
+                                          "max_num_batched_tokens": 256, "ep_size": [1, 3, 4]})
+    out, notes = fit_memory(d, space, LIMITS, rule)
+    assert (out.ep_size, out.redundant_experts) == (4, 4) and "ep_size 3 → 4" in notes[0]

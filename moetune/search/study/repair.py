@@ -113,10 +113,15 @@ def _candidates(d: Deployment, move: str, gpus: int, num_experts: int) -> list[D
     if name in ("max_num_batched_tokens", "max_num_seqs"):
         value = getattr(d, name)
         return [replace(d, **{name: v}) for v in STEPS if v < value]
-    W = max(d.tp_size, d.expert_tp_size)  # ep_size: more ranks per replica, fewer replicas
+    W = max(d.tp_size, d.expert_tp_size)  # ep_size: more ranks per replica, fewer replicas; N re-tiled up or down
     wider = [r for r in range(d.ep_size + 1, gpus // W + 1) if (gpus // W) % r == 0 or d.replicas == 1]
-    return [repair(replace(d, ep_size=r, replicas=max(1, gpus // (r * W)) if d.replicas > 1 else 1),
-                   num_experts, gpus)[0] for r in wider]
+    out = []
+    for r in wider:
+        e = replace(d, ep_size=r, replicas=max(1, gpus // (r * W)) if d.replicas > 1 else 1)
+        down = d.redundant_experts - (num_experts + d.redundant_experts) % r
+        out += [repair(e, num_experts, gpus)[0]] + ([repair(replace(e, redundant_experts=down), num_experts, gpus)[0]]
+                                                   if down >= 0 and down != d.redundant_experts else [])
+    return out
 
 
 def _allowed(cand: Deployment, start: Deployment, allowed: dict, num_experts: int) -> bool:
