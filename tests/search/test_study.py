@@ -101,6 +101,9 @@ class Failing:
     def check(self, d):
         return self.inner.check(d)
 
+    def memory_rule(self):
+        return self.inner.memory_rule()
+
     def evaluate(self, d):
         if d.ep_size == 2:
             raise RuntimeError("CUDA out of memory (injected)")

@@ -13,6 +13,7 @@ from moetune.search.study.measure import measure, placement_file_for
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator, unpriced_reason
+from moetune.search.study.repair import MemoryRule
 from moetune.search.study.space import Deployment, recipe_accepts, to_config, default_knobs
 
 
@@ -20,6 +21,8 @@ class Evaluator(Protocol):
     name: str
 
     def check(self, d: Deployment) -> str | None: ...
+
+    def memory_rule(self) -> MemoryRule | None: ...  # the estimate a point is repaired to fit by, or None
 
     def evaluate(self, d: Deployment) -> Metrics: ...
 
@@ -32,6 +35,9 @@ class SimulateEvaluator:
 
     def check(self, d: Deployment) -> str | None:
         return unpriced_reason(d) or self.sim.spec_reason(d) or self.sim.memory_reason(d)
+
+    def memory_rule(self) -> MemoryRule:
+        return MemoryRule(lambda d: self.sim.memory(d).total, self.sim.memory_reason)
 
     def evaluate(self, d: Deployment) -> Metrics:
         return self.sim.evaluate(d, self.workload)
@@ -56,6 +62,9 @@ class MeasureEvaluator:
             if not recipe_accepts(knob.key) and values[knob.name] != neutral[knob.name]:
                 return f"{knob.key} is a what-if knob (no recipe key on this branch): simulate only"
         return self.sim.memory_reason(d)
+
+    def memory_rule(self) -> None:
+        return None  # measured: a point that does not fit is pruned, as sampled
 
     def config(self, d: Deployment) -> RunConfig:
         placement = None

@@ -27,7 +27,7 @@ from typing import Callable
 from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator
 from moetune.search.cost.metrics import OBJECTIVES, Metrics
-from moetune.search.study.repair import repair
+from moetune.search.study.repair import fit_memory, repair
 from moetune.search.study.space import Deployment, Limits, Space, canonical, prune
 
 SAMPLERS = ("tpe", "nsga2", "grid", "random")
@@ -198,8 +198,10 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         trial.set_user_attr("constraints", [1.0] * max(s.constraints.count(), 1))
         d, repaired = repair(d, limits.num_experts, limits.max_ranks)
         reason = prune(d, limits)
+        rule = evaluator.memory_rule() if reason is None else None
+        d, fitted = fit_memory(d, space, limits, rule) if rule is not None else (d, [])
         d, notes = canonical(d, limits)
-        notes = repaired + notes
+        notes = repaired + fitted + notes
         reason = reason or evaluator.check(d)
         if reason:
             trial.set_user_attr("pruned_reason", reason)

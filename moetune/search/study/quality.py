@@ -178,6 +178,9 @@ class QualityEvaluator:
     def check(self, d: Deployment) -> str | None:
         return self.inner.check(d)
 
+    def memory_rule(self):
+        return self.inner.memory_rule()
+
     def evaluate(self, d: Deployment) -> Metrics:
         m = self.inner.evaluate(d)
         return replace(m, detail={**m.detail, **self.lookup.quality(d)})

@@ -27,7 +27,8 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (kept as sampled: a size above the decode batch a rank holds prices the same, and the launch flags say the size) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
-offloading dropped at R > 1), so these rules prune only what no repair runs. And, for every
+offloading dropped at R > 1; in simulated searches a point over memory stepped to the nearest that
+fits), so these rules prune only what no repair runs. And, for every
 candidate, the memory rule: the simulator's per-rank memory estimate must fit the
 hardware (else pruned with both figures). "Moot" knobs are not invalid: `canonical` maps such a
 point onto its twin, which is timed once; the other twins reuse its result (`reused_from`).
