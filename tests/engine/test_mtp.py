@@ -5,7 +5,6 @@ chunked prefill, prefix hits and preemption; the drafts are what the module comp
 over the final sequence (its KV bookkeeping through chunks, verify rollbacks and recomputation);
 a checkpoint without the layer is refused by name."""
 
-import random
 
 import pytest
 
@@ -16,7 +15,7 @@ from moetune.errors import CheckpointError
 from moetune.model.batch import StepKind
 from moetune.model.loader import load_model
 from tests.checkpoints import VOCAB, build_checkpoint, build_mtp_checkpoint
-from tests.engine.driving import all_free, run_arrivals
+from tests.engine.driving import all_free, mixed_requests, run_arrivals
 
 
 @pytest.fixture(scope="module", params=["deepseek_v3", "qwen3_moe"])
@@ -24,19 +23,6 @@ def mtp_model(request, tmp_path_factory):
     path = build_mtp_checkpoint(request.param, tmp_path_factory.mktemp(request.param),
                                 own_head=request.param == "deepseek_v3", max_position_embeddings=512)
     return load_model(path)
-
-
-def _requests(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """n (prompt, output length): repeated random phrases of 1–300 tokens (every fourth after a shared
-    64-token prefix), outputs of 1–32 tokens."""
-    rng = random.Random(seed)
-    shared = [rng.randrange(3, VOCAB) for _ in range(64)]
-    out = []
-    for i in range(n):
-        phrase = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 40))]
-        prompt = (phrase * rng.randint(1, 8))[: rng.randint(1, 300)]
-        out.append(((shared + prompt) if i % 4 == 0 else prompt, rng.randint(1, 32)))
-    return out
 
 
 def test_mtp_parses():
@@ -48,7 +34,7 @@ def test_mtp_parses():
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_mtp_greedy_equals_plain_decoding_with_chunks_prefix_hits_and_preemption(mtp_model, k):
-    reqs = _requests(24)
+    reqs = mixed_requests(24, VOCAB)
     arrivals = [(i * 3) % 11 for i in range(24)]
     config = dict(max_num_batched_tokens=64, num_kv_blocks=48, block_size=16)  # 768 slots for 24 × ≤ 396: preempts
     plain = Engine(mtp_model, None, frozenset(), EngineConfig(**config))
@@ -79,7 +65,7 @@ def test_mtp_drafts_equal_the_module_run_once_over_the_final_sequence(mtp_model)
     """k = 1 without prefix caching (a cached block's last MTP slot belongs to the request that
     cached it): the draft offered at num_tokens = n is the module's guess at row n - 2 of a one-shot
     run over the sequence's final tokens, through chunks, verifies and recomputation."""
-    reqs = _requests(12, seed=2)
+    reqs = mixed_requests(12, VOCAB, seed=2)
     engine = Engine(mtp_model, None, frozenset(), EngineConfig(speculative="mtp:1", max_num_batched_tokens=48,
                                                                num_kv_blocks=40, prefix_caching=False))
     offered, propose = [], engine.speculator.propose

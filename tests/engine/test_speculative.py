@@ -19,21 +19,8 @@ from moetune.engine.speculative.ngram import lookup
 from moetune.model.loader import load_model
 from moetune.model.registry import bundled_asset, resolve_model
 from tests.checkpoints import VOCAB, build_checkpoint
-from tests.engine.driving import all_free, greedy, run_arrivals
+from tests.engine.driving import all_free, greedy, mixed_requests, run_arrivals
 
-
-
-def _requests(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """n (prompt, output length): a random phrase of 1–40 tokens repeated up to 300 tokens (some
-    prompts share a 64-token prefix), outputs of 1–32 tokens."""
-    rng = random.Random(seed)
-    shared = [rng.randrange(3, vocab) for _ in range(64)]
-    out = []
-    for i in range(n):
-        phrase = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 40))]
-        prompt = (phrase * rng.randint(1, 8))[: rng.randint(1, 300)]
-        out.append(((shared + prompt) if i % 4 == 0 else prompt, rng.randint(1, 32)))
-    return out
 
 
 def _plain_and_speculative(model, requests, speculative: str, **config):
@@ -44,7 +31,7 @@ def _plain_and_speculative(model, requests, speculative: str, **config):
 
 
 def test_ngram_greedy_equals_plain_decoding_with_chunks_prefix_hits_and_preemption(model):
-    reqs = _requests(24, VOCAB)
+    reqs = mixed_requests(24, VOCAB)
     # 48 blocks of 16 = 768 tokens for 24 requests of up to 396: preemption; a 64-token budget: chunks
     plain_out, spec_out, plain, spec = _plain_and_speculative(model, reqs, "ngram:4", max_num_batched_tokens=64,
                                                               num_kv_blocks=48, block_size=16)
@@ -77,7 +64,7 @@ class Wrong:
 def test_rejected_drafts_leave_no_trace(model, k):
     """Drafts of random tokens, up to the sequence's length limit: the tokens are plain decoding's,
     every block comes back, and rejected positions' KV is overwritten before it is read."""
-    reqs = _requests(12, VOCAB, seed=3)
+    reqs = mixed_requests(12, VOCAB, seed=3)
     plain = Engine(model, None, frozenset(), EngineConfig(max_num_batched_tokens=48, num_kv_blocks=40))
     spec = Engine(model, None, frozenset(), EngineConfig(max_num_batched_tokens=48, num_kv_blocks=40))
     spec.speculator = Wrong(k)
@@ -150,7 +137,7 @@ def test_a_verify_step_counts_the_experts_it_wakes_against_a_plain_decode(model)
     for batch in (1, 6):
         engine = Engine(model, None, frozenset(), EngineConfig(speculative="ngram:4"))
         engine.speculator = Wrong(4)
-        for p, _ in _requests(batch, VOCAB, seed=5):
+        for p, _ in mixed_requests(batch, VOCAB, seed=5):
             engine.add_request(p, greedy(12))
         while engine.has_unfinished():
             engine.step()
@@ -176,7 +163,7 @@ def test_draft_model_greedy_equals_plain_decoding(model, drafts, which):
     """The target as its own draft: (nearly) every draft accepted; another random model: nearly
     every draft rejected. Either way plain decoding's tokens, with chunks and preemption."""
     draft_dir = drafts[which]
-    reqs = _requests(24, VOCAB)
+    reqs = mixed_requests(24, VOCAB)
     plain_out, spec_out, _, spec = _plain_and_speculative(model, reqs, f"draft:{draft_dir}:3",
                                                           max_num_batched_tokens=64, num_kv_blocks=40)
     assert spec_out == plain_out
