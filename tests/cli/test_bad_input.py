@@ -66,8 +66,15 @@ def _run_case(case: Case, d: Path, src: dict) -> Outcome:
     return _interrupt(case, cmd, d, env, before)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(case: Case, cmd: list, d: Path, env: dict, before: set[str]) -> Outcome:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=d, env=env)
+    # a terminal's Ctrl-C reaches a process whose SIGINT is at its default; a suite started as a background job
+    # hands its children SIGINT ignored, so the child restores the default as a shell in a terminal would
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=d, env=env,
+                            preexec_fn=_default_sigint)
     out: list[bytes] = []
     err: list[bytes] = []
     readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(lambda: s.read(1), b"")), daemon=True)
