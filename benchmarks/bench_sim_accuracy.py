@@ -15,8 +15,8 @@ would emit (`to_config`) and simulated on `this-machine`.
 `--repeat` rounds, each a fresh microbenchmark calibration (its estimates for every trace: base,
 variants, EP ranks and TP groups timed again) followed by one engine run of every recipe, so that
 calibrations and measurements take turns under whatever load the machine has; figures are medians
-over rounds, measured ones with their spread (min–max), and the 1-minute load average before each
-run is recorded. Metrics compared (metrics.py's definitions, the same for both evaluators): output
+over rounds, each with its spread over rounds (min–max: an estimate moves with its calibration, a
+few seconds of microbenchmarks), and the 1-minute load average before each run is recorded. Metrics compared (metrics.py's definitions, the same for both evaluators): output
 tok/s, TTFT and TPOT (median over requests), and per step kind prefill tok/s and decode tok/s.
 Error = (estimated − measured) / measured.
 
@@ -124,15 +124,16 @@ def print_tables(a, est: dict, meas: dict) -> dict[str, list[float]]:
     picked = chosen(a)
     errs: dict[str, list[float]] = {k: [] for k, _ in METRICS}
     for group in (METRICS[:3], METRICS[3:]):
-        head = ["recipe"] + [f"{label} {w}" for _, label in group for w in ("est", "meas (min–max)", "err")]
+        head = ["recipe"] + [f"{label} {w}" for _, label in group for w in ("est (min–max)", "meas (min–max)", "err")]
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for x, d in picked.items():
             cells = [f"{x}: {d.label()}"]
             for k, _ in group:
-                e, runs = statistics.median(est[0][x][k]), meas[x][k]
-                mv = statistics.median(runs)
+                ests, runs = est[0][x][k], meas[x][k]  # each per round: the estimate moves with its calibration
+                e, mv = statistics.median(ests), statistics.median(runs)
                 errs[k].append(abs(err(e, mv)))
-                cells += [f"{e:.4g}", f"{mv:.4g} ({min(runs):.4g}–{max(runs):.4g})", f"{err(e, mv):+.0%}"]
+                cells += [f"{e:.4g} ({min(ests):.4g}–{max(ests):.4g})", f"{mv:.4g} ({min(runs):.4g}–{max(runs):.4g})",
+                          f"{err(e, mv):+.0%}"]
             print("| " + " | ".join(cells) + " |")
         print()
     if len(a.trace) > 1:
