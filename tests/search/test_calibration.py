@@ -149,13 +149,15 @@ def test_a_calibration_taken_busy_is_measured_again_once_quiet():
 
 
 def test_a_quant_or_offload_recipe_is_calibrated_on_its_own_path(run_dir, tmp_path, cache):
-    """int4 experts (with a hot fraction) and offloading run other kernels and the store's path, not
-    the fp32 resident one the base microbenchmarks time: each is timed by its own microbenchmark
-    (named in the label and in the cache entry), measured once, and still ignores the trace's times."""
+    """int4 experts (with a hot fraction), int8 dense projections (quant.dense) and offloading run other
+    kernels and the store's path, not the fp32 resident one the base microbenchmarks time: each is timed
+    by its own microbenchmark (named in the label and in the cache entry), measured once, and still
+    ignores the trace's times."""
     slow = slowed(run_dir, tmp_path / "slow", 5.0)
     recipes = {"variant/int4+hot0.25": Deployment(max_num_seqs=4, quant_low_format="int4", quant_hot_fraction=0.25),
                "variant/offload0.5-pf2-lru-router": Deployment(max_num_seqs=4, offload_resident_fraction=0.5,
-                                                               offload_prefetch_depth=2)}
+                                                               offload_prefetch_depth=2),
+               "variant/dense-int8": Deployment(max_num_seqs=4, dense_format="int8")}
     setup = prepare(Inputs(str(run_dir), "this-machine"))
     plain = setup.sim.evaluate(Deployment(max_num_seqs=4))
     cal = setup.calibration

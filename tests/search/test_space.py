@@ -102,6 +102,24 @@ def test_quant_and_offload_knobs_become_recipe_sections(checkpoint, tmp_path):
     assert neutral.quant == cfg.quant and neutral.offload is None  # neutral knobs keep the recipe's own sections
 
 
+def test_dense_int8_is_a_recipes_quant_dense_both_ways(checkpoint):
+    """dense_format int8 (never searched) is `quant.dense: int8`: written beside the experts' part or
+    alone, and read back from a recipe, so `simulate --recipe` prices what the recipe runs."""
+    from moetune.search.cost.calibrate import variant_key
+
+    base = RunConfig.model_validate({"model": {"path": str(checkpoint("mixtral"))}})
+    alone = Deployment(dense_format="int8")
+    cfg = to_config(base, alone)
+    assert (cfg.quant.dense, cfg.quant.experts, cfg.quant.hot_fraction) == ("int8", None, None)
+    assert from_config(cfg) == alone
+    both = Deployment(quant_low_format="int8", dense_format="int8")
+    cfg = to_config(base, both)
+    assert (cfg.quant.dense, cfg.quant.experts) == ("int8", "int8") and from_config(cfg) == both
+    assert to_config(base, Deployment(dense_format="fp8")).quant is None  # fp8: the GPU engines' flag only
+    assert variant_key(alone) == "dense-int8" and variant_key(both) == "dense-int8,int8"
+    assert variant_key(Deployment(dense_format="fp8")) is None
+
+
 def test_tp_knobs_prune_what_the_engine_cannot_split():
     """The engine's rules (model/tp_check.py, config.py) on the simulator's sizes: each size 1 or the
     group G, the mesh ep_size × G within the hardware, G dividing heads, vocab and intermediates."""

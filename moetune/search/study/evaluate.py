@@ -14,7 +14,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator, unpriced_reason
 from moetune.search.study.repair import MemoryRule
-from moetune.search.study.space import Deployment, recipe_accepts, to_config, default_knobs
+from moetune.search.study.space import RECIPE_VALUES, Deployment, recipe_accepts, to_config, default_knobs
 
 
 class Evaluator(Protocol):
@@ -59,7 +59,8 @@ class MeasureEvaluator:
         values = d.as_dict()
         neutral = Deployment().as_dict()
         for knob in default_knobs(1, 1):
-            if not recipe_accepts(knob.key) and values[knob.name] != neutral[knob.name]:
+            said = values[knob.name] in RECIPE_VALUES.get(knob.name, ())  # e.g. dense_format int8: quant.dense
+            if not recipe_accepts(knob.key) and values[knob.name] != neutral[knob.name] and not said:
                 return f"{knob.key} is a what-if knob (no recipe key on this branch): simulate only"
         return self.sim.memory_reason(d)
 
