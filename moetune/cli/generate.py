@@ -28,15 +28,16 @@ def generate(
     import functools
 
     from moetune.cli import checks
-    from moetune.cli.footprint import target_parts
-    from moetune.cli.options import apply_threads
-    from moetune.engine.target import resolve_target
 
     checks.sampling(max_tokens, temperature, top_p, top_k, seed)
     checks.text("--prompt", prompt)
     for s in stop:
         checks.text("--stop", s)
-    cfg = m.checked()
+    cfg = m.checked()  # the flags and the recipe, before torch loads (a mistake here answers in a blink)
+    from moetune.cli.footprint import target_parts
+    from moetune.cli.options import apply_threads
+    from moetune.engine.target import resolve_target
+
     target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
     limit = target.spec.max_position
     if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too
