@@ -8,7 +8,6 @@ test only checks its own outcome.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -111,28 +110,12 @@ def sources(checkpoint, tmp_path_factory):
     return {"ck": ck, "ck6": checkpoint("olmoe", shard=False), "sharded": checkpoint("olmoe", shard=True), "run": out}
 
 
-@contextlib.contextmanager
-def _ctrl_c_reaches_children():
-    """A Ctrl-C at a terminal reaches a process that does not ignore SIGINT. A suite started in the
-    background without job control (`pytest &` in a script) ignores it, and every child inherits
-    that: its interrupt cases would run to the end. Meanwhile SIGINT is handled (a handler is
-    reset to the default in an exec'd child, and Python's own then raises KeyboardInterrupt)."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.fixture(scope="module")
 def outcomes(sources, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_input")
     # the slow ones (interrupts, model loads) first so they overlap the quick ones
     order = sorted(CASES, key=lambda c: c.kind != "interrupt")
-    with _ctrl_c_reaches_children(), ThreadPoolExecutor(WORKERS) as pool:
+    with ThreadPoolExecutor(WORKERS) as pool:
         futures = {c.id: pool.submit(_run, c, root / c.id, sources) for c in order}
     results = {cid: f.result() for cid, f in futures.items()}
     slowest = sorted(results.items(), key=lambda kv: -kv[1].seconds)[:8]
