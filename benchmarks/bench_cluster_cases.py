@@ -27,7 +27,7 @@ CASES = [("Mixtral-8x7B", "mixtral-8x7b.json", "8xH200"), ("Qwen3-30B-A3B", "qwe
 
 
 def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: int, out: Path,
-             scale_routing: str | None = None):
+             scale_routing: str | None = None, seeded: bool = True):
     from moetune.search.study.optuna_study import Constraints, StudySettings
     from moetune.search.study.run import SearchSettings, run_search
     from moetune.search.study.setup import Inputs
@@ -42,25 +42,74 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
                     num_requests=4 * concurrency, concurrency=concurrency, scale_routing=scale_routing)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
-                       Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0))
+                       Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
     result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
     return result, times
+
+
+def _best(rows, seeded: bool) -> str:
+    """The best feasible value among the seeded (or the sampled) trials, or '-'."""
+    vals = [r.values[0] for r in rows if r.state == "COMPLETE" and r.feasible and r.values
+            and (r.seeded is not None) == seeded]
+    return f"{max(vals):,.0f}" if vals else "-"
 
 
 def row(name: str, hw: str, c: int, result, times) -> str:
     w = result.winner
     t = f"{statistics.median(times):.2f} / {sorted(times)[int(0.99 * (len(times) - 1))]:.2f}"
+    feasible = sum(r.state == "COMPLETE" and r.feasible for r in result.rows)
+    tail = f"{feasible}/{len(result.rows)} | {_best(result.rows, True)} | {_best(result.rows, False)} | {t} |"
     if w is None:
-        return f"| {name} | {hw} | {c} | no feasible trial | | | | | | {t} |"
+        return f"| {name} | {hw} | {c} | no feasible trial | | | | | | | {tail}"
     m = w.metrics
     lat = m.get("latency_ms") or {}
     p = lambda k, q: (lat.get(k) or {}).get(q, float("nan"))  # noqa: E731
     phases = m.get("phases_ms", {}).get("decode", {})
     ranked = sorted(((k, v) for k, v in phases.items() if k not in ("step", "steps")), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {v:.1f}" for k, v in ranked[:3])
-    return (f"| {name} | {hw} | {c} | {w.deployment.label()} | {m['output_tok_s_per_gpu']:,.0f} | "
-            f"{p('ttft', 'p50'):.0f} / {p('ttft', 'p99'):.0f} | {p('tpot', 'p50'):.1f} / {p('tpot', 'p99'):.1f} | "
-            f"{m['peak_mem_gb']:.1f} | {top} | {t} |")
+    return (f"| {name} | {hw} | {c} | {w.deployment.label()} | {w.seeded or 'sampled'} | "
+            f"{m['output_tok_s_per_gpu']:,.0f} | {p('ttft', 'p50'):.0f} / {p('ttft', 'p99'):.0f} | "
+            f"{p('tpot', 'p50'):.1f} / {p('tpot', 'p99'):.1f} | {m['peak_mem_gb']:.1f} | {top} | {tail}")
+
+
+# the operating points public deployments describe (their own conditions), priced by the cost model: (what, scale
+# config, hardware, deployment knobs, per-GPU decode batches, input, output)
+FP8 = dict(quant_low_format="fp8", dense_format="fp8", cuda_graph_max_bs=512)
+REFERENCE = [
+    ("SGLang large-scale EP (lmsys.org/blog/2025-05-05-large-scale-ep: 96 H100, PD-disaggregated, 2,000-token "
+     "inputs): ~2.8k decode output tok/s per H100", "deepseek-v3.json", "16xH100",
+     dict(ep_size=16, redundant_experts=32, placement="eplb", overlap=1, **FP8), (128, 256), 2000, 100),
+    ("vLLM wide-EP (blog.vllm.ai: DeepSeek on multi-node H200, DeepEP, DBO, EPLB): ~2.2k output tok/s per H200",
+     "deepseek-v3.json", "16xH200", dict(ep_size=16, redundant_experts=32, placement="eplb", overlap=1, **FP8),
+     (128, 256), 2000, 100),
+    ("Mixtral-8x7B on 4×A100 (TP 4): 3,200 output tok/s at 28 ms P50 decode, i.e. ~90 in flight",
+     "mixtral-8x7b.json", "A100", dict(tp_size=4, expert_tp_size=4, cuda_graph_max_bs=512), (22,), 1024, 256),
+]
+A100 = "base: H100\nname: A100\nranks_per_node: 4\nflops: 312e12\nfp8_flops: 0\nmem_bw: 2.039e12\nmem_bytes: 80e9\n" \
+       "intra_bw: 300e9\nsource: NVIDIA A100 SXM 80GB datasheet (bf16 312 TFLOP/s, 2.0 TB/s, NVLink 600 GB/s both ways)\n"
+
+
+def reference_points(trace: str, tmp: Path) -> None:
+    """The cost model's estimate at each public deployment's operating point (per-GPU decode batch)."""
+    from moetune.search.cost.deployment import Deployment
+    from moetune.search.study.setup import Inputs, prepare
+
+    print("\n| public reference | priced as (estimated) | batch / GPU | output tok/s/GPU | decode tok/s/GPU | "
+          "TPOT P50 ms | GB/GPU |")
+    print("|---|---|---|---|---|---|---|")
+    (tmp / "a100.yaml").write_text(A100)
+    for what, config, hw, knobs, batches, inp, outp in REFERENCE:
+        d = Deployment(max_num_seqs=max(batches), max_num_batched_tokens=2048, **knobs)
+        hardware = str(tmp / "a100.yaml") if hw == "A100" else hw
+        for b in batches:
+            ranks = d.ep_size * max(d.tp_size, d.expert_tp_size)
+            setup = prepare(Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=inp,
+                                   output_len=outp, num_requests=4 * b * ranks, concurrency=b * ranks))
+            m = setup.sim.evaluate(d, setup.workload)
+            tpot = (m.latency_ms.get("tpot") or {}).get("p50", m.tpot_ms)
+            print(f"| {what} | {setup.hardware.max_ranks}×{setup.hardware.name} {d.label()} | {b} | "
+                  f"{m.output_tok_s_per_gpu:,.0f} | {m.decode_tok_s / m.ranks:,.0f} | {tpot:.1f} | "
+                  f"{m.peak_mem_gb:.1f} |", flush=True)
 
 
 def main() -> None:
@@ -69,15 +118,24 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--scale-routing", default=None, help="stats (default) | blocks | loads:FILE")
+    ap.add_argument("--no-reference-trials", action="store_true", help="the study without its seeded trials")
+    ap.add_argument("--cases", default="0,1,2,3", help="which CASES (indices)")
+    ap.add_argument("--reference-points", action="store_true", help="also price the public operating points")
     a = ap.parse_args()
-    print("| model | GPUs | concurrency / replica | winner | output tok/s/GPU (est.) | TTFT P50/P99 ms | "
-          "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | trial s median / P99 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, config, hw in CASES:
+    print("| model | GPUs | concurrency / replica | winner | seed | output tok/s/GPU (est.) | TTFT P50/P99 ms | "
+          "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | feasible / trials | best seeded | best sampled | "
+          "trial s median / P99 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for i in (int(x) for x in a.cases.split(",")):
+        name, config, hw = CASES[i]
         for c in a.concurrency:
             with tempfile.TemporaryDirectory() as tmp:
-                result, times = run_case(a.trace, config, hw, c, a.trials, Path(tmp) / "out", a.scale_routing)
+                result, times = run_case(a.trace, config, hw, c, a.trials, Path(tmp) / "out", a.scale_routing,
+                                         not a.no_reference_trials)
                 print(row(name, hw, c, result, times), flush=True)
+    if a.reference_points:
+        with tempfile.TemporaryDirectory() as tmp:
+            reference_points(a.trace, Path(tmp))
 
 
 if __name__ == "__main__":
