@@ -104,7 +104,8 @@ def reference_points(trace: str, tmp: Path) -> None:
         for b in batches:
             ranks = d.ep_size * max(d.tp_size, d.expert_tp_size)
             setup = prepare(Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=inp,
-                                   output_len=outp, num_requests=4 * b * ranks, concurrency=b * ranks))
+                                   output_len=outp, num_requests=2 * b * ranks, concurrency=b * ranks,
+                                   warmup_requests=b * ranks // 2))
             m = setup.sim.evaluate(d, setup.workload)
             tpot = (m.latency_ms.get("tpot") or {}).get("p50", m.tpot_ms)
             print(f"| {what} | {setup.hardware.max_ranks}×{setup.hardware.name} {d.label()} | {b} | "
@@ -126,7 +127,7 @@ def main() -> None:
           "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | feasible / trials | best seeded | best sampled | "
           "trial s median / P99 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for i in (int(x) for x in a.cases.split(",")):
+    for i in (int(x) for x in a.cases.split(",") if x):
         name, config, hw = CASES[i]
         for c in a.concurrency:
             with tempfile.TemporaryDirectory() as tmp:
