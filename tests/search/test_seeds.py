@@ -48,7 +48,7 @@ def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
     node, wide = (s.params for s in seeds)
     assert node["ep_size"] == wide["ep_size"] == 8 and node["placement"] == wide["placement"] == "eplb"
     assert wide["redundant_experts"] == 32 and wide["quant_low_format"] == wide["dense_format"] == "fp8"
-    assert (node["max_num_batched_tokens"], wide["max_num_batched_tokens"]) == (2048, 512)
+    assert (node["max_num_batched_tokens"], wide["max_num_batched_tokens"]) == (512, 256)
     assert wide["max_num_seqs"] == 8  # 64 in flight over 8 ranks
 
 

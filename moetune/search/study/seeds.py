@@ -6,8 +6,8 @@ trial budget starts from points a cluster engineer would try by hand instead of 
 | seed | what it is |
 |---|---|
 | `replicas` | the most replicas at the smallest EP group (no TP, dividing the GPUs) that fits memory: the data-parallel shape (left out when that group is a node's or wider: the EP seeds below) |
-| `ep-node` | EP over one node's GPUs (a replica per node), EPLB placement with ~E/8 redundant slots |
-| `wide-ep` | EP over every GPU (one replica), EPLB, ~E/8 redundant slots, 512 tokens per step (short chunks keep TPOT low) |
+| `ep-node` | EP over one node's GPUs (a replica per node), EPLB placement with ~E/8 redundant slots, 512 tokens per step (short prefill chunks keep TPOT low) |
+| `wide-ep` | EP over every GPU (one replica), EPLB, ~E/8 redundant slots, 256 tokens per step (one node: EP over its GPUs at the shorter chunk) |
 | `tp` | attention, dense and expert weights split over the smallest TP group the heads allow that fits, replicas filling the GPUs (only where --space searches tp_size) |
 
 Every seed prefers fp8 experts, dense weights and KV cache where the space holds those values, one
@@ -39,8 +39,8 @@ def reference_seeds(space: Space, lim: Limits, gpus_per_node: int, rule: MemoryR
     tiling = make.tiling("ep_size")  # EP groups whose replicas fill the GPUs
     replicas = make.smallest_fitting(lambda r: make.point(ep_size=r, tokens=2048), tiling)
     candidates = [("replicas", replicas if replicas is not None and replicas["ep_size"] < node else None),
-                  ("ep-node", make.ep_point(node, tokens=2048)),
-                  ("wide-ep", make.ep_point(wide, tokens=512))]
+                  ("ep-node", make.ep_point(node, tokens=512)),
+                  ("wide-ep", make.ep_point(wide, tokens=256))]
     if any(g > 1 for g in make.domain("tp_size")):
         groups = [g for g in make.tiling("tp_size") if g > 1]
         candidates.append(("tp", make.smallest_fitting(lambda g: make.point(tp_size=g, tokens=2048), groups)))
