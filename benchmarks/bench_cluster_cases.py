@@ -95,23 +95,25 @@ def reference_points(trace: str, tmp: Path) -> None:
     from moetune.search.cost.deployment import Deployment
     from moetune.search.study.setup import Inputs, prepare
 
-    print("\n| public reference | priced as (estimated) | batch / GPU | output tok/s/GPU | decode tok/s/GPU | "
-          "TPOT P50 ms | GB/GPU |")
+    print("\n| public reference | priced as (estimated) | batch / GPU | output tok/s/GPU | decode-only steps: "
+          "tok/s/GPU | TPOT P50 ms | GB/GPU |")
     print("|---|---|---|---|---|---|---|")
     (tmp / "a100.yaml").write_text(A100)
     for what, config, hw, knobs, batches, inp, outp in REFERENCE:
-        d = Deployment(max_num_seqs=max(batches), max_num_batched_tokens=2048, **knobs)
+        group = max(knobs.get("tp_size", 1), knobs.get("expert_tp_size", 1))  # a TP group's GPUs hold one batch
+        d = Deployment(max_num_seqs=max(batches) * group, max_num_batched_tokens=2048, **knobs)
         hardware = str(tmp / "a100.yaml") if hw == "A100" else hw
         for b in batches:
-            ranks = d.ep_size * max(d.tp_size, d.expert_tp_size)
+            ranks = d.ep_size * group
             setup = prepare(Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=inp,
                                    output_len=outp, num_requests=2 * b * ranks, concurrency=b * ranks,
                                    warmup_requests=b * ranks // 2))
             m = setup.sim.evaluate(d, setup.workload)
             tpot = (m.latency_ms.get("tpot") or {}).get("p50", m.tpot_ms)
+            fits = "" if setup.sim.memory_reason(d) is None else " (over memory)"
             print(f"| {what} | {setup.hardware.max_ranks}×{setup.hardware.name} {d.label()} | {b} | "
-                  f"{m.output_tok_s_per_gpu:,.0f} | {m.decode_tok_s / m.ranks:,.0f} | {tpot:.1f} | "
-                  f"{m.peak_mem_gb:.1f} |", flush=True)
+                  f"{m.output_tok_s_per_gpu:,.0f} | {m.decode_tok_s / ranks:,.0f} | {tpot:.1f} | "
+                  f"{m.peak_mem_gb:.1f}{fits} |", flush=True)
 
 
 def main() -> None:
