@@ -7,10 +7,28 @@ its phase breakdown, and the time each simulated trial took (median, P99).
   python benchmarks/bench_cluster_cases.py --trace RUN [--trials 30] [--concurrency 256 1024]
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
+  [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
+
 Every figure is an estimate. Public reference points (their own conditions; not the same workload):
 SGLang's large-scale EP DeepSeek-V3 (96 H100, prefill/decode disaggregated) ~2.8k output tok/s per
 H100 in decode; vLLM wide-EP DeepSeek ~2.2k output tok/s per H200; Mixtral-8x7B on 4×A100 3,200
-tok/s at 28 ms P50 decode.
+tok/s at 28 ms P50 decode. `--reference-points` prices those operating points (REFERENCE below).
+
+2026-12-04 (issue 24), trace `moetune profile --out runs/p --num-requests 16 --batch-size 8
+--output-len 32`, `--trials 40 --concurrency 256`, load 1.3 → 1.0 (docs/search.md has the table with
+TTFT/TPOT P99 and the reasons):
+
+| case | winner (seed) | tok/s/GPU | TTFT / TPOT P50 ms | GB/GPU | feasible / trials | trial s median / P99 |
+|---|---|---|---|---|---|---|
+| Mixtral-8x7B 8×H200 | 8 replicas × R=1 seqs 256 tok 2048 fp8 (replicas) | 6,783 | 102 / 37.1 | 70.4 | 19/40 | 0.71 / 2.50 |
+| Qwen3-30B-A3B 8×H200 | 8 replicas × R=1 seqs 256 tok 2048 fp8 (replicas) | 12,880 | 45 / 19.6 | 48.6 | 29/40 | 0.94 / 8.21 |
+| DeepSeek-V3 8×H200 | R=8 N=32 EPLB seqs 32 tok 512 fp8 (ep-node) | 648 | 245 / 48.5 | 116.0 | 9/40 | 1.60 / 4.69 |
+| DeepSeek-V3 16×H200 | 2 replicas × R=8 N=32 EPLB tok 256 fp8, bf16 KV (sampled) | 658 | 345 / 47.1 | 106.8 | 6/40 | 2.02 / 5.58 |
+
+Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
+tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
+closed loop is prefill-bound: 123–138 output tok/s/GPU, TPOT ~560 ms); Mixtral TP 4 on 4×A100 at
+88 in flight: 343 tok/s/GPU (1,372 in all), TPOT 56.6 ms, against the public 3,200 / 28 ms.
 """
 
 from __future__ import annotations
