@@ -25,6 +25,9 @@ TTFT/TPOT P99 and the reasons):
 | DeepSeek-V3 8×H200 | R=8 N=32 EPLB seqs 32 tok 512 fp8 (ep-node) | 648 | 245 / 48.5 | 116.0 | 9/40 | 1.60 / 4.69 |
 | DeepSeek-V3 16×H200 | 2 replicas × R=8 N=32 EPLB tok 256 fp8, bf16 KV (sampled) | 658 | 345 / 47.1 | 106.8 | 6/40 | 2.02 / 5.58 |
 
+`--no-reference-trials` (40 trials, load 1.6): Qwen3 4,711 tok/s/GPU (4 replicas × R=2, bf16 experts);
+neither DeepSeek-V3 case finds a feasible trial (0/40 each).
+
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
 closed loop is prefill-bound: 123–138 output tok/s/GPU, TPOT ~560 ms); Mixtral TP 4 on 4×A100 at
