@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MIXTRAL = "recipes/scale/mixtral-8x7b.json"
 SPACE = {"ep_size": [1, 2, 4, 8], "tp_size": [1, 2, 4, 8], "expert_tp_size": [1, 2, 4, 8], "replicas": [1, 2, 4, 8],
          "quant_low_format": ["none", "fp8"], "max_num_batched_tokens": [512, 2048],
          "redundant_experts": 0, "placement": "contiguous", "max_num_seqs": 256, "quant_hot_fraction": 0.0,
@@ -104,17 +105,12 @@ def run_one(sampler: str, seed: int, space, truth: dict, budget: int, best: floa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
-    ap.add_argument("--hardware", default="8xH200")
-    ap.add_argument("--scale-model", default=str(ROOT / "recipes/scale/mixtral-8x7b.json"))
-    ap.add_argument("--space", help="YAML knob → values (default: SPACE)")
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--input-len", type=int, default=1024)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--max-ttft-ms", type=float, default=1000.0)
-    ap.add_argument("--max-tpot-ms", type=float, default=50.0)
-    ap.add_argument("--budget", type=float, default=0.15)
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--objective", default="throughput_per_gpu")
+    for name, kind, default in (("--hardware", str, "8xH200"), ("--scale-model", str, str(ROOT / MIXTRAL)),
+                                ("--space", str, None), ("--concurrency", int, 64), ("--input-len", int, 1024),
+                                ("--output-len", int, 64), ("--max-ttft-ms", float, 1000.0),
+                                ("--max-tpot-ms", float, 50.0), ("--budget", float, 0.15), ("--seeds", int, 5),
+                                ("--objective", str, "throughput_per_gpu")):  # --space: YAML knob → values
+        ap.add_argument(name, type=kind, default=default)
     a = ap.parse_args()
 
     import optuna
