@@ -65,6 +65,9 @@ SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                       "with that speculator): per-token acceptance 0..1, labelled assumed.")
 RecalibrateOpt = flag(False, "--recalibrate", help="this-machine: measure the microbenchmarks again even "
                                                            "when cached.")
+ReferenceTrialsOpt = flag(True, "--reference-trials", help="A new study runs reference deployments first "
+                          "(the most replicas that fit; EP over a node and over every GPU with fp8 and EPLB; a TP "
+                          "group where the space searches one), counted in --n-trials; not with --sampler grid.")
 # the workload of `simulate` and `search` (search/cost/schedule.py, steady.py); default: a burst
 ConcurrencyOpt = typer.Option(None, "--concurrency", help="Steady state, closed loop: C requests in flight per "
                                                           "deployment replica (a finished one is replaced at once).")

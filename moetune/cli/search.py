@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import TraceArgs, flag, trace_options
+from moetune.cli.options import ReferenceTrialsOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Base recipe (default: the run's model).")
@@ -20,7 +20,9 @@ def search(
     objective: str = typer.Option("throughput", "--objective", help="Comma-separated: throughput, "
                                                                     "throughput_per_rank, throughput_per_gpu, tpot, ttft, memory, "
                                                                     "goodput (needs --slo-ttft-ms and --slo-tpot-ms)."),
-    n_trials: int = typer.Option(40, "--n-trials", help="Trials in the study in total (all workers)."),
+    n_trials: Optional[int] = typer.Option(None, "--n-trials", help="Trials in the study in total (all workers; "
+                                           "default: 100 simulated, about a second each; 40 measured)."),
+    reference_trials: bool = ReferenceTrialsOpt,
     seed: Optional[int] = typer.Option(0, "--seed", help="Sampler seed."),
     space: Optional[str] = typer.Option(None, "--space", help="YAML: knob → value or list (narrow or fix)."),
     what_if: bool = flag(False, "--what-if", help="Also search knobs a recipe cannot say yet "
@@ -69,11 +71,12 @@ def search(
 
         raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
+    n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
                                    n_trials, seed, Constraints(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl,
                                                                    max_dropped_fraction),
                                    heartbeat_s=max(1, grace_s // 3), grace_s=grace_s,
-                                   allow_changed_inputs=allow_changed_inputs)
+                                   allow_changed_inputs=allow_changed_inputs, reference_trials=reference_trials)
     from moetune.search.study.run import SearchSettings
 
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,

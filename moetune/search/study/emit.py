@@ -134,7 +134,8 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
-                    *(f"{t}_p99_ms" for t in tails), *details, "workload", "figures", "feasible", "reason"])
+                    *(f"{t}_p99_ms" for t in tails), *details, "workload", "figures", "feasible", "seeded",
+                    "reason"])
         for r in rows:
             m = r.metrics or {}
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
@@ -142,7 +143,7 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
                         *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), *(_fmt(detail.get(k)) for k in details),
-                        m.get("workload", ""), tag, r.feasible, r.reason or ""])
+                        m.get("workload", ""), tag, r.feasible, r.seeded or "", r.reason or ""])
 
 
 # a capacity's copies (the quality risk of drop; buffer's second pass) and the expert mix's KL / top-1 agreement

@@ -80,6 +80,7 @@ class StudySettings:
     grace_s: int = 6
     inputs: dict | None = None  # trace + space the trials depend on (resume.study_inputs); None: not checked
     allow_changed_inputs: bool = False
+    reference_trials: bool = True  # a new study runs the reference deployments first (seeds.py; not the grid sampler)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class TrialRow:
     reason: str | None = None
     feasible: bool = True
     canonical: dict | None = None  # the deployment the trial ran (its moot knobs at their twin's values)
+    seeded: str | None = None  # the reference deployment (seeds.py) the study queued as this trial, or None
 
     @property
     def deployment(self) -> Deployment:
@@ -181,11 +183,16 @@ def suggest(trial, space: Space) -> Deployment:
 
 
 def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluator,
-              on_trial: Callable[[TrialRow, int], None] | None = None):
-    """Run trials until the study holds `n_trials` counted trials; returns the study."""
+              on_trial: Callable[[TrialRow, int], None] | None = None, seeds: list | None = None):
+    """Run trials until the study holds `n_trials` counted trials; returns the study. `seeds`
+    (seeds.Seed): queued first in a new study when `s.reference_trials` (the grid sampler visits its own
+    grid), at most `n_trials` of them; they count against the budget like any trial."""
     import optuna
 
     study = open_study(s, space)
+    if s.reference_trials and s.sampler != "grid" and seeds and not study.get_trials(deepcopy=False):
+        for seed in seeds[: s.n_trials]:
+            study.enqueue_trial(seed.params, user_attrs={"seeded": seed.name}, skip_if_exists=True)
 
     def objective(trial):
         if trial.user_attrs.get("requeued_from") is None:
@@ -398,7 +405,7 @@ def to_row(t) -> TrialRow:
     reason = "; ".join([*([reason] if reason else []), *twin]) or None
     cons = a.get("constraints") or []
     return TrialRow(t.number, t.state.name, dict(t.params), list(t.values) if t.values else None,
-                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical)
+                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical, a.get("seeded"))
 
 
 def rows(study) -> list[TrialRow]:

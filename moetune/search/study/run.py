@@ -11,6 +11,7 @@ from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.resume import study_inputs
+from moetune.search.study.seeds import reference_seeds
 from moetune.search.study.setup import Inputs, Setup, prepare
 from moetune.search.study.space import (build_space, canonical, from_config, named_values, read_space_file,
                                         runnable_formats)
@@ -90,7 +91,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     settings.out.mkdir(parents=True, exist_ok=True)
     try:
         inputs = study_inputs(settings.inputs.trace, space.grid())
-        study = run_study(replace(settings.study, inputs=inputs), space, limits, evaluator, on_trial)
+        seeds = reference_seeds(space, limits, setup.hardware.ranks_per_node, evaluator.memory_rule()) \
+            if settings.study.reference_trials else None
+        study = run_study(replace(settings.study, inputs=inputs), space, limits, evaluator, on_trial, seeds)
     except MoetuneError:
         if created:  # a storage or study mistake: leave nothing behind
             import shutil

@@ -78,7 +78,7 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
         m = r.metrics or {}
         detail = m.get("detail") or {}
         share = detail.get("dropped_fraction")
-        out.append([str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
+        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
                     *([f"{share:.2%}" if share is not None else ""] if dropped else []),
                     *(_quality_cells(detail) if kl else []), _tag(m)])

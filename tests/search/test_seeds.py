@@ -1,0 +1,91 @@
+"""A new study runs reference deployments first (seeds.py): the shapes a cluster engineer tries by hand,
+each valid in the space, so that a small trial budget finds a feasible point where random starts do not."""
+
+import csv
+from pathlib import Path
+
+from moetune.search.cost.deployment import Deployment
+from moetune.search.cost.memory import HEADROOM
+from moetune.search.study.repair import repair
+from moetune.search.study.optuna_study import Constraints, StudySettings
+from moetune.search.study.run import SearchSettings, run_search
+from moetune.search.study.seeds import reference_seeds
+from moetune.search.study.setup import Inputs, prepare
+from moetune.search.study.space import build_space, prune
+from tests.cli_run import moetune
+
+ROOT = Path(__file__).resolve().parents[2]
+DSV3 = str(ROOT / "recipes/scale/deepseek-v3.json")
+SLO = Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0)
+
+
+def _inputs(run_dir, config="deepseek-v3.json", hardware="8xH200", concurrency=64, output_len=256) -> Inputs:
+    return Inputs(str(run_dir), hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024,
+                  output_len=output_len, concurrency=concurrency)
+
+
+def _seeds(inputs: Inputs, overrides: dict | None = None):
+    from moetune.search.study.evaluate import SimulateEvaluator
+
+    setup = prepare(inputs)
+    space = build_space(setup.source.model.E, setup.hardware.max_ranks, overrides=overrides)
+    rule = SimulateEvaluator(setup.sim, setup.workload).memory_rule()
+    return space, setup, reference_seeds(space, setup.limits(), setup.hardware.ranks_per_node, rule)
+
+
+def _deployment(params: dict) -> Deployment:
+    return Deployment(**{**Deployment().as_dict(), **params})
+
+
+def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
+    space, setup, seeds = _seeds(_inputs(run_dir))
+    assert [s.name for s in seeds] == ["ep-node", "wide-ep"]  # DeepSeek-V3 needs a whole node: no replicas seed
+    domains = {k.name: k.values for k in space.knobs}
+    for s in seeds:
+        assert set(s.params) == set(domains) and all(v in domains[k] for k, v in s.params.items()), s
+        d, _ = repair(_deployment(s.params), 256, 8)
+        assert prune(d, setup.limits()) is None and setup.sim.memory_reason(d) is None, s
+    node, wide = (s.params for s in seeds)
+    assert node["ep_size"] == wide["ep_size"] == 8 and node["placement"] == wide["placement"] == "eplb"
+    assert wide["redundant_experts"] == 32 and wide["quant_low_format"] == wide["dense_format"] == "fp8"
+    assert (node["max_num_batched_tokens"], wide["max_num_batched_tokens"]) == (512, 256)
+    assert wide["max_num_seqs"] == 8  # 64 in flight over 8 ranks
+
+
+def test_a_small_model_gets_the_most_replicas_and_a_tp_seed_only_where_tp_is_searched(run_dir):
+    _, _, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"))
+    assert [s.name for s in seeds] == ["replicas", "ep-node", "wide-ep"]
+    assert (seeds[0].params["ep_size"], seeds[0].params["replicas"]) == (1, 8)
+    groups = {"tp_size": [1, 2, 4, 8], "expert_tp_size": [1, 2, 4, 8]}
+    _, setup, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"), groups)
+    tp = seeds[-1]
+    assert tp.name == "tp" and (tp.params["tp_size"], tp.params["expert_tp_size"], tp.params["replicas"]) == (2, 2, 4)
+    assert setup.sim.memory_reason(_deployment(tp.params)) is None
+    _, _, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"), {**groups, "tp_size": [1, 8]})
+    assert seeds[-1].name == "tp" and seeds[-1].params["tp_size"] == 8  # only values the space holds
+
+
+def test_a_seeded_deepseek_v3_study_on_8_h200_runs_the_seeds_first_and_finds_a_feasible_one(run_dir, tmp_path):
+    inputs = _inputs(run_dir)
+    _, _, seeds = _seeds(inputs)
+    out = tmp_path / "dsv3"
+    st = StudySettings("d", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", len(seeds), 0, SLO)
+    result = run_search(SearchSettings(inputs, st, out, "simulate"))
+    assert [r.seeded for r in result.rows] == [s.name for s in seeds]
+    assert [r.params for r in result.rows] == [s.params for s in seeds]
+    assert all(r.state == "COMPLETE" for r in result.rows)
+    assert result.winner is not None and result.winner.feasible and result.winner.seeded is not None
+    assert result.winner.metrics["peak_mem_gb"] < 141 * HEADROOM
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [r["seeded"] for r in rows] == [s.name for s in seeds]
+
+
+def test_no_reference_trials_turns_them_off(run_dir, tmp_path):
+    def search(out, *extra):
+        got = moetune("search", "--trace", str(run_dir), "--hardware", "8xH200", "--n-trials", "3", "--out", str(out),
+                      "--num-requests", "16", *extra)
+        assert got.returncode == 0, got.stderr
+        return [r["seeded"] for r in csv.DictReader((out / "trials.csv").open())]
+
+    assert search(tmp_path / "on")[0] == "replicas"
+    assert search(tmp_path / "off", "--no-reference-trials") == ["", "", ""]
