@@ -57,6 +57,7 @@ from typing import Any
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.deployment import Deployment, resident_slots
+from moetune.search.cost.precision import dense_knob, dense_quant
 from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
 
@@ -381,7 +382,8 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None,
     rpn = data["parallel"].get("ranks_per_node", 1)
     if d.ep_size % rpn and rpn % d.ep_size:
         data["parallel"]["ranks_per_node"] = min(rpn, d.ep_size)
-    quant = quant_section(d, loads, base.model.dtype)
+    stored_fp8 = base.quant is not None and base.quant.experts == "fp8"  # an fp8 checkpoint's own experts
+    quant = quant_section(d, loads, "fp8" if stored_fp8 else base.model.dtype)
     if quant is not None:
         data["quant"] = quant
     offload = offload_section(d, base)
@@ -395,16 +397,18 @@ QUANT_FORMATS = {"fp8": "fp8", "int8": "int8", "int4": "int4-g64"}  # knob value
 
 def quant_section(d: Deployment, loads: str | None, dtype: str | None) -> dict | None:
     """The `quant` section of a deployment (None: no low format). Hot experts keep the model's
-    precision (bf16 / fp16 when the recipe says so, else fp32); int4 is group-wise, group 64."""
+    precision (bf16 / fp16 when the recipe says so, fp8 for an fp8 checkpoint's experts, else fp32);
+    int4 is group-wise, group 64."""
+    dense = {"dense": dense_quant(d)} if dense_quant(d) else {}  # this-machine's dense int8 / int4 (machine_space.py)
     if d.quant_low_format == "none":
-        return None
+        return dense or None
     low = QUANT_FORMATS[d.quant_low_format]
     if not d.quant_hot_fraction:
-        return {"experts": low}
+        return {"experts": low, **dense}
     if loads is None:
         raise MoetuneError("a quant hot fraction needs the run directory whose expert loads rank the experts")
-    high = dtype if dtype in ("bf16", "fp16") else "fp32"
-    return {"hot_fraction": d.quant_hot_fraction, "high": high, "low": low, "loads": str(loads)}
+    high = dtype if dtype in ("bf16", "fp16", "fp8") else "fp32"
+    return {"hot_fraction": d.quant_hot_fraction, "high": high, "low": low, "loads": str(loads), **dense}
 
 
 def offload_section(d: Deployment, base: RunConfig) -> dict | None:
@@ -450,6 +454,8 @@ def named_values(cfg: RunConfig) -> dict:
 def _sections_as_knobs(cfg: RunConfig, redundant: int) -> dict:
     out: dict = {}
     q = cfg.quant
+    if q is not None and q.dense:
+        out["dense_format"] = dense_knob(q.dense)
     if q is not None and (q.experts or q.hot_fraction is not None):
         low = q.experts if q.experts else q.low
         kind = next((k for k, v in QUANT_FORMATS.items() if v == low or (k == "int4" and low.startswith("int4"))), None)
