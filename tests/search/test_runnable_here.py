@@ -82,5 +82,6 @@ def test_a_this_machine_dense_int8_winner_is_priced_on_its_own_path_and_serves(r
     sim = prepare(Inputs(str(run_dir), "this-machine")).sim
     own = sim.own_path(Deployment(max_num_seqs=8, dense_format="int8"))
     assert own is not None and own[0] == "variant" and own[1]  # its measured ratio per step kind
-    assert sim.memory(Deployment(max_num_seqs=8, dense_format="int8")).dense < sim.memory(Deployment(max_num_seqs=8)).dense
+    int8, fp32 = (sim.memory(Deployment(max_num_seqs=8, dense_format=f)) for f in ("int8", "none"))
+    assert int8.dense < fp32.dense  # held at int8 bytes
     _serves(out / "winner.yaml", tmp_path)

@@ -1,6 +1,7 @@
 """--scale-routing: the block mapping (the toy's skew, kept for comparison), the statistics mapping
 (each layer's load CV kept, hot experts scattered, co-selection kept) and a real deployment's load
-dump (SGLang's recorder .pt in stat and per_token mode, a moetune run directory; vLLM's refused), down to `moetune simulate` on the command line."""
+dump (SGLang's recorder .pt in stat and per_token mode, a moetune run directory; vLLM's refused),
+down to `moetune simulate` on the command line, which says the routing it priced (balance.py)."""
 
 import numpy as np
 import pandas as pd

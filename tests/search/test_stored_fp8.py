@@ -1,7 +1,7 @@
 """A checkpoint's own fp8 weights (config.json quantization_config quant_method fp8, DeepSeek-V3's):
 its baseline precision is fp8, not bf16. Priced exactly as the bf16 twin with fp8 experts and fp8
 dense layers (the reference), a low-bit mix keeps its hot experts at fp8, nothing is counted as low
-precision that the checkpoint stores, and winner.yaml says the precision priced."""
+precision that the checkpoint stores, and winner.yaml says the precision priced (the report: the routing priced)."""
 
 import json
 
@@ -64,5 +64,7 @@ def test_the_winner_recipe_of_an_fp8_checkpoint_says_fp8(run_dir, fp8_config, tm
                         num_requests=16)
         run_search(SearchSettings(inputs, st, out, "simulate", str(space), hf_id="deepseek-ai/DeepSeek-V3"))
         runs[low] = load_recipe(out / "winner.yaml").quant
+        report = " ".join((out / "report.md").read_text().split())  # and it says the routing priced (balance.py)
+        assert "Winner: Priced on the routing scaled by stats: rank imbalance" in report and "perfect balance" in report
     assert runs["none"].experts == "fp8"
     assert (runs["int4"].high, runs["int4"].low, runs["int4"].hot_fraction) == ("fp8", "int4-g64", 0.25)
