@@ -12,7 +12,7 @@ from moetune.search.study.space import SpaceError, build_space
 
 FIXED = ("ep_size: 1\nreplicas: 1\nredundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 8\n"
          "max_num_batched_tokens: 1024\nquant_hot_fraction: 0\noffload_resident_fraction: 1\n"
-         "offload_prefetch_depth: 0\noffload_eviction: lru\ndense_format: none\n")
+         "offload_prefetch_depth: 0\noffload_eviction: lru\n")
 
 
 def _search(run_dir, tmp_path, space: str, n: int, name="out"):
@@ -59,10 +59,10 @@ def test_a_this_machine_winner_with_low_bit_experts_serves(run_dir, tmp_path):
 
 
 def test_the_dense_projections_format_is_a_this_machine_knob_of_what_the_backend_runs():
-    space = machine_space(build_space(16, 2, priced=False), "cpu", False)
-    grid = space.grid()
-    assert grid["dense_format"] == ["none", "int8", "int4"] and "fp8" not in grid["quant_low_format"]
-    assert machine_space(build_space(16, 2, priced=False), "cpu", False, "int8").grid()["dense_format"] == ["int8"]
+    grid = lambda *a: machine_space(build_space(16, 2, priced=False), "cpu", False, *a).grid()  # noqa: E731
+    assert "dense_format" not in grid() and "fp8" not in grid()["quant_low_format"]  # not named: the base's none
+    assert grid(None, "int8")["dense_format"] == ["int8"]  # not named: the base recipe's quant.dense
+    assert grid(["none", "int8", "int4"])["dense_format"] == ["none", "int8", "int4"]
     with pytest.raises(SpaceError, match="dense_format fp8: this machine's kernel backend 'cpu' runs none, int8, int4"):
         machine_space(build_space(16, 2, priced=False), "cpu", False, ["none", "fp8"])
 
@@ -74,11 +74,11 @@ def test_a_this_machine_dense_int8_winner_is_priced_on_its_own_path_and_serves(r
     from moetune.search.cost.deployment import Deployment
     from moetune.search.study.setup import prepare
 
-    result, out = _search(run_dir, tmp_path, FIXED.replace("dense_format: none", "dense_format: int8")
-                          + "quant_low_format: none\n", n=1, name="dense")
+    result, out = _search(run_dir, tmp_path, FIXED + "dense_format: int8\nquant_low_format: none\n", n=1,
+                          name="dense")
     cfg = load_recipe(out / "winner.yaml")
     assert cfg.quant.dense == "int8" and cfg.quant.experts is None
-    assert {r.params.get("dense_format", "int8") for r in result.rows} == {"int8"}
+    assert {r.params["dense_format"] for r in result.rows} == {"int8"}
     sim = prepare(Inputs(str(run_dir), "this-machine")).sim
     own = sim.own_path(Deployment(max_num_seqs=8, dense_format="int8"))
     assert own is not None and own[0] == "variant" and own[1]  # its measured ratio per step kind

@@ -10,6 +10,7 @@ from typing import Callable
 from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
+from moetune.search.cost.precision import dense_knob
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.setup import Inputs, Setup, prepare
 from moetune.search.study.machine_space import machine_space
@@ -80,7 +81,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
                         {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp, **named_values(setup.base)})
     if here:
-        space = machine_space(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}), dense)
+        stored = dense_knob(setup.base.quant.dense if setup.base.quant is not None else None)
+        space = machine_space(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}), dense, stored)
     limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
     lookup = quality_lookup(settings, setup, space)

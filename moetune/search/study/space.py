@@ -21,7 +21,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
 | offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
 | speculative | engine.speculative (searched when --space names it) | none, ngram:K, draft:DIR:K, mtp:K (1 <= K <= 16) | a TP group (the engine verifies on one group only); mtp:K on a model without MTP layers (config.json num_nextn_predict_layers); a value the recipe refuses; simulate: no acceptance known (neither the trace's profile with that speculator nor --spec-acceptance) |
-| dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware only) | none, fp8 | — |
+| dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware); this-machine: quant.dense when --space names it (machine_space.py) | none, fp8; this-machine: none, int8, int4 | — |
 | kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
 | overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
 | cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (kept as sampled: a size above the decode batch a rank holds prices the same, and the launch flags say the size) |
