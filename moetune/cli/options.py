@@ -54,7 +54,8 @@ ScaleModelOpt = typer.Option(None, "--scale-model", help="config.json of a large
 ScaleRoutingOpt = typer.Option(None, "--scale-routing", help="How --scale-model carries the routing over: stats "
                                "(default: each layer's load CV kept, hot experts at random ids), blocks (each source "
                                "expert a block of target experts: the toy's skew) | loads:FILE (a real deployment's "
-                               "per-layer loads: SGLang's expert-distribution .pt dump or a moetune run directory).")
+                               "per-layer loads: SGLang's expert-distribution .pt dump, stat or per_token mode, or a moetune run "
+                               "directory; vLLM writes no load file).")
 NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: the run's).")
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")

@@ -26,6 +26,7 @@ def simulate(
     from rich.console import Console
 
     from moetune.report.terminal import rich_table
+    from moetune.search.cost.balance import balance_sentence
     from moetune.search.study.one import simulate_recipe
     from moetune.search.study.tables import metrics_table, phase_table
 
@@ -57,6 +58,7 @@ def simulate(
                       "search --evaluator measure", highlight=False, soft_wrap=True)
     console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
     console.print(rich_table(metrics_table("Totals (estimated)", m)))
+    console.print(balance_sentence(m), highlight=False, soft_wrap=True)
     if explain:
         from moetune.search.cost.explain import terms_table
 

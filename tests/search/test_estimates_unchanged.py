@@ -75,7 +75,8 @@ def estimates() -> dict:
 
 def test_estimates_are_the_recorded_ones():
     """Every figure recorded is unchanged; a Metrics field added since (the burst's latency percentiles,
-    request rate, goodput, workload label) is an addition, not a change, and is checked by its own tests."""
+    request rate, goodput, workload label; detail's routing, stored weights and CUDA-graph memory) is an
+    addition, not a change, and is checked by its own tests."""
     golden = json.loads(GOLDEN.read_text())
     now = estimates()
     assert sorted(now) == sorted(golden)
@@ -85,6 +86,9 @@ def test_estimates_are_the_recorded_ones():
         assert set(metrics) - set(golden[name]["metrics"]) <= added, name
         assert metrics["workload"].startswith("burst"), name
         kept = {k: v for k, v in metrics.items() if k in golden[name]["metrics"]}  # the recorded ones
+        detail = kept["detail"]  # detail figures added since: which routing, the stored weights, graph memory
+        assert detail.pop("routing") == "trace" and detail.pop("stored_weights") == "none", name
+        assert detail["memory"].pop("graphs") == 0.0, name  # no CUDA graphs priced in these recipes
         assert {**now[name], "metrics": kept} == golden[name], name
 
 

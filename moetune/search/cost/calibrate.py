@@ -325,8 +325,10 @@ def _spread(values: list[float]) -> float:
 
 def variant_key(d) -> str | None:
     """The name of a one-rank deployment's own path where it differs from the fp32 resident one the
-    base calibration timed (`int4+hot0.25`, `offload0.5-pf2-lru`, `dense-int8`, joined by `,`), else None."""
-    parts = [f"dense-{d.dense_format}"] if d.dense_format == "int8" else []  # quant.dense int8: its own kernels
+    base calibration timed (`dense-int8`, `int4+hot0.25`, `offload0.5-pf2-lru`, joined by `,`), else None."""
+    parts = []
+    if d.dense_format in ("int8", "int4"):  # moetune's own quant.dense (precision.py DENSE_QUANT)
+        parts.append(f"dense-{d.dense_format}")
     if d.quant_low_format != "none":
         parts.append(d.quant_low_format + (f"+hot{d.quant_hot_fraction:g}" if d.quant_hot_fraction else ""))
     if d.offload_resident_fraction < 1:

@@ -29,10 +29,10 @@ def bytes_per_weight(fmt: str, dtype_bytes: int, D: int = 4096) -> float:
 
 
 def expert_bytes(loads: np.ndarray, weights: int, dtype_bytes: int, low_format: str, hot_fraction: float,
-                 D: int) -> np.ndarray:
+                 D: int, high_format: str = "none") -> np.ndarray:
     """loads [Lm, E] → bytes of each expert [Lm, E]: the hottest ceil(hot_fraction·E) of each layer
-    keep the model dtype, the rest take `low_format`."""
-    full = weights * bytes_per_weight("none", dtype_bytes)
+    keep `high_format` (none: the model dtype; fp8: an fp8 checkpoint's own), the rest take `low_format`."""
+    full = weights * bytes_per_weight(high_format, dtype_bytes, D)
     out = np.full(loads.shape, full, dtype=np.float64)
     if low_format == "none":
         return out

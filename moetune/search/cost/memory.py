@@ -6,6 +6,12 @@ rank bytes = dense weights (every rank: data-parallel attention): the projection
            + KV cache: min(max_num_seqs, requests on the rank) × (prompt + output) × L × kv elements × KV bytes
            + activations: max_num_batched_tokens · b · (4·D + E + K·(2·D + 3·I))   (profile/memory.py)
            + logits: max_num_seqs · V · 4
+           + CUDA graphs (GPU hardware, cuda_graph_max_bs = n > 0; estimated): the memory SGLang reserves
+             for the decode graphs it captures, per GPU, in MB: 2·n, and with data-parallel attention
+             (moetune's EP ranks, R > 1) + 3·n·R, + 1.5·n·R more when n > 300 (sglang
+             python/sglang/srt/server_args.py `_handle_gpu_memory_settings`, "For cuda graphs", from
+             sgl-project/sglang PR 10975; vLLM measures its capture at start-up instead and has no
+             constant, so the same figure is used for both engines' launch files)
 Fits when it is at most 90 % of the rank's memory (on `this-machine`, R ranks share the host's
 available RAM).
 """
@@ -29,10 +35,11 @@ class RankMemory:
     experts: float
     kv: float
     activations: float
+    graphs: float = 0.0  # CUDA-graph capture (module doc; 0 eager or off GPU)
 
     @property
     def total(self) -> float:
-        return self.dense + self.experts + self.kv + self.activations
+        return self.dense + self.experts + self.kv + self.activations + self.graphs
 
     def as_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -50,7 +57,25 @@ def rank_memory(m: SimModel, d: Deployment, w: SimWorkload, b: int, mean_expert_
     act = d.max_num_batched_tokens * b * (4 * m.D + m.E + m.K * (2 * m.D + 3 * m.I)) + d.max_num_seqs * m.V * 4
     proj = m.dense_projections()
     dense = proj * prec.dense_b + (m.dense_weights() - proj) * b
-    return RankMemory(dense, m.Lm * resident * mean_expert_bytes, kv, act)
+    return RankMemory(dense, m.Lm * resident * mean_expert_bytes, kv, act, graph_bytes(d))
+
+
+GRAPH_MB_PER_BS = 2.0  # SGLang server_args.py: reserved_mem += cuda_graph_max_bs * 2 (MB)
+GRAPH_DP_MB_PER_BS = 3.0  # ... with DP attention: += cuda_graph_max_bs * dp_size * 3
+GRAPH_DP_LARGE_MB_PER_BS = 1.5  # ... and when cuda_graph_max_bs > 300: += cuda_graph_max_bs * dp_size * 1.5
+
+
+def graph_bytes(d: Deployment) -> float:
+    """Bytes per GPU the decode CUDA graphs of d take (module doc): 0 eager (0) or not priced (−1)."""
+    n = d.cuda_graph_max_bs
+    if n <= 0:
+        return 0.0
+    mb = GRAPH_MB_PER_BS * n
+    if d.ep_size > 1:  # data-parallel attention over the EP ranks
+        mb += GRAPH_DP_MB_PER_BS * n * d.ep_size
+        if n > 300:
+            mb += GRAPH_DP_LARGE_MB_PER_BS * n * d.ep_size
+    return mb * 1024 * 1024
 
 
 def memory_reason(mem: RankMemory, hw: Hardware, ranks: int) -> str | None:
@@ -62,4 +87,5 @@ def memory_reason(mem: RankMemory, hw: Hardware, ranks: int) -> str | None:
         return None
     where = f"{ranks} ranks on this machine" if shared else "per rank"
     return (f"needs {need / 1e9:.1f} GB {where} (weights {mem.dense / 1e9:.1f} + experts {mem.experts / 1e9:.1f} "
-            f"+ KV {mem.kv / 1e9:.1f} + activations {mem.activations / 1e9:.1f}) > {have / 1e9:.1f} GB usable")
+            f"+ KV {mem.kv / 1e9:.1f} + activations {mem.activations / 1e9:.1f}"
+            + (f" + CUDA graphs {mem.graphs / 1e9:.1f}" if mem.graphs else "") + f") > {have / 1e9:.1f} GB usable")

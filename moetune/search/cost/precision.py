@@ -8,6 +8,9 @@
 | kv_format fp8 | the KV cache (GQA's K/V, MLA's latent) | 1 per element: twice the sequences in the same memory, half the bytes read per decode step | the attention scores stay at the activation dtype |
 | quant_low_format fp8 (experts) | the cold experts | formats.py | w8a8 at the fp8 rate (the engines' fp8 MoE kernels) |
 
+dense_format int8 / int4 (this-machine only: moetune's own `quant.dense`, study/machine_space.py)
+store the dense projections at those bytes (formats.py); their time is this machine's measured path
+(simulate.py prices a one-rank variant as fp32 × its own measured ratio).
 int8 / int4 experts are weight-only (dequantised into the activation dtype's GEMM): bytes only.
 A FLOP multiplier k < 1 scales a GEMM's FLOPs into activation-dtype FLOPs (the roofline divides by
 one rate), so `--explain`'s flops of an fp8 GEMM are its bf16-equivalent FLOPs.
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 
 from moetune.search.cost.formats import bytes_per_weight
 
-DENSE_FORMATS = ("none", "fp8", "int8")
+DENSE_FORMATS = ("none", "fp8")  # on GPU hardware (the engines' --quantization fp8)
+DENSE_QUANT = {"int8": "int8", "int4": "int4-g64"}  # on this-machine: knob value → the recipe's quant.dense
 KV_FORMATS = ("none", "fp8")
 
 
@@ -41,3 +45,15 @@ def precision(d, hw, b: int) -> Precision:
     dense_fp8 = d.dense_format == "fp8"
     return Precision(bytes_per_weight(d.dense_format, b), k if dense_fp8 else 1.0,
                      1.0 if d.kv_format == "fp8" else float(b), k if d.quant_low_format == "fp8" else 1.0)
+
+
+def dense_quant(d) -> str | None:
+    """The recipe's quant.dense of a deployment (None: the model dtype, or a GPU engine's fp8)."""
+    return DENSE_QUANT.get(d.dense_format)
+
+
+def dense_knob(dense: str | None) -> str:
+    """A recipe's quant.dense → the dense_format knob value (int4-gG → int4)."""
+    if not dense:
+        return "none"
+    return "int8" if dense == "int8" else "int4"

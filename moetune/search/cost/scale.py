@@ -83,6 +83,15 @@ def read_scale_spec(path: str | Path):
         raise MoetuneError(f"--scale-model '{path}' is not JSON ({exc.msg})") from None
 
 
+def stored_format(path: str | Path) -> str:
+    """The weights' own format a config.json says: fp8 when its `quantization_config` is
+    `quant_method: fp8` (DeepSeek-V3's block-wise e4m3 checkpoint), else none (the model dtype)."""
+    path = Path(path)
+    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    q = cfg.get("quantization_config") or {}
+    return "fp8" if isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "fp8" else "none"
+
+
 def scale_routing_ids(ids: np.ndarray, E_src: int, spec, routing: ScaleRouting, seed: int = 0) -> np.ndarray:
     """ids [N, Lm_src, K_src] → [N, Lm_tgt, K_tgt] (uint16) for the target ModelSpec, by `routing`."""
     E_tgt, Lm_tgt, K_tgt = spec.moe.num_experts, len(spec.moe_layers), spec.moe.router.top_k

@@ -34,6 +34,8 @@ class SimModel:
     expert_groups: int = 1  # the router's expert groups (DeepSeek-V3's n_group)
     whole_qk_norm: bool = False  # olmoe: q/k norm over the whole projection (under TP one [T, 2] all-reduce a layer)
     heads: int = 0  # attention (query) heads, split by tensor parallelism; 0: not known (a hand-made model)
+    weight_format: str = "none"  # the checkpoint's own weights: none (the model dtype) | fp8 (config.json's
+    # quantization_config quant_method fp8, DeepSeek-V3 style: dense projections and every routed expert)
 
     @property
     def Lm(self) -> int:

@@ -60,7 +60,7 @@ from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
 from moetune.search.cost.deployment import Deployment, resident_slots
-from moetune.search.cost.formats import expert_bytes
+from moetune.search.cost.formats import bytes_per_weight, expert_bytes
 from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
 from moetune.search.cost.metrics import Metrics
@@ -147,10 +147,19 @@ class Simulator:
 
     # ---- public -------------------------------------------------------------------------------
 
+    def stored(self, d: Deployment) -> Deployment:
+        """d as an fp8 checkpoint runs it (SimModel.weight_format fp8): the dense projections and every
+        expert not given a lower format stay fp8 (the engines serve such a checkpoint as stored)."""
+        if self.src.model.weight_format != "fp8":
+            return d
+        low = (d.quant_low_format, d.quant_hot_fraction) if d.quant_low_format != "none" else ("fp8", 0.0)
+        return replace(d, dense_format="fp8", quant_low_format=low[0], quant_hot_fraction=low[1])
+
     def memory(self, d: Deployment) -> RankMemory:
+        d = self.stored(d)
         m = tp_costs.tp_model(self.src.model, d)  # one rank's share under tensor parallelism
         per_expert = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format,
-                                  d.quant_hot_fraction, m.D).mean()
+                                  d.quant_hot_fraction, m.D, self.src.model.weight_format).mean()
         return rank_memory(m, d, self.src.workload, self.b, float(per_expert), precision(d, self.hw, self.b))
 
     def spec_plan(self, d: Deployment) -> "spec_costs.SpecPlan | None":
@@ -166,7 +175,7 @@ class Simulator:
 
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
-        total = workload or self.src.workload
+        total, d = workload or self.src.workload, self.stored(d)
         return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
                              self.hw.max_ranks)
 
@@ -224,9 +233,10 @@ class Simulator:
                 to_rank[j, e, slot_rank[slot]] += 1.0 / reps[j, e]
         low_format, hot = ((d.quant_low_format, d.quant_hot_fraction) if self.own_path(d) is None
                            else ("none", 0.0))  # its own path timed: priced as fp32, × the measured ratio
-        eb = expert_bytes(self.src.loads, m.expert_weights, self.b, low_format, hot, m.D)
+        eb = expert_bytes(self.src.loads, m.expert_weights, self.b, low_format, hot, m.D, m.weight_format)
         slot_bytes = np.take_along_axis(eb, phy2log, axis=1)
-        low = (slot_bytes < m.expert_weights * self.b - 1e-6).astype(np.float64)
+        full = m.expert_weights * bytes_per_weight(m.weight_format, self.b, m.D)  # the checkpoint's own precision
+        low = (slot_bytes < full - 1e-6).astype(np.float64)
         return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low)
 
     # ---- pricing --------------------------------------------------------------------------------
@@ -375,7 +385,10 @@ class Simulator:
         own = self.own_path(d) if self.cal is not None else None
         # a TP group timed on its own: its compute factor is over the whole model's one-rank path
         view = self if own is not None and own[0] == "tp" else self.rank_view(d)
-        self.prec = view.prec = precision(d, self.hw, self.b)
+        prec = precision(d, self.hw, self.b)
+        if own is not None and own[0] == "variant":  # timed on its own path: priced as fp32 × its ratio
+            prec = replace(prec, dense_b=float(self.b))
+        self.prec = view.prec = prec
         plan = self.spec_plan(d)
         draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
@@ -474,7 +487,9 @@ class Simulator:
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict, arrival_s: np.ndarray | None) -> Metrics:
         mem = self.memory(d)
-        detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps)}
+        detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps),
+                  "routing": self.src.scale_routing or "trace",  # which routing was replayed (balance.py)
+                  "stored_weights": self.src.model.weight_format}  # fp8: the checkpoint's own, priced as stored
         plan = self.spec_plan(d)
         if plan is not None:
             detail["speculative"] = {**plan.as_dict(), "draft_s": float(phases.get("draft", np.zeros(1)).sum())}

@@ -5,7 +5,7 @@ model it was recorded on and the workload it ran.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +33,6 @@ class TraceSource:
     scale_routing: str | None = None  # how the routing was scaled (scale.py ScaleRouting.label), None: not scaled
 
     def with_workload(self, w: SimWorkload) -> "TraceSource":
-        from dataclasses import replace
-
         return replace(self, workload=w)
 
 
@@ -47,7 +45,7 @@ def load_source(run_dir: str | Path, scale_config: str | None = None, scale_rout
     from moetune.model.validate import read_spec
     from moetune.profile.rundir import read_run
     from moetune.errors import MoetuneError
-    from moetune.search.cost.scale import parse_scale_routing, read_scale_spec, scale_routing_ids
+    from moetune.search.cost.scale import parse_scale_routing, read_scale_spec, scale_routing_ids, stored_format
 
     run = read_run(Path(run_dir))
     recipe = yaml.safe_load(run.recipe_yaml) or {}
@@ -62,6 +60,7 @@ def load_source(run_dir: str | Path, scale_config: str | None = None, scale_rout
         spec = read_scale_spec(scale_config)
         ids = scale_routing_ids(ids, trace.num_experts, spec, routing)
         model, scaled = sim_model(spec, Path(scale_config).stem), run.summary["model"].get("name")
+        model = replace(model, weight_format=stored_format(scale_config))  # an fp8 checkpoint: priced as stored
     else:
         spec = read_spec(resolve_model(model_path))
         model, scaled = sim_model(spec, run.summary["model"].get("name", spec.model_type)), None

@@ -12,6 +12,7 @@ from pathlib import Path
 from moetune.report.html import CSS, figure_html, table_html
 from moetune.report.markdown import table_markdown
 from moetune.report.tables import Table
+from moetune.search.cost.balance import balance_sentence, gain_sentence
 from moetune.search.cost.metrics import OBJECTIVES, Metrics
 from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.tables import phase_table, states_table, trials_table
@@ -72,6 +73,9 @@ def why_it_wins(win: Metrics, base: Metrics) -> list[str]:
     if wd.get("offload_stall_s"):
         out.append(f"Offload stalls {wd['offload_stall_s'] * 1e3:.1f} ms in total, cache hit rate "
                    f"{wd.get('cache_hit_rate', 1):.1%}.")
+    gain = gain_sentence(win, base)
+    if gain:
+        out.append(gain)
     wp, bp = _decode_phases(win), _decode_phases(base)
     if wp and bp:
         deltas = sorted(((bp.get(p, 0) - wp.get(p, 0), p) for p in set(wp) | set(bp) if p not in ("step", "steps")),
@@ -136,6 +140,7 @@ def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list
     why = [verdict(winner, baseline, objectives[0], *labels)]
     why += why_it_wins(winner, baseline) if baseline is not None else []
     win_p, base_p = phases or (winner, baseline)
+    why.append("Winner: " + balance_sentence(win_p))
     front_title = f"Pareto front ({len(front)} feasible non-dominated trials)"
     fronts = [trials_table(front, tuple(objectives), top=len(front), title=front_title, quality_note=quality_note)] \
         if len(objectives) > 1 else []  # one objective: its front is the best trial, the table above

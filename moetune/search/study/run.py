@@ -10,11 +10,12 @@ from typing import Callable
 from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
+from moetune.search.cost.precision import dense_knob
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.seeds import reference_seeds
 from moetune.search.study.setup import Inputs, Setup, prepare
-from moetune.search.study.space import (build_space, canonical, from_config, named_values, read_space_file,
-                                        runnable_formats)
+from moetune.search.study.machine_space import machine_space
+from moetune.search.study.space import build_space, canonical, from_config, named_values, read_space_file
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
 EVALUATORS = ("simulate", "measure")
@@ -74,12 +75,15 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     setup = prepare(settings.inputs)
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
-    cluster = settings.evaluator == "simulate" and setup.hardware.name != "this-machine"  # replicas: priced there
+    here = setup.hardware.name == "this-machine"
+    dense = (overrides or {}).pop("dense_format", None) if here else None  # this machine's own (machine_space.py)
+    cluster = settings.evaluator == "simulate" and not here  # replicas: priced there
     par = setup.base.parallel
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
                         {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp, **named_values(setup.base)})
-    if setup.hardware.name == "this-machine":
-        space = runnable_formats(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}))
+    if here:
+        stored = dense_knob(setup.base.quant.dense if setup.base.quant is not None else None)
+        space = machine_space(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}), dense, stored)
     limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
     lookup = quality_lookup(settings, setup, space)
@@ -189,6 +193,8 @@ def winner_base(settings: SearchSettings, setup: Setup):
     data["model"]["path"] = settings.hf_id or str(Path(settings.inputs.scale_model).resolve())
     data["model"]["dtype"] = "bf16" if setup.hardware.act_bytes == 2 else "fp32"
     data["parallel"]["ranks_per_node"] = setup.hardware.ranks_per_node
+    if setup.source.model.weight_format == "fp8":  # the checkpoint's own fp8 experts, as priced (simulate.py stored)
+        data["quant"] = {"experts": "fp8"}
     return parse_config(data, source="search winner")
 
 

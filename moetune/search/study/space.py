@@ -21,7 +21,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
 | offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
 | speculative | engine.speculative (searched when --space names it) | none, ngram:K, draft:DIR:K, mtp:K (1 <= K <= 16) | a TP group (the engine verifies on one group only); mtp:K on a model without MTP layers (config.json num_nextn_predict_layers); a value the recipe refuses; simulate: no acceptance known (neither the trace's profile with that speculator nor --spec-acceptance) |
-| dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware only); int8 (never searched) is a recipe's `quant.dense: int8`, read and written as such | none, fp8 | — |
+| dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware); this-machine: quant.dense when --space names it (machine_space.py) | none, fp8; this-machine: none, int8, int4 | — |
 | kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
 | overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
 | cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (kept as sampled: a size above the decode batch a rank holds prices the same, and the launch flags say the size) |
@@ -57,14 +57,15 @@ from typing import Any
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.deployment import Deployment, resident_slots
+from moetune.search.cost.precision import dense_knob, dense_quant
 from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
 
 
 PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs")  # searched by default on
 # priced (simulated GPU) searches though no recipe key says them: the serving engines' knobs (their launch flags)
-RECIPE_VALUES = {"dense_format": ("int8",)}  # values of a PRICED_ONLY knob a recipe does say (quant.dense: moetune's
-# engine packs the dense projections int8): never searched, read from and written to a recipe, run by `measure`
+RECIPE_VALUES = {"dense_format": ("int8", "int4")}  # values of a PRICED_ONLY knob a recipe does say (quant.dense:
+# moetune's engine packs the dense projections; machine_space.py): read from and written to a recipe, run by `measure`
 GRAPH_SIZES = (0, 32, 128, 512)  # cuda_graph_max_bs on GPUs: 0 eager, else the largest decode batch per rank captured
 DOMINATED = {"cuda_graph_max_bs": 512}  # never worse in the cost model than its other values (no graph memory is
 # priced): one value unless --space names the knob, so that it does not dilute a small trial budget
@@ -383,7 +384,8 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None,
     rpn = data["parallel"].get("ranks_per_node", 1)
     if d.ep_size % rpn and rpn % d.ep_size:
         data["parallel"]["ranks_per_node"] = min(rpn, d.ep_size)
-    quant = quant_section(d, loads, base.model.dtype)
+    stored_fp8 = base.quant is not None and base.quant.experts == "fp8"  # an fp8 checkpoint's own experts
+    quant = quant_section(d, loads, "fp8" if stored_fp8 else base.model.dtype)
     if quant is not None:
         data["quant"] = quant
     offload = offload_section(d, base)
@@ -396,26 +398,19 @@ QUANT_FORMATS = {"fp8": "fp8", "int8": "int8", "int4": "int4-g64"}  # knob value
 
 
 def quant_section(d: Deployment, loads: str | None, dtype: str | None) -> dict | None:
-    """The `quant` section of a deployment (None: no low format, dense weights at the model dtype):
-    the experts' part (`expert_quant`) and, for dense_format int8, `dense: int8`."""
-    experts = expert_quant(d, loads, dtype)
-    if d.dense_format not in RECIPE_VALUES["dense_format"]:
-        return experts
-    return {**(experts or {}), "dense": d.dense_format}
-
-
-def expert_quant(d: Deployment, loads: str | None, dtype: str | None) -> dict | None:
-    """The experts' part of the `quant` section (None: no low format). Hot experts keep the model's
-    precision (bf16 / fp16 when the recipe says so, else fp32); int4 is group-wise, group 64."""
+    """The `quant` section of a deployment (None: no low format). Hot experts keep the model's
+    precision (bf16 / fp16 when the recipe says so, fp8 for an fp8 checkpoint's experts, else fp32);
+    int4 is group-wise, group 64."""
+    dense = {"dense": dense_quant(d)} if dense_quant(d) else {}  # this-machine's dense int8 / int4 (machine_space.py)
     if d.quant_low_format == "none":
-        return None
+        return dense or None
     low = QUANT_FORMATS[d.quant_low_format]
     if not d.quant_hot_fraction:
-        return {"experts": low}
+        return {"experts": low, **dense}
     if loads is None:
         raise MoetuneError("a quant hot fraction needs the run directory whose expert loads rank the experts")
-    high = dtype if dtype in ("bf16", "fp16") else "fp32"
-    return {"hot_fraction": d.quant_hot_fraction, "high": high, "low": low, "loads": str(loads)}
+    high = dtype if dtype in ("bf16", "fp16", "fp8") else "fp32"
+    return {"hot_fraction": d.quant_hot_fraction, "high": high, "low": low, "loads": str(loads), **dense}
 
 
 def offload_section(d: Deployment, base: RunConfig) -> dict | None:
@@ -461,8 +456,8 @@ def named_values(cfg: RunConfig) -> dict:
 def _sections_as_knobs(cfg: RunConfig, redundant: int) -> dict:
     out: dict = {}
     q = cfg.quant
-    if q is not None and q.dense in RECIPE_VALUES["dense_format"]:
-        out["dense_format"] = q.dense
+    if q is not None and q.dense:
+        out["dense_format"] = dense_knob(q.dense)
     if q is not None and (q.experts or q.hot_fraction is not None):
         low = q.experts if q.experts else q.low
         kind = next((k for k, v in QUANT_FORMATS.items() if v == low or (k == "int4" and low.startswith("int4"))), None)
