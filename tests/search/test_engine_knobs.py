@@ -158,15 +158,19 @@ def test_the_engine_knobs_emit_flags_the_engines_parse(target):
 
 def test_cuda_graph_memory_grows_with_the_capture_size_so_a_memory_limit_picks_a_smaller_one():
     """memory.py graph_bytes: SGLang's reservation per captured batch size (server_args.py, 2 MB · n, and
-    with DP attention + 3 MB · n · R, + 1.5 MB · n · R above n = 300); the step is the same for every size
-    above the decode batch, so only a memory limit tells 128 from 512, and it picks 128."""
+    with DP attention + 3 MB · n · R, + 1.5 MB · n · R above n = 300), n the capture size up to max_num_seqs
+    (no engine captures a batch larger than a rank runs); the step is the same for every size above the
+    decode batch, so only a memory limit tells 128 from 512, and it picks 128."""
     from moetune.search.study.optuna_study import Constraints
 
     sim, MB = _sim(), 2 ** 20
-    d = Deployment(max_num_seqs=8)
+    d = Deployment(max_num_seqs=512)
     assert sim.memory(d).graphs == 0 == sim.memory(replace(d, cuda_graph_max_bs=0)).graphs
     assert sim.memory(replace(d, cuda_graph_max_bs=32)).graphs == 32 * 2 * MB
-    wide = Deployment(ep_size=2, max_num_seqs=8)
+    few = Deployment(ep_size=2, max_num_seqs=8)  # capture stops at the 8 sequences a rank runs
+    assert sim.memory(replace(few, cuda_graph_max_bs=128)).graphs == sim.memory(replace(few, cuda_graph_max_bs=8)).graphs
+    assert sim.memory(replace(few, cuda_graph_max_bs=512)).graphs == 8 * (2 + 3 * 2) * MB
+    wide = Deployment(ep_size=2, max_num_seqs=512)
     assert sim.memory(replace(wide, cuda_graph_max_bs=128)).graphs == 128 * (2 + 3 * 2) * MB
     assert sim.memory(replace(wide, cuda_graph_max_bs=512)).graphs == 512 * (2 + 3 * 2 + 1.5 * 2) * MB
     small, big = sim.evaluate(replace(wide, cuda_graph_max_bs=128)), sim.evaluate(replace(wide, cuda_graph_max_bs=512))

@@ -6,8 +6,10 @@ rank bytes = dense weights (every rank: data-parallel attention): the projection
            + KV cache: min(max_num_seqs, requests on the rank) × (prompt + output) × L × kv elements × KV bytes
            + activations: max_num_batched_tokens · b · (4·D + E + K·(2·D + 3·I))   (profile/memory.py)
            + logits: max_num_seqs · V · 4
-           + CUDA graphs (GPU hardware, cuda_graph_max_bs = n > 0; estimated): the memory SGLang reserves
-             for the decode graphs it captures, per GPU, in MB: 2·n, and with data-parallel attention
+           + CUDA graphs (GPU hardware, cuda_graph_max_bs > 0; estimated), n = min(cuda_graph_max_bs,
+             max_num_seqs): no engine captures a decode batch larger than the sequences a rank may run
+             (SGLang's capture list stops at its request pool, vLLM's at max_num_seqs); the memory SGLang
+             reserves for the decode graphs it captures, per GPU, in MB: 2·n, and with data-parallel attention
              (moetune's EP ranks, R > 1) + 3·n·R, + 1.5·n·R more when n > 300 (sglang
              python/sglang/srt/server_args.py `_handle_gpu_memory_settings`, "For cuda graphs", from
              sgl-project/sglang PR 10975; vLLM measures its capture at start-up instead and has no
@@ -67,9 +69,9 @@ GRAPH_DP_LARGE_MB_PER_BS = 1.5  # ... and when cuda_graph_max_bs > 300: += cuda_
 
 def graph_bytes(d: Deployment) -> float:
     """Bytes per GPU the decode CUDA graphs of d take (module doc): 0 eager (0) or not priced (−1)."""
-    n = d.cuda_graph_max_bs
-    if n <= 0:
+    if d.cuda_graph_max_bs <= 0:
         return 0.0
+    n = min(d.cuda_graph_max_bs, d.max_num_seqs)  # the largest decode batch captured
     mb = GRAPH_MB_PER_BS * n
     if d.ep_size > 1:  # data-parallel attention over the EP ranks
         mb += GRAPH_DP_MB_PER_BS * n * d.ep_size
