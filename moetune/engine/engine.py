@@ -167,6 +167,7 @@ class Engine:
         return self._seqs.get(request_id)
 
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()  # an adaptive k fits whole decode steps' times (drafting included)
         if self.speculator is not None:
             self.draft()
         sched = self.scheduler.schedule()
@@ -178,10 +179,7 @@ class Engine:
             self.routing.begin()
         if self.traces is not None and self.model.experts.wants_hints:
             self._hint(sched)
-        start = time.perf_counter()
         tokens = self.runner.execute(sched)
-        if self.adaptive is not None and sched.kind is StepKind.DECODE:
-            self.adaptive.timed(sched.num_tokens, time.perf_counter() - start)
         if self.routing is not None:
             self._note_experts(sched)
         self.stats.steps[sched.kind.value] += 1
@@ -192,6 +190,8 @@ class Engine:
             self.adaptive.step_verified()
         if isinstance(self.speculator, HiddenStateSpeculator):  # MTP: drafts from this step's hidden states
             self.speculator.observe(sched, self.runner.last_batch, self.runner.last_hidden)
+        if self.adaptive is not None and sched.kind is StepKind.DECODE:
+            self.adaptive.timed(sched.num_tokens, time.perf_counter() - start)
         return out
 
     def _hint(self, sched: SchedulerOutput) -> None:

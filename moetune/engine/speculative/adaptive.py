@@ -4,7 +4,8 @@ the batch size.
 
 With a per-token acceptance p, a sequence that verifies k drafts gains E(k) = 1 + p + … + p^k
 tokens; the step computes B·(1 + k) rows for a batch of B. The engine's decode steps are timed as
-they run and fitted to t(R) = t0 + t1·R (R rows; exponentially weighted least squares), and k is
+they run, whole (drafting, the forward, verification, an MTP layer's pass), and fitted to
+t(R) = t0 + t1·R (R rows; exponentially weighted least squares), and k is
 the one of 0 .. K with the most tokens per second, B·E(k) / t(B·(1 + k)). So k falls to 0 when
 nothing is accepted (a verify row costs t1 and gains nothing), rises to K when every draft is, and
 shrinks as the batch grows (t1·B outgrows t0: the step turns compute-bound). Until the rows of the
