@@ -13,6 +13,9 @@ other round runs backwards) on the same B prompts (held-out stdlib code, cut to 
 tokens, cycled), each timed from after its prefill until every sequence has --output-len tokens
 (greedy; EOS ignored). tok/s = B · (output_len − 1) / time. The speed-up is the median of the
 rounds' paired ratios (speculative ÷ plain), with min–max. Load average before and after.
+--unfused-verify adds, per speculator, the same speculator with its verify steps kept out of the
+fused decode layers (`FusedDecode.verify` off during its runs: the path before they took them),
+in the same rotation: before vs after in one process.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import json
 import os
 import statistics
 import time
+
+
+UNFUSED = "(verify unfused)"
 
 
 def _spread(xs: list[float], fmt: str = ".1f") -> str:
@@ -37,18 +43,26 @@ def _prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(n)]
 
 
-def _timed(engine, prompts: list[list[int]], output_len: int) -> float:
-    """Add the batch, run its prefill step untimed, then time the decode until all finish."""
+def _timed(engine, prompts: list[list[int]], output_len: int, fused_verify: bool = True) -> float:
+    """Add the batch, run its prefill step untimed, then time the decode until all finish.
+    fused_verify False: verify steps leave the fused decode layers (as before they took them)."""
     from moetune.engine.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
-    for p in prompts:
-        engine.add_request(p, params)
-    engine.step()  # every prompt in one prefill step: each samples its first token
-    start = time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
-    return time.perf_counter() - start
+    fused = engine.model.fused
+    if fused is not None:
+        fused.verify = fused_verify
+    try:
+        for p in prompts:
+            engine.add_request(p, params)
+        engine.step()  # every prompt in one prefill step: each samples its first token
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - start
+    finally:
+        if fused is not None:
+            fused.verify = True
 
 
 def _engine(model, batch: int, prompt_len: int, output_len: int, speculative: str | None):
@@ -70,22 +84,28 @@ def bench_one(model, tokenizer, batch: int, args) -> list[dict]:
     prompts = _prompts(tokenizer, batch, args.prompt_len)
     engines = {"plain": _engine(model, batch, args.prompt_len, args.output_len, None)}
     engines.update({s: _engine(model, batch, args.prompt_len, args.output_len, s) for s in args.speculative})
-    for engine in engines.values():  # warm-up (kernels compiled, pools touched)
-        _timed(engine, prompts, 4)
+    unfused = [f"{s} {UNFUSED}" for s in args.speculative] if args.unfused_verify else []
+    engines.update({u: _engine(model, batch, args.prompt_len, args.output_len, s)
+                    for u, s in zip(unfused, args.speculative)})
+    for name, engine in engines.items():  # warm-up (kernels compiled, pools touched)
+        _timed(engine, prompts, 4, name not in unfused)
     before = {s: speculative_counters(engines[s].stats, engines[s].runner.experts) for s in args.speculative}
     times: dict[str, list[float]] = {name: [] for name in engines}
     names = list(engines)
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in (order if r % 2 == 0 else order[::-1]):
-            times[name].append(_timed(engines[name], prompts, args.output_len))
+            times[name].append(_timed(engines[name], prompts, args.output_len, name not in unfused))
     tokens, rows = batch * (args.output_len - 1), []
     for spec in args.speculative:
         after = speculative_counters(engines[spec].stats, engines[spec].runner.experts)
         s = speculative_summary(spec, {k: after[k] - before[spec][k] for k in after}, expert_bytes(model))
+        u = times.get(f"{spec} {UNFUSED}", [])
         rows.append({"batch": batch, "plain": [tokens / t for t in times["plain"]],
                      "spec": [tokens / t for t in times[spec]],
-                     "ratio": [p / q for p, q in zip(times["plain"], times[spec])], **s})
+                     "ratio": [p / q for p, q in zip(times["plain"], times[spec])],
+                     "unfused": [tokens / t for t in u], "unfused_ratio": [p / q for p, q in zip(times["plain"], u)],
+                     **s})
     return rows
 
 
@@ -99,6 +119,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=96)
     p.add_argument("--output-len", type=int, default=33)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--unfused-verify", action="store_true",
+                   help="also time each speculator with its verify steps outside the fused decode layers "
+                        "(as before they took them), interleaved with the rest")
     args = p.parse_args()
 
     from moetune.engine.threads import choose_wait_policy, use_threads
@@ -112,9 +135,10 @@ def main() -> None:
 
     print(f"loadavg before: {open('/proc/loadavg').read().strip()}  ·  {args.speculative}, {args.rounds} rounds, "
           f"prompt {args.prompt_len}, output {args.output_len}, threads {args.threads}, pid {os.getpid()}")
-    print("| model | batch | speculative | plain tok/s | speculative tok/s | speed-up | acceptance | tokens/verify "
-          "| experts/layer verify vs plain | expert MiB/step verify vs plain |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    before = "| verify unfused tok/s | speed-up verify unfused " if args.unfused_verify else ""
+    print(f"| model | batch | speculative | plain tok/s | speculative tok/s | speed-up {before}| acceptance "
+          "| drafts/verify | tokens/verify | experts/layer verify vs plain | expert MiB/step verify vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.unfused_verify else ""))
     for name in args.model:
         target = resolve_target(parse_config({"model": {"path": name}}, source="bench_speculative"))
         model, tokenizer = build_model(target), load_tokenizer(target.model_dir)
@@ -126,10 +150,17 @@ def main() -> None:
 
 def _row(name: str, batch: int, r: dict) -> None:
     print(f"| {name} | {batch} | {r['method']} | {_spread(r['plain'])} | {_spread(r['spec'])} | "
-          f"{_spread(r['ratio'], '.2f')}× | {100 * r['acceptance_rate']:.0f}% | {r['tokens_per_verify']:.2f} | "
+          f"{_spread(r['ratio'], '.2f')}× | {_before(r)}{100 * r['acceptance_rate']:.0f}% | "
+          f"{r['draft_tokens'] / max(r['verified'], 1):.2f} | {r['tokens_per_verify']:.2f} | "
           f"{r['experts_per_layer_verify']:.1f} vs {r['experts_per_layer_plain']:.1f} | "
           f"{r['expert_bytes_per_step_verify'] / 2**20:.1f} vs {r['expert_bytes_per_step_plain'] / 2**20:.1f} |",
           flush=True)
+
+
+
+def _before(r: dict) -> str:
+    """The verify-unfused columns (--unfused-verify), else nothing."""
+    return f"{_spread(r['unfused'])} | {_spread(r['unfused_ratio'], '.2f')}× | " if r["unfused"] else ""
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ class EngineConfig(_Section):
     max_model_len: int | None = Field(None, ge=1)  # None: the model's context
     scheduling: Literal["fcfs", "affinity"] = "fcfs"  # admission order (engine/affinity.py)
     affinity_max_wait: int = Field(8, ge=1)  # steps a request may wait beyond FCFS order's admission (affinity)
-    speculative: str | None = None  # "ngram:K" | "draft:DIR:K" | "mtp:K": K drafted tokens verified per decode
+    speculative: str | None = None  # "ngram:K" | "draft:DIR:K" | "mtp:K": K drafted tokens verified per decode;
+    # a ":auto" suffix (ngram:K:auto, …): k chosen per step in 0 .. K (engine/speculative/adaptive.py)
 
     @field_validator("speculative")
     @classmethod
@@ -103,20 +104,25 @@ class SpeculativeSpec:
     path: str | None = None  # draft: the draft model's checkpoint directory (or bundled name)
     max_ngram: int = 3  # ngram: the longest suffix looked up in the sequence's own tokens
     min_ngram: int = 2  # ngram: the shortest (1-gram matches guess badly: engine/speculative/ngram.py)
+    adaptive: bool = False  # ":auto": k chosen per step in 0 .. k from the measured acceptance and the batch size
 
 
 SPECULATIVE_FORMS = ("ngram:K (K draft tokens from the sequence's own earlier tokens), draft:DIR:K (K tokens "
                      "a smaller checkpoint DIR with the same vocabulary decodes greedily) or mtp:K (K tokens from "
-                     "the checkpoint's own multi-token-prediction layer, num_nextn_predict_layers), 1 <= K <= 16")
+                     "the checkpoint's own multi-token-prediction layer, num_nextn_predict_layers), 1 <= K <= 16; "
+                     "any of them with ':auto' after K (ngram:4:auto) chooses k in 0 .. K per step from the "
+                     "measured acceptance and the batch size")
 
 
 def parse_speculative(text: str) -> SpeculativeSpec:
-    """'ngram:K' | 'draft:DIR:K' | 'mtp:K' → SpeculativeSpec; anything else is a ValueError naming the forms."""
-    method, _, rest = text.partition(":")
+    """'ngram:K' | 'draft:DIR:K' | 'mtp:K', each optionally + ':auto' → SpeculativeSpec; anything else
+    is a ValueError naming the forms."""
+    adaptive = text.endswith(":auto")
+    method, _, rest = text.removesuffix(":auto").partition(":")
     path, _, k = rest.rpartition(":") if method == "draft" else (None, "", rest)
     if method not in ("ngram", "draft", "mtp") or not k.isdigit() or not 1 <= int(k) <= 16 or path == "":
         raise ValueError(f"speculative '{text}' is not one of: {SPECULATIVE_FORMS}")
-    return SpeculativeSpec(method, int(k), path)
+    return SpeculativeSpec(method, int(k), path, adaptive=adaptive)
 
 
 class TenantConfig(_Section):

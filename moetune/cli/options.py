@@ -40,7 +40,9 @@ SpeculativeOpt = typer.Option(None, "--speculative", help="Speculative decoding:
                                                            "decode from the sequence's own earlier tokens, "
                                                            "draft:DIR:K from a smaller checkpoint with the same "
                                                            "vocabulary, mtp:K from the checkpoint's own MTP layer "
-                                                           "(num_nextn_predict_layers); one step verifies them "
+                                                           "(num_nextn_predict_layers); one step verifies them; "
+                                                           "':auto' after K (ngram:4:auto) picks k in 0..K per "
+                                                           "step from the measured acceptance and the batch size "
                                                            "(default: recipe, else off).")
 PlacementOpt = typer.Option(None, "--placement", help="contiguous | round_robin | a JSON from `moetune placement`.")
 RedundantOpt = typer.Option(None, "--redundant-experts", help="Extra physical slots N for replicas of hot experts.")

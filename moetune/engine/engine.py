@@ -4,7 +4,8 @@ Requests may be added or aborted between any two steps (continuous batching); ea
 decodes of running sequences with (chunks of) new prompts under the scheduler's token budget. The
 KV cache is paged and shared through prefix caching. With `engine.speculative` a speculator
 drafts tokens for each decoding sequence before the step, the step verifies them (1 to k + 1
-tokens per sequence: engine/speculative/), and the KV of rejected draft tokens is rolled back.
+tokens per sequence: engine/speculative/), and the KV of rejected draft tokens is rolled back;
+with ":auto" k is chosen per step (speculative/adaptive.py) from the acceptance and the step times.
 `Generator` wraps this for batch generation and streaming; a server drives `step()` from its own
 loop.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 from moetune.config import EngineConfig, parse_speculative
@@ -28,10 +30,12 @@ from moetune.engine.sampling import SamplingParams, TokenLogprobs
 from moetune.engine.routing import StepRouting
 from moetune.engine.scheduler import Admission, FCFSAdmission, Scheduler, SchedulerOutput
 from moetune.engine.sequence import Sequence
+from moetune.engine.speculative.adaptive import AdaptiveK
 from moetune.engine.speculative.base import HiddenStateSpeculator
 from moetune.engine.speculative.experts import VerifyExperts
 from moetune.engine.speculative.make import make_speculator
 from moetune.errors import RequestError
+from moetune.model.batch import StepKind
 from moetune.model.kv_cache import bytes_per_token
 from moetune.model.transformer import MoETransformer
 
@@ -83,9 +87,11 @@ class Engine:
         self.scheduler = Scheduler(config, self.blocks, self._admission())
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.speculator = None
+        self.adaptive: AdaptiveK | None = None  # ":auto": k per step (engine/speculative/adaptive.py)
         if config.speculative is not None:
             spec = parse_speculative(config.speculative)
             self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine, self.runner)
+            self.adaptive = AdaptiveK(spec.k) if spec.adaptive else None
         if self.speculator is not None:
             self.runner.experts = VerifyExperts()
         self.stats = EngineStats()
@@ -161,6 +167,7 @@ class Engine:
         return self._seqs.get(request_id)
 
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()  # an adaptive k fits whole decode steps' times (drafting included)
         if self.speculator is not None:
             self.draft()
         sched = self.scheduler.schedule()
@@ -179,8 +186,12 @@ class Engine:
         self.stats.computed_tokens += sched.num_tokens
         self.stats.verify_steps += any(e.num_draft for e in sched.entries)
         out = self._postprocess(sched, tokens)
+        if self.adaptive is not None and any(e.num_draft for e in sched.entries):
+            self.adaptive.step_verified()
         if isinstance(self.speculator, HiddenStateSpeculator):  # MTP: drafts from this step's hidden states
             self.speculator.observe(sched, self.runner.last_batch, self.runner.last_hidden)
+        if self.adaptive is not None and sched.kind is StepKind.DECODE:
+            self.adaptive.timed(sched.num_tokens, time.perf_counter() - start)
         return out
 
     def _hint(self, sched: SchedulerOutput) -> None:
@@ -208,8 +219,9 @@ class Engine:
         seqs = [s for s in self.scheduler.running if not s.in_prefill and s.params.logprobs is None]
         for s in self.scheduler.running:
             s.draft_ids, s.draft_probs = [], None
+        k = self.speculator.k if self.adaptive is None else self.adaptive.choose(len(seqs))
         # a draft fills positions up to num_tokens - 1 + k; keep them inside the sequence's limit
-        limits = [min(self.speculator.k, s.max_len - s.num_tokens - 1) for s in seqs]
+        limits = [min(k, s.max_len - s.num_tokens - 1) for s in seqs]
         for seq, draft in zip(seqs, self.speculator.propose(seqs, limits)):
             seq.draft_ids, seq.draft_probs = draft.tokens, draft.probs
 
@@ -246,6 +258,8 @@ class Engine:
         self.stats.draft_tokens += e.num_draft
         self.stats.accepted_tokens += accepted
         self.speculator.accepted(seq, accepted)
+        if self.adaptive is not None:
+            self.adaptive.heard(e.num_draft, accepted)
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -90,6 +90,21 @@ class GQAAttention:
                           lambda: decode_plan(batch.block_tables[:B1], batch.context_tensor()[:B1], block_size,
                                               window, s.num_heads, s.num_kv_heads, s.head_dim))
 
+    def row_plan(self, batch: StepBatch, block_size: int) -> DecodePlan:
+        """The decode attention plan of every row of a step whose rows all end their sequences'
+        contexts (a decode or verify step: no prompt rows), one query per row: row t reads its
+        sequence's cache up to and including its own position (positions[t] + 1 keys). The fused
+        layer writes every row's keys and values before attending, so a verify entry's rows attend
+        causally among themselves, as `_attend_seq`'s causal mask makes them. A decode step's rows
+        are its sequences: then `decode_plan` itself."""
+        T = batch.input_ids.shape[0]
+        if batch.num_single == T:
+            return self.decode_plan(batch, T, block_size)
+        s, window = self.spec, self.spec.sliding_window or 0
+        return batch.memo(("row_plan", block_size, window, s.num_heads, s.num_kv_heads, s.head_dim),
+                          lambda: decode_plan(batch.row_tables(), batch.positions + 1, block_size, window,
+                                              s.num_heads, s.num_kv_heads, s.head_dim))
+
     def _attend_single(self, q: torch.Tensor, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """The leading sequences with one query token each, batched: q [B1, H, Dh] → [B1, H, Dh]."""
         B1 = q.shape[0]

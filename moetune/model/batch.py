@@ -57,6 +57,13 @@ class StepBatch:
             self._tensors["starts"] = out
         return self._tensors["starts"]
 
+    def row_tables(self) -> torch.Tensor:
+        """[T, max_blocks] each row's sequence's block table (a sequence's rows repeat its table)."""
+        if "row_tables" not in self._tensors:
+            lens = torch.tensor(self.query_lens, device=self.block_tables.device)  # [B]
+            self._tensors["row_tables"] = self.block_tables.repeat_interleave(lens, dim=0)
+        return self._tensors["row_tables"]
+
     def last_token_index(self) -> torch.Tensor:
         """Index in [T] of each sequence's last token: the rows whose logits sample the next token."""
         ends = torch.tensor(self.query_lens, device=self.input_ids.device).cumsum(0) - 1

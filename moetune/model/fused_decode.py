@@ -18,8 +18,9 @@ MoE layer's `kernel_router`, the backend's `kernel_experts` of the store's weigh
 `kernel_pools`; the layer's records are made on its first fused step and kept (`LayerRecords`),
 the step's (rows, plan, tuning) once per step. A step is fused when no probe that times phases is
 attached (the profiler times the unfused layer's phases; serve's live expert-load window only
-counts routing and hears it from here), every sequence decodes one token and there are at most
-FUSED_ROWS of them; a layer, when it is grouped-query attention and an MoE block the kernels take:
+counts routing and hears it from here), every sequence decodes one token or verifies its draft
+(a verify entry's 1 + k rows: each row attends as a query of its own over its sequence's cache up
+to its position, `GQAAttention.row_plan`) and there are at most FUSED_ROWS rows; a layer, when it is grouped-query attention and an MoE block the kernels take:
 `cpu` backend, one rank, no capacity limit, routing without group limits. Its experts run fused
 when the store hands out one fp32 or int8 format and no slot has more rows than the backend's
 `row_limit`; otherwise the unfused phases take over after the router. Layers not fused (dense MLP,
@@ -81,16 +82,18 @@ class LayerRecords(NamedTuple):
 class FusedDecode:
     """Runs a model's decode steps through the fused layer kernels where they apply (see above)."""
 
-    def __init__(self, max_rows: int = FUSED_ROWS):
-        self.max_rows = max_rows  # most sequences a fused step takes
+    def __init__(self, max_rows: int = FUSED_ROWS, verify: bool = True):
+        self.max_rows = max_rows  # most rows a fused step takes
+        self.verify = verify  # verify steps fused too (False: only one-token rows, as before; an A/B switch)
         self._records: dict[int, LayerRecords] = {}
         self._experts: dict[int, tuple[object, tuple | None]] = {}  # layer → (weights, plain records.Experts)
         self._covers: dict[int, bool] = {}
 
     def takes(self, batch: StepBatch) -> bool:
-        """Whether this step is fused: every sequence decodes one token, and at most max_rows of them."""
+        """Whether this step is fused: at most max_rows rows, every one a decode token or a row of a
+        verify entry (a decode step with drafts: no prompt rows)."""
         T = batch.input_ids.shape[0]
-        return 0 < T <= self.max_rows and batch.num_single == T
+        return 0 < T <= self.max_rows and (batch.num_single == T or self.verify and batch.kind is StepKind.DECODE)
 
     def covers(self, layer) -> bool:
         """Whether this decoder layer runs fused: its kinds of attention and weights (decided on its
@@ -144,7 +147,7 @@ class FusedDecode:
     def _attention_half(self, layer, h: np.ndarray, step: "_Step", cache: PagedKVCache):
         """`attention_block`: h [T, D] updated in place → (x [T, D] the MoE input, topk_w, topk_ids [T, K])."""
         r = self._records_of(layer)
-        plan = step.plan(layer.attention.decode_plan(step.batch, step.batch.num_seqs, cache.block_size))
+        plan = step.plan(layer.attention.row_plan(step.batch, cache.block_size))
         T, D, K = h.shape[0], h.shape[1], r.top_k
         x = np.empty((T, D), np.float32)
         topk_w, topk_ids = np.empty((T, K), np.float32), np.empty((T, K), np.int64)

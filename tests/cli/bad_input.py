@@ -215,6 +215,8 @@ CASES: list[Case] = [
     Case("seed-negative", "value", (*G, "--seed", "-1"), 1, ("--seed",)),
     Case("speculative-bad-form", "value", (*G, "--speculative", "ngram:0"), 1,
          ("engine.speculative", "ngram:0", "ngram:K")),
+    Case("speculative-auto-without-k", "value", (*G, "--speculative", "ngram:auto"), 1,
+         ("engine.speculative", "ngram:auto", "':auto' after K")),
     Case("speculative-mtp-missing", "value", (*G, "-m", "{ck}", "--speculative", "mtp:2"), 1,
          ("num_nextn_predict_layers", "no MTP layer", "ngram:K")),
     Case("speculative-draft-missing", "value", (*G, "--speculative", "draft:{d}/nope:2"), 1,

@@ -108,8 +108,10 @@ def _attend(x, a, step, pools, plan, tuning):
 
 @njit(**OPTS)
 def attention_block(h, attn_norm, attn, step, pools, plan, mlp_norm, router, tuning, x_out, topk_w, topk_ids):
-    """The attention half of a decode layer and the router of its MoE block, for T one-token
-    sequences (the records of `records.py`):
+    """The attention half of a decode layer and the router of its MoE block, for T rows (the
+    records of `records.py`): one-token sequences, or a verify step's rows, each its own query
+    over its sequence's cache up to its position (the plan's tables and lengths are per row; every
+    row's K and V are written before any row attends, so a sequence's rows see each other causally):
 
       h += attention(attn_norm(h))        (`_attend`: attn, step, pools, plan)
       x_out = mlp_norm(h) → logits = x_out·Wg → topk_w, topk_ids [T, K]   (router)

@@ -37,7 +37,9 @@ is resident, which the trace cannot say without a model of their predictors: not
 With speculative decoding (speculative.py) a decode verifies j drafts: the schedule gives it 1 + j
 rows (attention pairs, experts from the trace's next rows at that count, LM head on every row) and
 1 + Σ p^i expected tokens; the drafter is its own line `draft`; on this-machine a verify step is
-priced on the unfused path (the engine's fused decode layer takes one-token decodes only).
+priced on the fused path when a full verify step fits the fused decode layer (max_num_seqs ×
+(1 + k) rows ≤ FUSED_ROWS, model/fused_decode.py: verify rows attend as queries of their own),
+else on the unfused path.
 
 A replicated expert's copies split evenly over its replicas (token-index splitting gives that on
 average); replica j of an expert is active when the expert has more than j copies.
@@ -347,7 +349,7 @@ class Simulator:
         if own is not None and own[0] in ("ep", "tp") and f"compute/{self._kind}" in own[1]:
             return own[1][f"compute/{self._kind}"].value
         fused = (d.ep_size * tp_costs.group_size(d) == 1 and d.capacity_policy not in CAPACITY_PRICED
-                 and d.speculative == "none")  # a verify entry keeps the step off the fused decode layer
+                 and _verify_fused(d))
         factor = self.cal.path_factor(self._kind, 1 if fused else 2)
         if own is not None and own[0] == "variant" and self._kind in own[1]:
             factor *= own[1][self._kind].value
@@ -767,3 +769,12 @@ def _take(pool: np.ndarray, cursor: int, n: int) -> np.ndarray:
         return pool[start: start + n]
     idx = (start + np.arange(n)) % N
     return pool[idx]
+
+
+def _verify_fused(d: Deployment) -> bool:
+    """Whether d's decode steps run the fused decode layers as far as speculation goes: always
+    without it; with it, when a full verify step (max_num_seqs × (1 + k) rows) fits FUSED_ROWS."""
+    from moetune.model.fused_decode import FUSED_ROWS
+
+    knob = spec_costs.parse_knob(d.speculative)
+    return knob is None or d.max_num_seqs * (1 + knob[1]) <= FUSED_ROWS

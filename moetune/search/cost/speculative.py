@@ -60,10 +60,11 @@ DRAFTER = {"ngram": "ngram: host-side suffix lookup in the sequence's own tokens
 
 
 def parse_knob(value: str) -> tuple[str, int, str | None] | None:
-    """'none' → None; 'ngram:K' | 'mtp:K' | 'draft:DIR:K' → (method, k, path); else ValueError."""
+    """'none' → None; 'ngram:K' | 'mtp:K' | 'draft:DIR:K' → (method, k, path); else ValueError. An
+    adaptive k (':auto' after K, engine/speculative/adaptive.py) is priced at its bound K."""
     if value == "none":
         return None
-    method, _, rest = value.partition(":")
+    method, _, rest = value.removesuffix(":auto").partition(":")
     path, _, k = rest.rpartition(":") if method == "draft" else (None, "", rest)
     if method not in METHODS or not k.isdigit() or not 1 <= int(k) <= 16 or path == "":
         raise ValueError(f"speculative '{value}' is not one of: none, ngram:K, mtp:K, draft:DIR:K (1 <= K <= 16)")
@@ -93,7 +94,7 @@ def measured(summary_spec: dict | None, method: str, path: str | None) -> tuple[
     """(p, label) from a profile's summary.json `speculative` where it ran the same speculator, else None."""
     if not summary_spec or not summary_spec.get("enabled") or not summary_spec.get("verified"):
         return None
-    ran = parse_knob(str(summary_spec["method"]))
+    ran = parse_knob(str(summary_spec["method"]))  # an adaptive k: p from its mean draft length below
     if ran is None or ran[0] != method or (method == "draft" and ran[2] != path):
         return None
     verified = summary_spec["verified"]
