@@ -240,16 +240,6 @@ class RunConfig(_Section):
         return self
 
 
-    @model_validator(mode="after")
-    def _speculative_on_one_group(self) -> "RunConfig":
-        """A verify step's sampled acceptance would need one draw agreed across a tensor-parallel
-        group (as `TPComm.agree` does for one token); not built yet, so refused before anything loads."""
-        if self.engine.speculative is not None and self.parallel.group_size > 1:
-            raise ValueError(f"engine.speculative with parallel.tp_size={self.parallel.tp_size} (expert_tp_size="
-                             f"{self.parallel.expert_tp}) is not supported yet; use tp_size 1 or drop speculative")
-        return self
-
-
 def load_recipe(path: str | Path) -> RunConfig:
     data = read_yaml_mapping(path, "recipe", RecipeError, "a mapping of sections (model, parallel, ...)")
     return parse_config(data, source=str(path))

@@ -84,10 +84,9 @@ class Engine:
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.speculator = None
         if config.speculative is not None:
+            self.runner.experts = VerifyExperts()  # before the speculator: an MTP block's experts count too
             spec = parse_speculative(config.speculative)
             self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine, self.runner)
-        if self.speculator is not None:
-            self.runner.experts = VerifyExperts()
         self.stats = EngineStats()
         self.traces: ExpertTraces | None = None  # on when the store takes history hints, or `keep_traces()`
         if config.scheduling == "affinity":
