@@ -221,8 +221,6 @@ CASES: list[Case] = [
          ("draft model", "nope", "neither a directory nor a bundled model")),
     Case("speculative-draft-other-vocabulary", "value", (*G, "--speculative", "draft:{ck}:2"), 1,
          ("draft model's vocabulary has 320", "8,192", "share the target's tokenizer")),
-    Case("speculative-with-tp", "value", (*G, "--speculative", "ngram:2", "--tp-size", "2"), 1,
-         ("engine.speculative", "tp_size=2", "not supported yet")),
     Case("capacity-factor-nan", "value", ("profile", "--capacity-factor", "nan"), 1, ("--capacity-factor", "finite")),
     Case("capacity-factor-zero", "value", ("profile", "--capacity-factor", "0"), 1, ("--capacity-factor",)),
     Case("num-requests-zero", "value", ("profile", "--num-requests", "0"), 1, ("--num-requests",)),
