@@ -13,7 +13,7 @@ from moetune.engine.build import build_generator
 from moetune.engine.distributed import run_ranks
 from moetune.engine.sampling import SamplingParams
 from moetune.model.registry import bundled_asset
-from tests.checkpoints import VOCAB, build_mtp_checkpoint
+from tests.checkpoints import VOCAB, build_checkpoint, build_mtp_checkpoint
 from tests.dist import jobs
 from tests.engine.driving import mixed_requests
 
@@ -21,6 +21,11 @@ from tests.engine.driving import mixed_requests
 @pytest.fixture(scope="module")
 def mtp_checkpoint(tmp_path_factory):
     return build_mtp_checkpoint("deepseek_v3", tmp_path_factory.mktemp("dsv3"), max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def draft_checkpoint(tmp_path_factory):
+    return build_checkpoint("qwen3_moe", tmp_path_factory.mktemp("draft"), shard=False)  # the same 320 tokens
 
 
 def config(path, speculative=None, parallel=None):
@@ -53,10 +58,14 @@ def test_mtp_on_two_expert_parallel_ranks_equals_plain_decoding(mtp_checkpoint):
     assert all(r["draft_tokens"] > 0 and r["verify_steps"] > 0 for r in every)  # each rank drafted for its own
 
 
-@pytest.mark.parametrize("model, speculative", [("dsv3", "ngram:3"), ("dsv3", "mtp:2"), ("stdlib-moe", "mtp:2")])
-def test_speculation_on_a_tp2_group_equals_one_rank_without_it(mtp_checkpoint, model, speculative):
-    """The tiny deepseek_v3 (its own MTP head and embedding; repeated phrases: the n-grams match) and
-    the bundled model (its trained MTP head on the tied, vocab-split embedding read whole)."""
+@pytest.mark.parametrize("model, speculative", [("dsv3", "ngram:3"), ("dsv3", "mtp:2"), ("dsv3", "draft"),
+                                               ("stdlib-moe", "mtp:2")])
+def test_speculation_on_a_tp2_group_equals_one_rank_without_it(mtp_checkpoint, draft_checkpoint, model, speculative):
+    """The tiny deepseek_v3 (its own MTP head and embedding; repeated phrases: the n-grams match; a
+    tiny qwen3_moe as the draft model, whole on each rank) and the bundled model (its trained MTP
+    head on the tied, vocab-split embedding read whole)."""
+    if speculative == "draft":
+        speculative = f"draft:{draft_checkpoint}:2"
     if model == "dsv3":
         reqs = mixed_requests(4, VOCAB, seed=1)
         path, prompts, max_tokens = mtp_checkpoint, [p for p, _ in reqs], [max(n, 12) for _, n in reqs]
