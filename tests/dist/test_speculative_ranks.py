@@ -87,3 +87,18 @@ def test_sampled_verification_keeps_one_draw_per_tp_group(mtp_checkpoint):
     cfg = config(mtp_checkpoint, "mtp:2", {"tp_size": 2})
     every = run_ranks(cfg, functools.partial(jobs.sampled_on_every_rank, [p for p, _ in reqs], None))
     assert every[0] == every[1] and sorted(every[0]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("parallel", [{"tp_size": 2}, {"ep_size": 2}])
+def test_a_profile_on_ranks_records_acceptance(tmp_path, parallel):
+    """`moetune profile` on a mesh with mtp:1 (the bundled model's trained head): summary.json
+    `speculative` sums the DP groups' counters (a TP group's ranks count the same steps once)."""
+    from moetune.profile.rundir import read_run
+    from moetune.profile.runner import ProfileSettings, run_profile
+    from moetune.profile.workload import Workload
+
+    cfg = parse_config({"engine": {"speculative": "mtp:1"}, "parallel": {**parallel, "timeout_s": 60}})
+    w = Workload(num_requests=4, batch_size=4, output_len=12, warmup_steps=1)
+    s = read_run(run_profile(ProfileSettings(cfg, w, out=tmp_path / "run")).path).summary["speculative"]
+    assert s["enabled"] and s["method"] == "mtp:1" and 0 < s["accepted_tokens"] <= s["draft_tokens"] <= s["verified"]
+    assert s["draft_expert_layers"] >= s["verify_steps"] > 0
