@@ -234,6 +234,16 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _adaptive_k_on_one_group(self) -> "RunConfig":
+        """An adaptive k (`:auto`) is chosen from each rank's own step times: the ranks of a
+        tensor-parallel group, which must draft the same tokens, could choose different k."""
+        if self.engine.speculative and self.engine.speculative.endswith(":auto") and self.parallel.group_size > 1:
+            raise ValueError(f"engine.speculative '{self.engine.speculative}' (adaptive k) with parallel.tp_size="
+                             f"{self.parallel.tp_size} (expert_tp_size={self.parallel.expert_tp}) is not supported: each "
+                             "rank would choose k from its own step times; give a fixed K on a tensor-parallel group")
+        return self
+
+    @model_validator(mode="after")
     def _offload_on_one_rank(self) -> "RunConfig":
         """Offloading fetches the experts a rank's own tokens chose, before dispatch: under expert
         parallelism a rank computes other ranks' copies, and a replica would be a second cache entry
@@ -243,16 +253,6 @@ class RunConfig(_Section):
             raise ValueError(f"offload with parallel.ep_size={p.ep_size} and redundant_experts={p.redundant_experts} "
                              "is not supported yet (offloading runs on one rank without replicas); drop the offload "
                              "section or use ep_size 1 and redundant_experts 0")
-        return self
-
-
-    @model_validator(mode="after")
-    def _speculative_on_one_group(self) -> "RunConfig":
-        """A verify step's sampled acceptance would need one draw agreed across a tensor-parallel
-        group (as `TPComm.agree` does for one token); not built yet, so refused before anything loads."""
-        if self.engine.speculative is not None and self.parallel.group_size > 1:
-            raise ValueError(f"engine.speculative with parallel.tp_size={self.parallel.tp_size} (expert_tp_size="
-                             f"{self.parallel.expert_tp}) is not supported yet; use tp_size 1 or drop speculative")
         return self
 
 

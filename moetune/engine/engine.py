@@ -89,11 +89,10 @@ class Engine:
         self.speculator = None
         self.adaptive: AdaptiveK | None = None  # ":auto": k per step (engine/speculative/adaptive.py)
         if config.speculative is not None:
+            self.runner.experts = VerifyExperts()  # before the speculator: an MTP block's experts count too
             spec = parse_speculative(config.speculative)
             self.speculator = make_speculator(spec, model, config.max_num_seqs, self.max_len, Engine, self.runner)
             self.adaptive = AdaptiveK(spec.k) if spec.adaptive else None
-        if self.speculator is not None:
-            self.runner.experts = VerifyExperts()
         self.stats = EngineStats()
         self.traces: ExpertTraces | None = None  # on when the store takes history hints, or `keep_traces()`
         if config.scheduling == "affinity":

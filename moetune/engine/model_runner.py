@@ -124,7 +124,18 @@ class ModelRunner:
             except Exception as exc:  # this sequence alone fails, as a plain row's sampling does
                 self.failures[seq.seq_id] = f"sampling failed: {type(exc).__name__}: {exc}"
             r += k + 1
+        self._agree_verified(sched, samplers, tokens)
         return plain_rows
+
+    def _agree_verified(self, sched: SchedulerOutput, samplers: list[int], tokens: list[list[int]]) -> None:
+        """Under tensor parallelism a sampled verify keeps the group's rank 0's tokens (each process's
+        RNG may differ; greedy verification agrees already, from the same gathered logits)."""
+        tp = self.model.tp
+        verified = [i for i in samplers if sched.entries[i].num_draft]
+        if tp is None or all(sched.entries[i].seq.params.greedy for i in verified):
+            return
+        for i, kept in zip(verified, tp.agree_lists([tokens[i] for i in verified])):
+            tokens[i] = kept
 
     def forward_prompts(self, prompts: list[list[int]]) -> torch.Tensor:
         """Hidden states [T, D] of every token of fresh prompts, run as one prefill step outside the

@@ -268,7 +268,14 @@ def load_mtp(model: MoETransformer, kernel_backend: str = "auto") -> MTPModule:
     """The first multi-token-prediction module of `model`'s checkpoint (model/mtp.py): layer index
     num_hidden_layers, counted by config.json's `num_nextn_predict_layers`, read from any of the
     directory's safetensors files, on the model's device and dtype. Its experts (an MoE block) are
-    a resident store of their own; its attention writes layer 0 of the module's own cache."""
+    a resident store of their own; its attention writes layer 0 of the module's own cache.
+
+    Under expert parallelism and tensor parallelism the module is replicated: every rank loads it
+    whole (the full shapes, all its experts, the whole embedding and head) and runs it alone on
+    the same tokens and hidden states, so every rank of a TP group drafts the same tokens. Its
+    weights load in the formats the checkpoint stores: `moetune quantize --dense` packs its
+    projections as it packs the target's; the expert policy covers the target's MoE layers only,
+    so its experts stay in plain precision (a recipe's quant section packs the target alone)."""
     from moetune.errors import CheckpointError
     from moetune.model.adapters import spec_from_config
 
@@ -277,10 +284,11 @@ def load_mtp(model: MoETransformer, kernel_backend: str = "auto") -> MTPModule:
     if not cfg.get("num_nextn_predict_layers"):
         raise CheckpointError(f"{model_dir / 'config.json'} has no num_nextn_predict_layers: this checkpoint has "
                               "no MTP layer; use ngram:K or draft:DIR:K")
-    spec, L = model.local, model.spec.num_layers
+    spec, L = model.spec, model.spec.num_layers  # the whole model's shapes, on every rank
     layer = spec_from_config(dict(cfg, num_hidden_layers=L + 1)).layers[L]  # the family's dense / MoE rule
     mtp_spec = replace(spec, num_layers=L + 1, layers=(*spec.layers, layer))
     source, names = WeightSource(model_dir, model.device, model.dtype), TensorNames(spec.model_type)
+    split = model.tp is not None and model.tp.plan.attention  # the target's embedding and head: vocab slices
     experts = ResidentExpertStore({L: _layer_experts(source, names, mtp_spec, L, None, 0, None, None)}
                                   if layer.is_moe else {})
     backend = resolve_backend(kernel_backend, model.device)
@@ -288,10 +296,17 @@ def load_mtp(model: MoETransformer, kernel_backend: str = "auto") -> MTPModule:
                            None, mtp_spec)
     block.attention.layer = 0  # the module's own one-layer cache
     p, eps, kernel = f"model.layers.{L}.", spec.rms_norm_eps, model.small_m > 0
-    embed = source.get(p + "embed_tokens.weight") if source.has(p + "embed_tokens.weight") else model.embed
+    embed = source.get(p + "embed_tokens.weight") if source.has(p + "embed_tokens.weight") \
+        else source.get("model.embed_tokens.weight") if split else model.embed
     head = linear_weight(source, p + "shared_head.head.weight") if source.has(p + "shared_head.head.weight") \
-        else model.lm_head
+        else _whole_head(source, spec) if split else model.lm_head
     return MTPModule(spec, embed, _norm(source, p + "enorm.weight", eps, kernel),
                      _norm(source, p + "hnorm.weight", eps, kernel), _linear(source, p + "eh_proj", model.small_m),
                      block, _norm(source, p + "shared_head.norm.weight", eps, kernel), head, model.rotary,
                      model.small_m)
+
+
+def _whole_head(source: WeightSource, spec: ModelSpec):
+    """The target's LM head read whole (its loaded one is this rank's vocab slice under TP)."""
+    tied = spec.tie_word_embeddings and not any(map(source.has, ("lm_head.weight", "lm_head.qweight")))
+    return source.get("model.embed_tokens.weight") if tied else linear_weight(source, "lm_head.weight")

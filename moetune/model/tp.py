@@ -136,6 +136,24 @@ class TPComm:
             dist.broadcast(t, group=self.group, group_src=0)
         return [None if x < 0 else x for x in t.tolist()]
 
+    def agree_lists(self, lists: list[list[int]]) -> list[list[int]]:
+        """The group's rank 0's token lists on every rank (speculative verification: each list is
+        the 1 .. k + 1 tokens a verify entry keeps, [] where its sampling failed)."""
+        import torch.distributed as dist
+
+        lengths = torch.tensor([len(x) for x in lists], dtype=torch.long, device=self.device)  # [S]
+        if self.group is None:
+            dist.broadcast(lengths, src=0)
+        else:
+            dist.broadcast(lengths, group=self.group, group_src=0)
+        flat = [t for x in lists for t in x] if self.plan.rank == 0 else [0] * int(lengths.sum())
+        tokens = self.agree(flat) if flat else []
+        out, at = [], 0
+        for n in lengths.tolist():
+            out.append(tokens[at : at + n])
+            at += n
+        return out
+
     def take(self) -> dict[tuple[int, str], list[int]]:
         """(layer, phase) → [bytes, calls] counted since the last take (and forget them)."""
         out, self.bytes = self.bytes, {}

@@ -185,7 +185,13 @@ def _speculative_line(s: dict) -> str:
             f"drafts), {s['tokens_per_verify']:.2f} tokens per verify, {s['verify_steps']} verify steps; experts per "
             f"MoE layer and step {s['experts_per_layer_verify']:.1f} verify vs {s['experts_per_layer_plain']:.1f} "
             f"plain decode ({ratio:.2f}×), expert bytes per step {mb(s['expert_bytes_per_step_verify'])} vs "
-            f"{mb(s['expert_bytes_per_step_plain'])}")
+            f"{mb(s['expert_bytes_per_step_plain'])}{_drafter_part(s)}")
+
+
+def _drafter_part(s: dict) -> str:
+    """The drafter's own expert reads inside the verify side (an MTP block's), when it has any."""
+    draft = s.get("expert_bytes_per_step_draft", 0.0)  # absent in run dirs written before it was counted
+    return f" (of which the drafter {mb(draft)}, {s['draft_experts_per_step']:.1f} experts)" if draft else ""
 
 
 def memory_table(summary: dict) -> Table:

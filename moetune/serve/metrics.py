@@ -97,6 +97,7 @@ class _EngineCollector:
 def _speculative(s: WorkerSnapshot) -> list[tuple[str, str, float]]:
     """Speculative decoding since start (all 0 without engine.speculative)."""
     per_layer = 1 / s.expert_layers if s.expert_layers else 0.0
+    per_step = 1 / s.verify_steps if s.verify_steps else 0.0
     return [
         ("moetune_spec_verify_steps", "Engine steps that verified draft tokens", s.verify_steps),
         ("moetune_spec_draft_tokens", "Draft tokens verified", s.draft_tokens),
@@ -109,4 +110,6 @@ def _speculative(s: WorkerSnapshot) -> list[tuple[str, str, float]]:
          "(the step's decode rows: last tokens and drafts)", s.experts_verify * per_layer),
         ("moetune_spec_experts_per_layer_plain", "Distinct experts the same steps' last tokens alone route to "
          "(a plain decode step at the same batch)", s.experts_plain * per_layer),
+        ("moetune_spec_draft_experts_per_verify", "Distinct experts the drafter's MoE layer (an MTP block) read, "
+         "per verify step (reads a plain decode never makes)", s.experts_draft * per_step),
     ]

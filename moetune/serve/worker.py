@@ -81,6 +81,7 @@ class WorkerSnapshot:
     experts_verify: int = 0
     experts_plain: int = 0
     expert_layers: int = 0
+    experts_draft: int = 0  # Σ over the drafter's MoE forwards (an MTP block) of the distinct experts read
 
 
 class CommandWorker:
@@ -311,6 +312,7 @@ class EngineWorker(CommandWorker):
         snap.verified = st.verified
         if ex is not None:
             snap.experts_verify, snap.experts_plain, snap.expert_layers = ex.verify, ex.plain, ex.layers
+            snap.experts_draft = ex.draft
 
 
 def _refuse(cmd: tuple, reason: str, event: str = "failed") -> None:

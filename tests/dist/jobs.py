@@ -104,3 +104,25 @@ def parity_with_capacity(prompts: list[list[int]], max_tokens: list[int], dp):
     if dp.rank != 0:
         return None
     return logits, [c.token_ids for c in done], counts
+
+
+def speculative_parity(prompts: list[list[int]], max_tokens: list[int], dp):
+    """Greedy completions (rank 0's gathered answer) and, of every rank, the drafts its speculator
+    offered (per propose call: seq id, its length then, the tokens) and its engine's speculative counters."""
+    import torch.distributed as dist
+
+    offered, propose = [], dp.engine.speculator.propose
+
+    def recording(seqs, limits):
+        drafts = propose(seqs, limits)
+        offered.extend((s.seq_id, s.num_tokens, d.tokens) for s, d in zip(seqs, drafts) if d.tokens)
+        return drafts
+
+    dp.engine.speculator.propose = recording
+    done = dp.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
+    st = dp.engine.stats
+    mine = {"drafts": offered, "draft_tokens": st.draft_tokens, "accepted": st.accepted_tokens,
+            "verify_steps": st.verify_steps}
+    every: list = [None] * dp.world
+    dist.all_gather_object(every, mine)
+    return ([c.token_ids for c in done], every) if dp.rank == 0 else None

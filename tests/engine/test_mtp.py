@@ -88,3 +88,25 @@ def test_a_checkpoint_without_an_mtp_layer_is_refused_by_name(tmp_path):
     model = load_model(build_checkpoint("qwen3_moe", tmp_path, shard=False))
     with pytest.raises(CheckpointError, match="num_nextn_predict_layers"):
         Engine(model, None, frozenset(), EngineConfig(speculative="mtp:2"))
+
+
+def test_the_mtp_blocks_expert_reads_are_counted_with_the_verify_steps(mtp_model):
+    """Every forward of the MTP module's MoE block adds the distinct experts its rows route to (as
+    the layer's own routing tap hears them) and their bytes; the summary's verify-side bytes per
+    step are the target's verify experts plus the drafter's, per verify step."""
+    from moetune.engine.speculative.experts import speculative_counters, speculative_summary
+
+    engine = Engine(mtp_model, None, frozenset(), EngineConfig(speculative="mtp:2", max_num_batched_tokens=64))
+    mlp = engine.speculator.module.block.mlp
+    heard = []
+    mlp.tap = lambda layer, ids: heard.append(int(ids.unique().numel()))
+    reqs = mixed_requests(6, VOCAB, seed=4)
+    run_arrivals(engine, reqs, [0] * 6)
+    ex = engine.runner.experts
+    assert ex.draft_layers == engine.speculator.forwards == len(heard) > 0 and ex.draft == sum(heard)
+    per_expert = sum(t.nbytes for t in mlp.store.tensors()) // mtp_model.spec.moe.num_experts
+    assert ex.draft_bytes == ex.draft * per_expert
+    s = speculative_summary("mtp:2", speculative_counters(engine.stats, ex), 1000.0)
+    target = s["experts_per_layer_verify"] * s["expert_layers"] / s["verify_steps"] * 1000.0
+    assert s["expert_bytes_per_step_draft"] == ex.draft_bytes / s["verify_steps"] > 0
+    assert s["expert_bytes_per_step_verify"] == pytest.approx(target + s["expert_bytes_per_step_draft"])

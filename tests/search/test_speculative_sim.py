@@ -86,14 +86,15 @@ def test_acceptance_is_measured_from_a_matching_profile_else_assumed_else_refuse
     assert plan_reason("ngram:4", prof, None) is None and make_plan("none", None, None) is None
 
 
-def test_the_knob_parses_prunes_tp_and_mtp_without_layers_and_writes_engine_speculative():
+def test_the_knob_parses_prunes_mtp_without_layers_and_writes_engine_speculative():
     space = build_space(8, 1, overrides={"speculative": ["none", "ngram:4", "mtp:1", "draft:stdlib-moe:2"]})
     assert dict(space.grid())["speculative"] == ["none", "ngram:4", "mtp:1", "draft:stdlib-moe:2"]
     assert "speculative" not in build_space(8, 1).grid()  # opt-in: a default space is the grid it was
     with pytest.raises(SpaceError, match="speculative"):
         build_space(8, 1, overrides={"speculative": ["ngram:0"]})
     lim = Limits(8, 2, 8, 16)
-    assert "tensor-parallel" in prune(Deployment(tp_size=2, speculative="ngram:4"), lim)
+    assert prune(Deployment(tp_size=2, speculative="ngram:4"), lim) is None  # the engine verifies on a TP group
+    assert prune(Deployment(tp_size=2, speculative="mtp:1"), replace(lim, mtp_layers=1)) is None
     assert "MTP layers" in prune(Deployment(speculative="mtp:2"), lim)
     assert prune(Deployment(speculative="ngram:4"), lim) is None
     base = parse_config({"model": {"path": "stdlib-moe", "device": "cpu"}})
@@ -124,3 +125,21 @@ def test_a_simulated_search_prices_the_knob_and_the_winner_carries_it(run_dir, t
                                         "simulate", str(space)))
     why = {r.deployment.speculative: r.reason for r in refused.rows}
     assert why["none"] is None and "--spec-acceptance" in why["ngram:4"]
+
+
+def test_a_tp_group_prices_the_verify_rows_on_its_slices_and_the_mtp_drafter_whole():
+    """TP 2: the verify step's rows run through each rank's slices (cheaper compute, an all-reduce
+    per layer and the logits of every verify row gathered), while the MTP layer, replicated on every
+    rank, costs what it costs one rank; speculation still gains at batch 1 (memory-bound)."""
+    def evaluate(B, tp, speculative):
+        sim = Simulator(source(B), BUILTIN["H200"])
+        sim.spec_acceptance = 0.6
+        return sim.evaluate(Deployment(max_num_seqs=B, tp_size=tp, expert_tp_size=tp, speculative=speculative))
+
+    for B in (1, 16):
+        one, two = evaluate(B, 1, "mtp:2"), evaluate(B, 2, "mtp:2")
+        draft = one.detail["speculative"]["draft_s"]
+        assert draft > 0 and two.detail["speculative"]["draft_s"] == pytest.approx(draft, rel=1e-9)
+        plain_tp = evaluate(B, 2, "none")
+        assert two.phases_ms["decode"]["tp_gather"] > plain_tp.phases_ms["decode"]["tp_gather"] > 0  # 3 rows a seq
+    assert evaluate(1, 2, "ngram:4").output_tok_s > 1.2 * evaluate(1, 2, "none").output_tok_s

@@ -1,20 +1,22 @@
 """Speculative decoding through a real `moetune serve`: 16 concurrent greedy requests (some
-streamed) to a server running `engine.speculative: ngram:4` get the text each request gets alone
-from a server decoding plainly, while the speculative engine really accepted drafts."""
+streamed) to a server running `engine.speculative: ngram:4`, or `mtp:1` (the bundled model's
+trained MTP head), get the text each request gets alone from a server decoding plainly, while the
+speculative engine really accepted drafts; /metrics shows acceptance and the experts read."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from moetune.engine.speculative.mtp import MTPSpeculator
 from moetune.model.registry import bundled_asset
 from tests.serve.conftest import start_server
 
 
-@pytest.fixture(scope="module")
-def speculative_server():
+@pytest.fixture(scope="module", params=["ngram:4", "mtp:1"])
+def speculative_server(request):
     running, stop = start_server({"engine": {"max_num_seqs": 16, "max_num_batched_tokens": 256,
-                                             "speculative": "ngram:4"}})
+                                             "speculative": request.param}})
     yield running
     stop()
 
@@ -57,3 +59,5 @@ def test_metrics_show_acceptance_and_the_experts_a_verify_step_wakes(speculative
     assert 0 < g["moetune_spec_acceptance_rate"] <= 1 and g["moetune_spec_tokens_per_verify"] > 1
     K = speculative_server.state.generator.model.spec.moe.router.top_k
     assert g["moetune_spec_experts_per_layer_verify"] >= g["moetune_spec_experts_per_layer_plain"] >= K
+    mtp = isinstance(speculative_server.state.generator.engine.speculator, MTPSpeculator)  # its MoE block reads
+    assert (g["moetune_spec_draft_experts_per_verify"] >= K) if mtp else g["moetune_spec_draft_experts_per_verify"] == 0

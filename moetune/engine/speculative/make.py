@@ -18,7 +18,7 @@ def make_speculator(spec: SpeculativeSpec, model, max_seqs: int, max_len: int, e
         from moetune.model.loader import load_mtp
 
         return MTPSpeculator(spec.k, load_mtp(model), runner.cache.num_blocks, runner.block_size, max_seqs,
-                             runner.build_batch)
+                             runner.build_batch, runner.experts)
     from moetune.engine.speculative.draft import DraftModelSpeculator
     from moetune.errors import CheckpointError
     from moetune.model.loader import load_model

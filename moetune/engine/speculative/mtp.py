@@ -30,16 +30,19 @@ from moetune.engine.sampling import greedy_tokens
 from moetune.engine.scheduler import SchedulerOutput
 from moetune.engine.sequence import Sequence
 from moetune.engine.speculative.base import Draft
+from moetune.engine.speculative.experts import VerifyExperts
 from moetune.model.batch import StepBatch, StepKind
 from moetune.model.mtp import MTPModule
+from moetune.moe.layer import MoELayer
 
 Spans = list[tuple[list[int], int, list[int]]]  # per sequence: (token ids, position of the first, block table)
 
 
 class MTPSpeculator:
     def __init__(self, k: int, module: MTPModule, num_blocks: int, block_size: int, max_seqs: int,
-                 build_batch: Callable[[Spans, StepKind], StepBatch]):
-        """`build_batch`: the target runner's StepBatch builder (ModelRunner.build_batch)."""
+                 build_batch: Callable[[Spans, StepKind], StepBatch], experts: VerifyExperts | None = None):
+        """`build_batch`: the target runner's StepBatch builder (ModelRunner.build_batch); `experts`:
+        the engine's verify-step counts, which then count the experts an MoE block reads too."""
         self.k, self.module, self.build_batch = k, module, build_batch
         self.num_blocks, self.block_size = num_blocks, block_size
         self.per_seq = -(-k // block_size) + 1  # scratch blocks per drafting sequence (chained positions)
@@ -48,6 +51,10 @@ class MTPSpeculator:
         self.cache.zero_blocks(list(range(num_blocks + 1, num_blocks + scratch + 1)))
         self.drafts: dict[int, tuple[int, list[int]]] = {}  # seq_id → (its num_tokens then, the k tokens)
         self.forwards = 0  # module forwards run (one per observed step, + k - 1 chained ones)
+        mlp = module.block.mlp
+        if experts is not None and isinstance(mlp, MoELayer):
+            per_expert = sum(t.nbytes for t in mlp.store.tensors()) // module.spec.moe.num_experts
+            experts.watch_drafter(mlp, per_expert)
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
         out = []

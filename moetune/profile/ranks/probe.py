@@ -43,6 +43,7 @@ class RankRecord:
     counters: dict  # the dispatcher's own totals over the measured lock-steps
     lock_steps: list[LockStep] = field(default_factory=list)
     coords: tuple[int, int] = (0, 0)  # (DP group, TP rank) in the mesh (engine/mesh.py); (rank, 0) without TP
+    speculative: dict | None = None  # this rank's speculative counters over the measured steps (None: off)
 
 
 class RankProfiler(Profiler):
@@ -56,6 +57,7 @@ class RankProfiler(Profiler):
         self._seconds = 0.0
         self._io: dict[int, tuple[float, float, int, int]] = {}
         self._mark = (0.0, 0.0)
+        self.speculative: dict | None = None  # set by the rank job after the measured steps
 
     def attach(self, dp) -> None:  # dp: DPGenerator
         super().attach(dp.engine)

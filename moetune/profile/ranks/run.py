@@ -60,6 +60,7 @@ class RankJob:
             profiler = self._run(dp)
         record = profiler.record(wire_row_bytes(profiler.dispatcher, dp.model))
         record.coords = (dp.dp_rank, dp.tp_rank)
+        record.speculative = profiler.speculative
         gathered: list | None = [None] * dp.world if dp.rank == 0 else None
         dist.gather_object(record, gathered, dst=0, group=dp.ctx.group)
         if dp.rank != 0:
@@ -68,6 +69,7 @@ class RankJob:
 
     def _run(self, dp):
         from moetune.engine.build import capacity_counts
+        from moetune.engine.speculative.experts import speculative_counters
         from moetune.profile.ranks.probe import RankProfiler
         from moetune.profile.workload import batches, request_tokens
 
@@ -84,11 +86,15 @@ class RankJob:
                 dp.generate(groups[0], greedy_params(min(w.warmup_steps, w.output_len)))
             profiler.start_measuring()
             capacity_counts(dp.model, reset=True)  # summary capacity_applied: this rank's measured copies
+            engine = dp.engine
+            before = speculative_counters(engine.stats, engine.runner.experts)
             with torch_trace(self.out if self.settings.trace and rank0 else None, dp.model.device,
                              self.final) as step:
                 profiler.trace_step = step
                 for group in groups:
                     dp.generate(group, greedy_params(w.output_len))
+            after = speculative_counters(engine.stats, engine.runner.experts)
+            profiler.speculative = {k: after[k] - before[k] for k in after} if engine.speculator is not None else None
         finally:
             profiler.detach(dp)
         return profiler
@@ -135,5 +141,12 @@ def finish_rank_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, ranks:
     if tp_table is not None:
         measured["tp"] = tp_summary(tp_table, ranks)
         tp_table.to_parquet(tmp / "rank_tp.parquet", index=False)
-    parts = RunParts(model, tables, trace, layout, nvml.summary(), dp.engine.runner.cache.nbytes(), measured)
+    parts = RunParts(model, tables, trace, layout, nvml.summary(), dp.engine.runner.cache.nbytes(), measured,
+                     _speculative(streams))
     return write(tmp, settings, cfg, parts, resolve_model(cfg.model.path))
+
+
+def _speculative(streams: list) -> dict | None:
+    """The DP groups' speculative counters summed (one record per group: its TP ranks count alike)."""
+    counts = [r.speculative for r in streams if r.speculative is not None]
+    return {k: sum(c[k] for c in counts) for k in counts[0]} if counts else None

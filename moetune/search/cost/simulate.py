@@ -465,7 +465,7 @@ class Simulator:
                       costs.other(sim, st, step_lat), len(m.dense_I), overflow)
         if ctx.spec is not None:  # the drafter's own passes (cost/speculative.py), on the step's critical path
             peek = ctx.trace.peek(int(whole.spec_seqs.max()), m)[-1]  # [E] the next decode rows' last MoE layer
-            totals.add_line(t, "draft", spec_costs.draft_seconds(sim, ctx.spec, whole, peek, ctx.draft))
+            totals.add_line(t, "draft", spec_costs.draft_seconds(sim, ctx.spec, whole, peek, ctx.draft, m))
         if self.cal is not None:  # the deployment's path (fused at one rank, unfused under EP/TP) over the probed one
             keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
             totals.scale_step(t, sim.path_factor(d), keep)

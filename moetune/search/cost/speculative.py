@@ -25,6 +25,12 @@ The drafter (`draft_seconds`, its own phase line `draft`, added to the step):
 - draft:DIR:K: per draft token one decode step of the draft checkpoint (its config.json read
   through `sim_model`) at B rows, priced as a small dense-or-MoE model: every dense weight read, the
   experts min(E, B·K) per MoE layer, its KV read, its LM head; K passes. Its prompt prefill is not priced.
+
+Under tensor parallelism the verify step is the group's (its B·(1 + j) rows through the rank's
+slices, their all-reduces and the gathered logits of every verify row: tp.py), while the drafter is
+replicated as the engine runs it (engine/speculative/mtp.py, draft.py): every rank of the group
+computes the whole MTP layer / draft model on the same rows, so the drafter is priced at the whole
+model's shapes, not the rank's slices, and adds no collective.
 """
 
 from __future__ import annotations
@@ -127,23 +133,25 @@ def plan_reason(value: str, summary_spec: dict | None, assumed: float | None) ->
     return None
 
 
-def draft_seconds(sim, plan: SpecPlan, st, layer_counts: np.ndarray, draft_model=None) -> float:
+def draft_seconds(sim, plan: SpecPlan, st, layer_counts: np.ndarray, draft_model=None, model=None) -> float:
     """The drafter's seconds in one step (the slowest rank's; module docstring). st: the step's
     StepRows (its decode sequences B = st.seqs); layer_counts [E]: copies per expert of B decode
-    rows in the trace's last MoE layer (mtp)."""
+    rows in the trace's last MoE layer (mtp); model: the whole target's SimModel (the MTP layer's
+    shapes on every rank of a TP group; None: sim's own)."""
     B = np.asarray(st.spec_seqs, dtype=np.float64)  # [R] sequences that drafted
     if plan.method == "ngram" or not B.any():
         return 0.0
     if plan.method == "mtp":
-        return float(plan.k * _mtp_pass(sim, B, st.context, layer_counts).max())
+        return float(plan.k * _mtp_pass(sim, model or sim.src.model, B, st.context, layer_counts).max())
     return float(plan.k * _draft_pass(sim, draft_model, B, st.context).max())
 
 
-def _mtp_pass(sim, B: np.ndarray, context: np.ndarray, layer_counts: np.ndarray) -> np.ndarray:
-    """[R] one MTP layer at B rows: attention, eh projection, router, experts woken, LM head."""
+def _mtp_pass(sim, m, B: np.ndarray, context: np.ndarray, layer_counts: np.ndarray) -> np.ndarray:
+    """[R] one MTP layer of model m's shapes at B rows: attention, eh projection, router, experts
+    woken, LM head."""
     from moetune.search.cost.phase_costs import CALLS
 
-    m, b = sim.src.model, sim.b
+    b = sim.b
     R = len(B)
     per_seq = context / np.maximum(B, 1)  # [R] mean context per drafting sequence
     att = sim.roof(2 * B * m.attn_weights + m.pair_flops * B * per_seq,

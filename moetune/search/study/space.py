@@ -20,7 +20,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | capacity_factor | parallel.capacity_factor | 1.0, 1.25, 1.5, 2.0 (any factor > 0) | — (moot with policy none) |
 | scheduling | engine.scheduling | fcfs, affinity | simulate: affinity (no model of its predictor: measure it) |
 | offload_hints | offload.hints | router, history, both | simulate: history, both (likewise) — (moot with nothing offloaded or prefetch depth 0) |
-| speculative | engine.speculative (searched when --space names it) | none, ngram:K, draft:DIR:K, mtp:K (1 <= K <= 16) | a TP group (the engine verifies on one group only); mtp:K on a model without MTP layers (config.json num_nextn_predict_layers); a value the recipe refuses; simulate: no acceptance known (neither the trace's profile with that speculator nor --spec-acceptance) |
+| speculative | engine.speculative (searched when --space names it) | none, ngram:K, draft:DIR:K, mtp:K (1 <= K <= 16) | mtp:K on a model without MTP layers (config.json num_nextn_predict_layers); a value the recipe refuses; simulate: no acceptance known (neither the trace's profile with that speculator nor --spec-acceptance) |
 | dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware); this-machine: quant.dense when --space names it (machine_space.py) | none, fp8; this-machine: none, int8, int4 | — |
 | kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
 | overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
@@ -270,14 +270,11 @@ def prune(d: Deployment, lim: Limits) -> str | None:
 
 
 def _prune_speculative(d: Deployment, lim: Limits) -> str | None:
-    """Speculation the engine cannot run: on a TP group, MTP without MTP layers, a value RunConfig refuses."""
+    """Speculation the engine cannot run: MTP without MTP layers, a value RunConfig refuses."""
     if d.speculative == "none":
         return None
     from moetune.config import parse_speculative
 
-    if group_size(d) > 1:  # RunConfig refuses the pair (config.py): never a trial, never a winner
-        return (f"speculative {d.speculative} with a tensor-parallel group of {group_size(d)} is not supported yet "
-                "(the engine verifies drafts on one group only)")
     if d.speculative.startswith("mtp:") and lim.mtp_layers < 1:
         return f"speculative {d.speculative}: the model has no MTP layers (config.json num_nextn_predict_layers)"
     try:
