@@ -135,7 +135,7 @@ def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.T
     k.experts_int4(numpy_view(xq), numpy_view(xs), off, active,
                    numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
                    numpy_view(w2.scale.float()), aq.numpy(), asum.numpy(), y.numpy(),
-                   BLOCK_13, BLOCK_2)
+                   BLOCK_13, BLOCK_2, runtime.Q4_ROWS)
 
 
 def fused_experts_cpu_ref(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,

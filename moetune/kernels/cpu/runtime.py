@@ -14,6 +14,8 @@ from types import ModuleType
 
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 INT8_ROW = True  # int8 weights against a single x row take the integer path (`_jit_q8`; A/B: docs/cpu.md)
+Q8_ROWS = 1  # ... and against up to this many x rows (`linear`; 1: one row only; A/B: docs/cpu.md)
+Q4_ROWS = 0  # int4 weights against up to this many x rows take the integer path (`_simd.q4_row`; 0: never)
 # Scheduling: numba's `omp` layer hands each thread one contiguous share of a prange's items, up
 # front (measured: `numba.parallel_chunksize` changes the share's granularity, not who takes it), so
 # the kernels order their work items such that equal shares are equal work.
