@@ -505,7 +505,7 @@ def q8_scratch(x, a, on):
 
 
 @njit(**OPTS)
-def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T, q8=False):
+def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T, q8=0):
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
     `get_num_threads` in here would stop the disk cache; T = 1: everything on the calling thread,
@@ -515,7 +515,7 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, s
     2: always whole experts (lanes whose counts differ by one). q8: int8 experts with one row take
     the integer path (`_jit_q8`)."""
     A = active.shape[0]
-    q = q8_scratch(x, a, q8 and w13.itemsize == 1)
+    q = q8_scratch(x, a, q8 > 0 and w13.itemsize == 1)
     if T == 1:
         _lane(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, q)
         return

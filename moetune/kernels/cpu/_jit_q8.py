@@ -21,7 +21,8 @@ int32 sum as int64 otherwise, which LLVM then vectorises as 64-bit multiplies (2
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._simd import q4_tile_1x1, q4_tile_1x2, q8_tile_1x1, q8_tile_1x2, q8_tile_2x2, q8_tile_4x2
@@ -51,10 +52,24 @@ def quantize_row(x, m, out, r):
     return top / qmax
 
 
-@njit(**OPTS)
 def dot_q(xq, r, w, n):
-    """Σ_k xq[r, k]·w[n, k] exactly, in int32 (xq int16 [·, K], w int8 [N, K]; `_simd`'s vector tile)."""
-    return q8_tile_1x1(xq, r, w, n, n)[0]
+    """Σ_k xq[r, k]·w[n, k] exactly, in int32 (xq int16 [·, K], w int8 [N, K]): `_simd`'s vector tile
+    (numba only: the overload below; other weight dtypes type as a plain loop, for the kernels'
+    branches that are compiled for fp32 weights but taken for int8 ones only)."""
+    raise NotImplementedError("dot_q runs inside numba kernels only")
+
+
+@overload(dot_q, jit_options={"fastmath": True})
+def _dot_q(xq, r, w, n):
+    if w.dtype == types.int8 and w.layout == "C":
+        return lambda xq, r, w, n: q8_tile_1x1(xq, r, w, n, n)[0]
+
+    def loop(xq, r, w, n):
+        acc = I32(0)
+        for k in range(w.shape[1]):
+            acc = I32(acc + I32(xq[r, k]) * I32(w[n, k]))
+        return acc
+    return loop
 
 
 @njit(**OPTS)

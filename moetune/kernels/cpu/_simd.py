@@ -13,12 +13,19 @@ keyed on those features, so a cached kernel always matches its CPU.
   q8_tile_RxC(xq, r, w, n, n2)   Σ_k xq[r + i, k]·w[n_j, k] exactly in int32 for R x rows × C weight
                                   rows (xq int16 [M, K], w int8 [N, K], both C-contiguous; C = 2 takes
                                   n and n2, C = 1 ignores n2) → a tuple of R·C int32, row-major in i
-  q4_row(xq, r, w, n, s)         Σ_g s[n, g] · Σ_{k in g} xq[r, k]·(q[n, k] − 8), fp32: xq int16
-                                  [M, 2, G, H] (even / odd columns, `linear.split_int4_input`'s order),
-                                  w uint8 [N, G, H] (two nibbles a byte), s fp32 [N, G]; the group's
-                                  integer sum is exact, then converted and scaled per lane
+  q4_tile_1xC(xq, xsum, r, w, n, n2, s)
+                                 Σ_g s[n_j, g] · Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for C = 1, 2
+                                 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
+                                 `linear.split_int4_input`'s order), xsum int32 [M, G] its group sums,
+                                 w uint8 [N, G, H] (two nibbles a byte), s fp32 [N, G]. Nibbles are
+                                 unpacked in-register (and, shift); a group's integer sum is exact
+                                 (lane 0 starts at −8·xsum[g]), then converted and scaled per lane
+                                 into fp32 lane accumulators: one horizontal sum per row, not per group
 
 No bounds checks: the callers pass rows inside the arrays and matching K.
+
+numba's disk cache keys a cached kernel on its own source file only: after editing this file, delete
+moetune/kernels/cpu/__pycache__/*.nb* (or the kernels that call these tiles keep the old code).
 """
 
 from __future__ import annotations

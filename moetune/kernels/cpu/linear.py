@@ -7,9 +7,11 @@ bandwidth; torch's small-M sgemm and its int8 weight-only kernel sit well below 
 Fast for M ≤ ~16 (x rows are reused from cache); correct for any M. Twin: `linear_ref`.
 
 Int8 weights against one row (M = 1, a decode step at batch 1) take the integer path when
-`runtime.INT8_ROW` is on (`_jit_q8`: x quantised to int16 per call, int32 dot products); its twin is
-`linear_q8_ref`, and it stays within `q8_bound` of `linear_ref`. With 2+ rows the fp32 tile reuses
-each widened weight element for several rows and was the faster one (measured, docs/cpu.md).
+`runtime.INT8_ROW` is on (`_jit_q8`: x quantised to int16 per row, int32 dot products as `_simd`'s
+vector tiles), and against up to `runtime.Q8_ROWS` rows; int4 weights against up to
+`runtime.Q4_ROWS` rows take theirs (x to int16, nibbles unpacked in-register, one fp32 scale per
+group). Twins: `linear_q8_ref`, `linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
+Which is faster at which M is measured in docs/cpu.md.
 """
 
 from __future__ import annotations
