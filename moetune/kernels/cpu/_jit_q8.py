@@ -25,7 +25,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from moetune.kernels.cpu._opts import OPTS
-from moetune.kernels.cpu._simd import q4_tile_1x1, q4_tile_1x2, q8_tile_1x1, q8_tile_1x2, q8_tile_2x2, q8_tile_4x2
+from moetune.kernels.cpu._simd import q4_tile_1x1, q4_tile_1x2, q8_tile_1x2, q8_tile_2x2, q8_tile_4x2
 
 I32, F32 = np.int32, np.float32
 INT32_MAX = 2147483647
@@ -52,24 +52,15 @@ def quantize_row(x, m, out, r):
     return top / qmax
 
 
+@njit(**OPTS)
 def dot_q(xq, r, w, n):
-    """Σ_k xq[r, k]·w[n, k] exactly, in int32 (xq int16 [·, K], w int8 [N, K]): `_simd`'s vector tile
-    (numba only: the overload below; other weight dtypes type as a plain loop, for the kernels'
-    branches that are compiled for fp32 weights but taken for int8 ones only)."""
-    raise NotImplementedError("dot_q runs inside numba kernels only")
-
-
-@overload(dot_q, jit_options={"fastmath": True})
-def _dot_q(xq, r, w, n):
-    if w.dtype == types.int8 and w.layout == "C":
-        return lambda xq, r, w, n: q8_tile_1x1(xq, r, w, n, n)[0]
-
-    def loop(xq, r, w, n):
-        acc = I32(0)
-        for k in range(w.shape[1]):
-            acc = I32(acc + I32(xq[r, k]) * I32(w[n, k]))
-        return acc
-    return loop
+    """Σ_k xq[r, k]·w[n, k] exactly, in int32 (xq int16 [·, K], w int8 [N, K]). A numba loop, not
+    `_simd`'s 1 × 1 tile: at one row the loop ran at the read limit and the tile 0.78-0.98x of it
+    (kernel A/B, docs/cpu.md)."""
+    acc = I32(0)
+    for k in range(w.shape[1]):
+        acc = I32(acc + I32(xq[r, k]) * I32(w[n, k]))
+    return acc
 
 
 @njit(**OPTS)
@@ -79,10 +70,29 @@ def quantize_rows(x, xq, xs):
         xs[m] = quantize_row(x, m, xq, m)
 
 
-@njit(**OPTS)
 def q8_rows(xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2):
-    """y[m, col] = s·xs[m]·Σ_k xq[m, k]·w[n, k] (and n2 → col2 with s2) for m in [m0, m1): 4 × 2
-    integer tiles, then 2 × 2, then 1 × 2 (odd tails pass n2 = n: computed twice, written once)."""
+    """y[m, col] = s·xs[m]·Σ_k xq[m, k]·w[n, k] (and n2 → col2 with s2) for m in [m0, m1): for int8 w
+    `q8_tiles`; other dtypes type as plain loops (branches compiled for fp32 weights, never taken)."""
+    raise NotImplementedError("q8_rows runs inside numba kernels only")
+
+
+@overload(q8_rows, jit_options={"fastmath": True})
+def _q8_rows(xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2):
+    if w.dtype == types.int8 and w.layout == "C":
+        return lambda xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2: q8_tiles(xq, xs, m0, m1, w, n, n2, s, s2, y,
+                                                                              col, col2)
+
+    def loop(xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2):
+        for m in range(m0, m1):
+            y[m, col] = F32(dot_q(xq, m, w, n)) * (s * xs[m])
+            y[m, col2] = F32(dot_q(xq, m, w, n2)) * (s2 * xs[m])
+    return loop
+
+
+@njit(**OPTS)
+def q8_tiles(xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2):
+    """`q8_rows` for int8 w: 4 × 2 integer tiles, then 2 × 2, then 1 × 2 (odd tails pass n2 = n:
+    computed twice, written once)."""
     m = m0
     while m + 4 <= m1:
         t = q8_tile_4x2(xq, m, w, n, n2)

@@ -114,17 +114,30 @@ def _q8_codegen(R: int, C: int):
         wp = [_row_ptr(context, builder, w_t, args[2], m, I8) for m in wrows]
         K = cgutils.unpack_tuple(builder, wp[0][1].shape)[1]
         V = lanes()
+        U = max(1, 4 // (R * C))  # independent accumulator sets: ≥ 4 chains hide the multiply-add latency
         acc_t = ir.VectorType(I32, V // 2)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(R * C)]
-        kv = builder.mul(builder.sdiv(K, I64(V)), I64(V))
-        with cgutils.for_range_slice(builder, I64(0), kv, I64(V)) as (k, _):
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(R * C)]
+                for _ in range(U)]
+
+        def step(k, sets):
             wv = [builder.sext(_load(builder, p, k, ir.VectorType(I8, V)), ir.VectorType(I16, V)) for p, _ in wp]
             for i in range(R):
                 xv = _load(builder, xs[i], k, ir.VectorType(I16, V))
                 for j in range(C):
-                    a = accs[i * C + j]
+                    a = sets[i * C + j]
                     builder.store(_madd(builder, builder.load(a), xv, wv[j], V), a)
-        sums = [cgutils.alloca_once_value(builder, _hsum(builder, builder.load(a), V // 2)) for a in accs]
+
+        ku = builder.mul(builder.sdiv(K, I64(U * V)), I64(U * V))
+        with cgutils.for_range_slice(builder, I64(0), ku, I64(U * V)) as (k, _):
+            for u in range(U):
+                step(builder.add(k, I64(u * V)), accs[u])
+        kv = builder.mul(builder.sdiv(K, I64(V)), I64(V))
+        with cgutils.for_range_slice(builder, ku, kv, I64(V)) as (k, _):
+            step(k, accs[0])
+        total = [builder.load(a) for a in accs[0]]
+        for sets in accs[1:]:
+            total = [builder.add(t, builder.load(a)) for t, a in zip(total, sets)]
+        sums = [cgutils.alloca_once_value(builder, _hsum(builder, t, V // 2)) for t in total]
         with cgutils.for_range_slice(builder, kv, K, I64(1)) as (k, _):  # the tail, one column at a time
             wk = [builder.sext(builder.load(builder.gep(p, [k])), I32) for p, _ in wp]
             for i in range(R):
