@@ -90,26 +90,26 @@ def _q8_rows(xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2):
 
 
 @njit(**OPTS)
+def _put(t, rows, m, xs, s, s2, y, col, col2):
+    """y[m + i, col], y[m + i, col2] = tile sums t (row-major, 2 per x row) times their scales."""
+    for i in range(rows):
+        y[m + i, col] = F32(t[2 * i]) * (s * xs[m + i])
+        y[m + i, col2] = F32(t[2 * i + 1]) * (s2 * xs[m + i])
+
+
+@njit(**OPTS)
 def q8_tiles(xq, xs, m0, m1, w, n, n2, s, s2, y, col, col2):
     """`q8_rows` for int8 w: 4 × 2 integer tiles, then 2 × 2, then 1 × 2 (odd tails pass n2 = n:
     computed twice, written once)."""
     m = m0
     while m + 4 <= m1:
-        t = q8_tile_4x2(xq, m, w, n, n2)
-        for i in range(4):
-            y[m + i, col] = F32(t[2 * i]) * (s * xs[m + i])
-            y[m + i, col2] = F32(t[2 * i + 1]) * (s2 * xs[m + i])
+        _put(q8_tile_4x2(xq, m, w, n, n2), 4, m, xs, s, s2, y, col, col2)
         m += 4
     if m + 2 <= m1:
-        t2 = q8_tile_2x2(xq, m, w, n, n2)
-        for i in range(2):
-            y[m + i, col] = F32(t2[2 * i]) * (s * xs[m + i])
-            y[m + i, col2] = F32(t2[2 * i + 1]) * (s2 * xs[m + i])
+        _put(q8_tile_2x2(xq, m, w, n, n2), 2, m, xs, s, s2, y, col, col2)
         m += 2
     if m < m1:
-        t1 = q8_tile_1x2(xq, m, w, n, n2)
-        y[m, col] = F32(t1[0]) * (s * xs[m])
-        y[m, col2] = F32(t1[1]) * (s2 * xs[m])
+        _put(q8_tile_1x2(xq, m, w, n, n2), 1, m, xs, s, s2, y, col, col2)
 
 
 @njit(**OPTS)
