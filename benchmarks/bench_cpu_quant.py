@@ -1,5 +1,5 @@
-"""fp32 vs all-int8 vs all-int4 decode on the CPU, in one process, runs taking turns; and the A/B of
-the int8 integer path (`runtime.INT8_ROW`) on the all-int8 model.
+"""fp32 vs all-int8 vs all-int4 decode on the CPU, in one process, runs taking turns; and A/Bs of
+the integer kernel switches (`runtime.INT8_ROW`, `Q8_ROWS`, `Q4_ROWS`) on the packed models.
 
   python benchmarks/make_cpu_bench_models.py mixtral /tmp/m340        # the Mixtral-style ~340M
   python benchmarks/bench_cpu_quant.py --model /tmp/m340 [--runs 5] [--threads 2] [--group 64]
@@ -10,8 +10,9 @@ Each decode workload (`bench.throughput.plan_moetune`: `decode_steps` engine ste
 runs once per deployment per round, the order rotating each round, each run preceded by one sample of
 the machine's read limit (`LimitSampler`). Prints per deployment and batch: tok/s (median; min–max),
 MB read per token (dense weights + the distinct experts routed), GB/s and its share of the read limit
-sampled beside its own runs. Then the INT8_ROW A/B: decode b=1 of the int8 model, the path switched
-per run (on, off, off, on, ...), the ratio of the medians. Load average before and after.
+sampled beside its own runs. Then the A/B of each kernel switch (`SWITCHES`: INT8_ROW at b=1, Q8_ROWS
+at b=16 on the int8 model, Q4_ROWS at b=1 and 16 on the int4 one), the switch flipped per run (on,
+off, off, on, ...), the ratio of the medians. Load average before and after.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> None:
     p.add_argument("--decode-steps", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--group", type=int, default=64)
+    p.add_argument("--no-ab", action="store_true", help="skip the kernel-switch A/Bs")
     args = p.parse_args()
 
     from moetune.engine.threads import choose_wait_policy, use_threads
@@ -93,33 +95,46 @@ def main() -> None:
             print(_row(n, plan, times[n], sampler))
     for _, done in planned.values():
         done()
-    _ab_int8_row(models["int8"], s, args.runs * 2, runtime)
+    if not args.no_ab:
+        _ab_switches(models, s, args.runs * 2, runtime)
     print(f"load after: {os.getloadavg()}")
 
 
-def _ab_int8_row(model, s, runs: int, runtime) -> None:
-    """decode b=1 of the int8 model with the integer path on and off, runs taking turns."""
+# The kernel switches A/B'd on the packed models: (model, batch, label, on flags, off flags).
+SWITCHES = (("int8", 1, "INT8_ROW (integer int8 at one row)", {"INT8_ROW": True}, {"INT8_ROW": False}),
+            ("int8", 16, "Q8_ROWS 16 vs 1 (integer int8 at 2-16 rows)", {"Q8_ROWS": 16}, {"Q8_ROWS": 1}),
+            ("int4", 1, "Q4_ROWS 1 vs 0 (integer int4 at one row)", {"Q4_ROWS": 1}, {"Q4_ROWS": 0}),
+            ("int4", 16, "Q4_ROWS 16 vs 0 (integer int4 at 1-16 rows)", {"Q4_ROWS": 16}, {"Q4_ROWS": 0}))
+
+
+def _ab_switches(models: dict, s, runs: int, runtime) -> None:
+    """Each switch of SWITCHES on and off, decode at its batch, runs taking turns (on, off, off, on, ...)."""
     from dataclasses import replace
 
     from moetune.bench.throughput import plan_moetune
     from moetune.bench.timing import Work, measure_alternating
 
-    plans, done = plan_moetune(model, replace(s, decode_batches=(1,)))
-    work = plans[1].work
+    for kind, batch, label, on_flags, off_flags in SWITCHES:
+        model = next(m for n, m in models.items() if n.startswith(kind))
+        saved = {k: getattr(runtime, k) for k in on_flags}
+        plans, done = plan_moetune(model, replace(s, decode_batches=(batch,)))
+        work = plans[1].work
 
-    def side(on: bool) -> Work:
-        def setup():
-            runtime.INT8_ROW = on
-            return work.setup()
-        return Work(work.fn, setup)
+        def side(flags: dict, work=work) -> Work:
+            def setup():
+                for k, v in flags.items():
+                    setattr(runtime, k, v)
+                return work.setup()
+            return Work(work.fn, setup)
 
-    on, off = measure_alternating(side(True), side(False), model.device, runs)
-    runtime.INT8_ROW = True
-    done()
-    tok = plans[1].tokens
-    print(f"  INT8_ROW A/B, int8 decode b=1: on {tok / on.median_s:.1f} tok/s ({tok / on.max_s:.1f}–{tok / on.min_s:.1f}), "
-          f"off {tok / off.median_s:.1f} ({tok / off.max_s:.1f}–{tok / off.min_s:.1f}); "
-          f"on/off {off.median_s / on.median_s:.3f}x")
+        on, off = measure_alternating(side(on_flags), side(off_flags), model.device, runs)
+        for k, v in saved.items():
+            setattr(runtime, k, v)
+        done()
+        tok = plans[1].tokens
+        print(f"  A/B {label}, {kind} decode b={batch}: on {tok / on.median_s:.1f} tok/s "
+              f"({tok / on.max_s:.1f}–{tok / on.min_s:.1f}), off {tok / off.median_s:.1f} "
+              f"({tok / off.max_s:.1f}–{tok / off.min_s:.1f}); on/off {off.median_s / on.median_s:.3f}x")
 
 
 if __name__ == "__main__":

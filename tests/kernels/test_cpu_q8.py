@@ -18,6 +18,7 @@ from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.cpu.formats import dequantize  # noqa: E402
 from moetune.kernels.cpu.linear import linear_q8_ref, q8_bound, quantize_rows_ref  # noqa: E402
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
+from tests.kernels.test_cpu_int_simd import AVX2  # noqa: E402
 from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
 
 
@@ -99,15 +100,17 @@ def test_one_row_int8_experts_match_their_twin(schedule, rows, threads, monkeypa
 
 
 def test_avx2_code_computes_the_same(tmp_path):
-    """numba compiles for the CPU it runs on; NUMBA_CPU_NAME=haswell makes it emit AVX2 code
-    (no AVX-512) here, into a cache of its own, and the integer path must give the same numbers."""
+    """numba compiles for the CPU it runs on; NUMBA_CPU_NAME=haswell with NUMBA_CPU_FEATURES set to
+    Haswell's (the name alone keeps the host's AVX-512 features) makes it emit AVX2 code here, into a
+    cache of its own, and the integer path must give the same numbers (the code's registers are
+    checked in test_cpu_int_simd.py)."""
     script = (
         "import torch\n"
         "from moetune.kernels.cpu import linear, quantize_int8\n"
         "g = torch.Generator().manual_seed(3)\n"
         "w = quantize_int8(torch.randn(37, 1029, generator=g)); x = torch.randn(1, 1029, generator=g)\n"
         "torch.save(linear(x, w, threads=1), r'" + str(tmp_path / "y.pt") + "')\n")
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
     g = torch.Generator().manual_seed(3)
     w = quantize_int8(torch.randn(37, 1029, generator=g))

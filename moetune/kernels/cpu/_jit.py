@@ -32,7 +32,9 @@ from types import SimpleNamespace
 import numpy as np
 from numba import njit, prange
 
-from moetune.kernels.cpu._jit_q8 import dot_q, quantize_row, quantize_single_rows
+from moetune.kernels.cpu._jit_q8 import (dot_q, q4_rows, q8_rows, quantize_row, quantize_row_split, quantize_rows,
+                                         quantize_single_rows, quantize_split_row)
+from moetune.kernels.cpu._simd import q4_tile_1x2
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight rows stay in registers)
@@ -200,25 +202,38 @@ def linear_dense_serial(x, w, scale, y, block):
 
 @njit(**OPTS)
 def _q8_block(xq, xs, w, scale, y, block, b):
-    """y[0, n] for the weight rows n of block b, in integers (one work item of `linear_q8`)."""
-    N = w.shape[0]
-    ahead = w.shape[1] <= SHORT_ROW
-    for n in range(b * block, min(N, (b + 1) * block)):
-        if ahead and n + AHEAD < N:
-            prefetch_row(w, n + AHEAD)
-        y[0, n] = np.float32(dot_q(xq, 0, w, n)) * (scale[n] * xs)
+    """Rows of block b of W against every row of x, in integers (one work item of `linear_q8`):
+    one weight row at a time for one x row, else 4 × 2 tiles (`q8_rows`) per chunk of x rows."""
+    M, N = xq.shape[0], w.shape[0]
+    n1 = min(N, (b + 1) * block)
+    if M == 1:
+        ahead = w.shape[1] <= SHORT_ROW
+        for n in range(b * block, n1):
+            if ahead and n + AHEAD < N:
+                prefetch_row(w, n + AHEAD)
+            y[0, n] = np.float32(dot_q(xq, 0, w, n)) * (scale[n] * xs[0])
+        return
+    for mc in range(0, M, M_CHUNK):
+        for n in range(b * block, n1, 2):
+            n2 = min(n + 1, n1 - 1)
+            if mc == 0 and n + AHEAD + 1 < N:
+                prefetch_row(w, n + AHEAD)
+                prefetch_row(w, n + AHEAD + 1)
+            q8_rows(xq, xs, mc, min(M, mc + M_CHUNK), w, n, n2, scale[n], scale[n2], y, n, n2)
 
 
 @njit(**OPTS)
 def _q8_input(x):
-    """x [1, K] fp32 → (xq [1, K] int16, its scale)."""
-    xq = np.empty((1, x.shape[1]), np.int16)
-    return xq, quantize_row(x, 0, xq, 0)
+    """x [M, K] fp32 → (xq [M, K] int16, xs [M] its row scales)."""
+    xq = np.empty(x.shape, np.int16)
+    xs = np.empty(x.shape[0], np.float32)
+    quantize_rows(x, xq, xs)
+    return xq, xs
 
 
 @njit(parallel=True, **OPTS)
 def linear_q8(x, w, scale, y, block):
-    """x [1, K] fp32, w [N, K] int8, scale [N] fp32 → y [1, N], x quantised to int16 once (`_jit_q8`)."""
+    """x [M, K] fp32, w [N, K] int8, scale [N] fp32 → y [M, N], x quantised to int16 once per row (`_jit_q8`)."""
     xq, xs = _q8_input(x)
     for b in prange((w.shape[0] + block - 1) // block):
         _q8_block(xq, xs, w, scale, y, block, b)
@@ -229,6 +244,45 @@ def linear_q8_serial(x, w, scale, y, block):
     xq, xs = _q8_input(x)
     for b in range((w.shape[0] + block - 1) // block):
         _q8_block(xq, xs, w, scale, y, block, b)
+
+
+@njit(**OPTS)
+def _q4_input(x, w):
+    """x [M, K] fp32 → (xq [M, 2, G, H] int16 in the int4 order of w [N, G, H], xs [M])."""
+    xq = np.empty((x.shape[0], 2, w.shape[1], w.shape[2]), np.int16)
+    sums = np.empty((x.shape[0], w.shape[1]), np.int32)
+    xs = np.empty(x.shape[0], np.float32)
+    for m in range(x.shape[0]):
+        xs[m] = quantize_row_split(x, m, xq, sums, m)
+    return xq, sums, xs
+
+
+@njit(**OPTS)
+def _q4_block(q, w, scale, y, block, b):
+    """Rows of block b of int4 W, two at a time, against every row of x in integers (one work item
+    of `linear_q4`; q = (xq, sums, xs) from `_q4_input`)."""
+    xq, sums, xs = q
+    n1 = min(w.shape[0], (b + 1) * block)
+    for n in range(b * block, n1, 2):
+        n2 = min(n + 1, n1 - 1)
+        for m in range(xq.shape[0]):
+            q4_rows(xq, sums, xs, m, w, n, n2, scale, y, m, n, n2)
+
+
+@njit(parallel=True, **OPTS)
+def linear_q4(x, w, scale, y, block):
+    """x [M, K] fp32, w [N, G, H] uint8 int4, scale [N, G] → y [M, N]: x rounded to int16 per row,
+    each group's nibbles against it in integers, one fp32 scale per group (`_simd.q4_row`)."""
+    q = _q4_input(x, w)
+    for b in prange((w.shape[0] + block - 1) // block):
+        _q4_block(q, w, scale, y, block, b)
+
+
+@njit(**OPTS)
+def linear_q4_serial(x, w, scale, y, block):
+    q = _q4_input(x, w)
+    for b in range((w.shape[0] + block - 1) // block):
+        _q4_block(q, w, scale, y, block, b)
 
 
 @njit(**OPTS)
@@ -451,7 +505,7 @@ def q8_scratch(x, a, on):
 
 
 @njit(**OPTS)
-def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T, q8=False):
+def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, schedule, T, q8=0):
     """x [N, D]; offsets [E+1]; active [A] experts to compute; w13 [E, 2I, D], s13 [E, 2I];
     w2 [E, D, I], s2 [E, D]; a [N, I] scratch; y [N, D]; T the threads of this call (numba's
     `get_num_threads` in here would stop the disk cache; T = 1: everything on the calling thread,
@@ -461,7 +515,7 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, s
     2: always whole experts (lanes whose counts differ by one). q8: int8 experts with one row take
     the integer path (`_jit_q8`)."""
     A = active.shape[0]
-    q = q8_scratch(x, a, q8 and w13.itemsize == 1)
+    q = q8_scratch(x, a, q8 > 0 and w13.itemsize == 1)
     if T == 1:
         _lane(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, q)
         return
@@ -475,11 +529,19 @@ def experts_dense(x, offsets, active, w13, s13, w2, s2, a, y, block13, block2, s
 # The int4 work items are inlined into their drivers: called as functions they ran 10-19 % slower.
 
 @njit(inline="always", **OPTS)
-def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1):
-    """Columns [j0, j1) of expert e's activation, written into aq's split layout."""
+def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1, q):
+    """Columns [j0, j1) of expert e's activation, written into aq's split layout. q = (xq16, xsum,
+    xsc, ..., rows): an expert of at most `rows` rows reads x in integers (`_simd.q4_tile_1x2`)."""
     Hi = aq.shape[3]
     I = w13.shape[1] // 2
     we, se = w13[e], s13[e]
+    xq16, xsum, xsc, rows = q[0], q[1], q[2], q[6]
+    if offsets[e + 1] - offsets[e] <= rows:
+        for j in range(j0, j1):
+            for m in range(offsets[e], offsets[e + 1]):
+                t = q4_tile_1x2(xq16, xsum, m, we, j, I + j, se)
+                aq[m, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(t[0] * xsc[m]) * (t[1] * xsc[m])
+        return
     gu = np.empty((M_CHUNK, 2), np.float32)
     deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
     for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
@@ -491,17 +553,25 @@ def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1):
 
 
 @njit(inline="always", **OPTS)
-def _int4_group_sums(aq, asum, m):
+def _int4_group_sums(aq, asum, m, q):
     for g in range(aq.shape[2]):
         acc = F0
         for j in range(aq.shape[3]):
             acc += aq[m, 0, g, j] + aq[m, 1, g, j]
         asum[m, g] = acc
+    if q[3].shape[0] > 0:
+        quantize_split_row(aq, m, q[3], q[4], q[5])
 
 
 @njit(inline="always", **OPTS)
-def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1):
+def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1, q):
     we, se = w2[e], s2[e]
+    if offsets[e + 1] - offsets[e] <= q[6]:
+        for n in range(n0, n1, 2):
+            n2 = min(n + 1, n1 - 1)
+            for m in range(offsets[e], offsets[e + 1]):
+                q4_rows(q[3], q[4], q[5], m, we, n, n2, se, y, m, n, n2)
+        return
     deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
     for mc in range(offsets[e], offsets[e + 1], M_CHUNK):
         m1 = min(offsets[e + 1], mc + M_CHUNK)
@@ -510,33 +580,51 @@ def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1):
             _int4_tile(aq, asum, mc, m1, we, n, n2, se, deq, y, mc, n, n2)
 
 
+@njit(**OPTS)
+def q4_scratch(xq, aq, rows):
+    """(xq16, xsum, xsc, aq16, asum16, asc, rows): int16 copies of x and the activation (split
+    layout) with their group sums and row scales for the integer path of experts of ≤ rows rows,
+    or empty arrays (rows 0: the fp32 path)."""
+    N = xq.shape[0] if rows > 0 else 0
+    return (np.empty((N, 2, xq.shape[2], xq.shape[3]), np.int16), np.empty((N, xq.shape[2]), np.int32),
+            np.empty(N, np.float32), np.empty((N, 2, aq.shape[2], aq.shape[3]), np.int16),
+            np.empty((N, aq.shape[2]), np.int32), np.empty(N, np.float32), rows if N > 0 else 0)
+
+
 @njit(parallel=True, **OPTS)
-def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
+def experts_int4(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2, rows=0):
     """Int4 twin of `experts_dense`: w13 [E, 2I, Gd, Hd], w2 [E, D, Gi, Hi] u8; x split as for
     `linear_int4`; the activation is written straight into the same split layout
     (aq [N, 2, Gi, Hi]) and its group sums asum [N, Gi] are filled before the w2 pass. Items
-    block-major, as in `_experts_split`."""
+    block-major, as in `_experts_split`. rows: experts of at most this many rows take the integer
+    path (x and the activation rounded to int16 per row, `q4_scratch`; 0: never)."""
     D, I, A = w2.shape[1], w13.shape[1] // 2, active.shape[0]
     nb13, nb2 = (I + block13 - 1) // block13, (D + block2 - 1) // block2
+    q = q4_scratch(xq, aq, rows)
+    for m in prange(q[0].shape[0]):
+        quantize_split_row(xq, m, q[0], q[1], q[2])
     for t in prange(A * nb13):
         e, b = active[t % A], t // A
-        _int4_up_item(xq, xs, offsets, e, w13, s13, aq, b * block13, min(I, (b + 1) * block13))
+        _int4_up_item(xq, xs, offsets, e, w13, s13, aq, b * block13, min(I, (b + 1) * block13), q)
     for m in prange(aq.shape[0]):
-        _int4_group_sums(aq, asum, m)
+        _int4_group_sums(aq, asum, m, q)
     for t in prange(A * nb2):
         e, b = active[t % A], t // A
-        _int4_down_item(aq, asum, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2))
+        _int4_down_item(aq, asum, offsets, e, w2, s2, y, b * block2, min(D, (b + 1) * block2), q)
 
 
 @njit(**OPTS)
-def _experts_int4_serial(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2):
+def _experts_int4_serial(xq, xs, offsets, active, w13, s13, w2, s2, aq, asum, y, block13, block2, rows=0):
     D, I = w2.shape[1], w13.shape[1] // 2
+    q = q4_scratch(xq, aq, rows)
+    for m in range(q[0].shape[0]):
+        quantize_split_row(xq, m, q[0], q[1], q[2])
     for e in active:
-        _int4_up_item(xq, xs, offsets, e, w13, s13, aq, 0, I)
+        _int4_up_item(xq, xs, offsets, e, w13, s13, aq, 0, I, q)
     for m in range(aq.shape[0]):
-        _int4_group_sums(aq, asum, m)
+        _int4_group_sums(aq, asum, m, q)
     for e in active:
-        _int4_down_item(aq, asum, offsets, e, w2, s2, y, 0, D)
+        _int4_down_item(aq, asum, offsets, e, w2, s2, y, 0, D, q)
 
 
 # --- paged decode attention: one query token per sequence, keys/values read through block tables ---
@@ -758,6 +846,6 @@ def unpermute_rows(y_sorted, sorted_copy_ids, topk_weights, out):
 
 SERIAL = False
 serial = SimpleNamespace(SERIAL=True, linear_dense=linear_dense_serial, linear_int4=_linear_int4_serial,
-                         linear_q8=linear_q8_serial,
+                         linear_q8=linear_q8_serial, linear_q4=linear_q4_serial,
                          experts_dense=experts_dense, experts_int4=_experts_int4_serial,
                          decode_attention=decode_attention_serial)

@@ -27,12 +27,12 @@ BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
 def _project(x, p, tuning):
     """x [T, K] @ w [N, K].T · scale (+ bias [N], when not empty) → a new [T, N], p a `Projection`:
     on the Tuning's threads, or on this one under serial_bytes of weights (`runtime.launch`'s rule);
-    int8 rows against one x row take the integer path when the Tuning's q8 is on (`linear.linear`'s rule)."""
+    int8 rows against up to the Tuning's q8 x rows take the integer path (`linear.linear`'s rule)."""
     w, scale, bias = p  # Projection
     threads, serial_bytes, q8 = tuning[0], tuning[1], tuning[5]  # Tuning
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     parallel = threads > 1 and w.size * w.itemsize >= serial_bytes
-    if q8 and w.itemsize == 1 and x.shape[0] == 1:
+    if w.itemsize == 1 and x.shape[0] <= q8:
         if parallel:
             linear_q8(x, w, scale, y, BLOCK_N)
         else:

@@ -49,8 +49,9 @@ def experts_record(w13: PackedWeight, w2: PackedWeight, row_limit: int) -> Exper
 def tuning(threads: int) -> Tuning:
     """How a fused decode step's kernels run on `threads` threads (`records.Tuning`): the serial rule of
     `runtime.launch`, this module's work items and schedule, the int8 one-row path (read now: tests
-    and A/Bs set SCHEDULE and INT8_ROW)."""
-    return Tuning(int(threads), SERIAL_BYTES, BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE], bool(runtime.INT8_ROW))
+    and A/Bs set SCHEDULE, INT8_ROW and Q8_ROWS)."""
+    return Tuning(int(threads), SERIAL_BYTES, BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE],
+                  max(1, runtime.Q8_ROWS) if runtime.INT8_ROW else 0)
 
 
 def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: PackedWeight) -> None:
@@ -121,7 +122,7 @@ def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.
     a = torch.empty(x.shape[0], I)  # [N, I] activation scratch
     k.experts_dense(numpy_view(x), off, active, numpy_view(w13.data), numpy_view(s13),
                     numpy_view(w2.data), numpy_view(s2), a.numpy(), y.numpy(), BLOCK_13, BLOCK_2,
-                    SCHEDULES[SCHEDULE], 1 if k.SERIAL else current_threads(), runtime.INT8_ROW)
+                    SCHEDULES[SCHEDULE], 1 if k.SERIAL else current_threads(), int(runtime.INT8_ROW))
 
 
 def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
@@ -135,7 +136,7 @@ def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.T
     k.experts_int4(numpy_view(xq), numpy_view(xs), off, active,
                    numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
                    numpy_view(w2.scale.float()), aq.numpy(), asum.numpy(), y.numpy(),
-                   BLOCK_13, BLOCK_2)
+                   BLOCK_13, BLOCK_2, runtime.Q4_ROWS)
 
 
 def fused_experts_cpu_ref(x_sorted: torch.Tensor, offsets: torch.Tensor, w13: torch.Tensor | PackedWeight,

@@ -7,9 +7,11 @@ bandwidth; torch's small-M sgemm and its int8 weight-only kernel sit well below 
 Fast for M ≤ ~16 (x rows are reused from cache); correct for any M. Twin: `linear_ref`.
 
 Int8 weights against one row (M = 1, a decode step at batch 1) take the integer path when
-`runtime.INT8_ROW` is on (`_jit_q8`: x quantised to int16 per call, int32 dot products); its twin is
-`linear_q8_ref`, and it stays within `q8_bound` of `linear_ref`. With 2+ rows the fp32 tile reuses
-each widened weight element for several rows and was the faster one (measured, docs/cpu.md).
+`runtime.INT8_ROW` is on (`_jit_q8`: x quantised to int16 per row, int32 dot products as `_simd`'s
+vector tiles), and against up to `runtime.Q8_ROWS` rows; int4 weights against up to
+`runtime.Q4_ROWS` rows take theirs (x to int16, nibbles unpacked in-register, one fp32 scale per
+group). Twins: `linear_q8_ref`, `linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
+Which is faster at which M is measured in docs/cpu.md.
 """
 
 from __future__ import annotations
@@ -57,12 +59,15 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
     if M == 0 or N == 0:
         return y.zero_()
     with launch(threads, weight_bytes(w)) as k:
-        if w.fmt == WeightFormat.INT4:
+        if w.fmt == WeightFormat.INT4 and M <= runtime.Q4_ROWS:
+            wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
+            k.linear_q4(numpy_view(x), numpy_view(wq), numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
+        elif w.fmt == WeightFormat.INT4:
             xq, xs = split_int4_input(x, w.group_size)  # [M, 2, G, group/2], [M, G]
             wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
             k.linear_int4(numpy_view(xq), numpy_view(xs), numpy_view(wq),
                           numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
-        elif w.fmt == WeightFormat.INT8 and M == 1 and runtime.INT8_ROW:
+        elif w.fmt == WeightFormat.INT8 and runtime.INT8_ROW and M <= max(1, runtime.Q8_ROWS):
             k.linear_q8(numpy_view(x), numpy_view(w.data), numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
         else:
             scale = ones(N) if w.scale is None else w.scale.float()  # [N]
@@ -77,9 +82,11 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | N
     return x @ dequantize(w).t()  # [M, N]
 
 
-def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] fp32 → (xq [M, K] int16, xs [M]): the integer path's rounding of x (`_jit_q8.quantize_row`)."""
-    qmax = min(32767, (2**31 - 1) // (127 * max(x.shape[1], 1)))
+def quantize_rows_ref(x: torch.Tensor, qmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 → (xq [M, K] int16, xs [M]): the integer path's rounding of x (`_jit_q8.quantize_row`;
+    qmax None: the int8 kernels' overflow-safe bound for K, `x_qmax`; the int4 kernels take 32767)."""
+    if qmax is None:
+        qmax = min(32767, (2**31 - 1) // (127 * max(x.shape[1], 1)))
     top = x.abs().amax(dim=1)  # [M]
     inv = torch.where(top > 0, qmax / top, torch.zeros_like(top))
     xq = torch.round(x * inv[:, None]).clamp(-qmax, qmax).to(torch.int16)
@@ -93,7 +100,20 @@ def linear_q8_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     return (acc.double() * w.scale.double()[None, :] * xs.double()[:, None]).float()
 
 
+def linear_q4_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """Twin of the int4 integer path: x rounded to int16 per row (qmax 32767), each group's sum
+    exact (int64), times its scale, summed in float64."""
+    xq, xs = quantize_rows_ref(x, 32767)
+    M, K = x.shape
+    G = K // w.group_size
+    b = w.data.to(torch.int64)  # [N, K/2]
+    q = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(-1, G, w.group_size) - 8  # [N, G, group]
+    acc = torch.einsum("mgk,ngk->mng", xq.to(torch.int64).reshape(M, G, w.group_size), q)  # [M, N, G] exact
+    return ((acc.double() * w.scale.double()[None]).sum(-1) * xs.double()[:, None]).float()
+
+
 def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """[M, N]: how far the integer path may be from `linear_ref` by rounding x: (xs/2)·Σ_k |W[n, k]|."""
-    _, xs = quantize_rows_ref(x)
+    """[M, N]: how far an integer path may be from `linear_ref` by rounding x: (xs/2)·Σ_k |W[n, k]|
+    (xs: absmax(x row) / qmax, qmax the int8 kernels' (`x_qmax`) or 32767 for int4 weights)."""
+    _, xs = quantize_rows_ref(x, 32767 if w.fmt == WeightFormat.INT4 else None)
     return (xs[:, None] / 2) * dequantize(w).abs().sum(dim=1)[None, :]

@@ -108,7 +108,8 @@ class Tuning(NamedTuple):
     block13: int  # the experts' work items (`experts.BLOCK_13`, `BLOCK_2`, `SCHEDULES`)
     block2: int
     schedule: int
-    q8: bool  # int8 rows against one x row in integers (`runtime.INT8_ROW`)
+    q8: int  # int8 projections against up to this many x rows (experts: one) in integers (0: never;
+    # `runtime.INT8_ROW`, `runtime.Q8_ROWS`)
 
 
 def plain(record: tuple) -> tuple:

@@ -1,0 +1,250 @@
+"""Integer dot products written as LLVM vector IR (numba `@intrinsic`s; imported by `_jit_q8`).
+
+Why not numba loops: numba types an int32 sum as int64, and LLVM narrows such a loop to `vpmaddwd`
+only when each intermediate has a single use, so tiles of several rows (and the int4 nibble split)
+compiled to 64-bit multiplies or 256-bit vectors (measured 0.3-0.9x the plain loops, issue 30).
+Here each tile is emitted directly: unaligned vector loads, int8 → int16 widening, and
+`pmaddwd` (`llvm.x86.avx512.pmaddw.d.512` / `llvm.x86.avx2.pmadd.wd`) added into int32 lanes,
+which LLVM's x86 backend fuses into VNNI's `vpdpwssd` on CPUs that have it; without AVX2 the same
+arithmetic is generic IR (multiply, even + odd lanes). The width is chosen from the features numba
+compiles for (`NUMBA_CPU_FEATURES`, else the host's, as numba's own codegen does): the disk cache is
+keyed on those features, so a cached kernel always matches its CPU.
+
+  q8_tile_RxC(xq, r, w, n, n2)   Σ_k xq[r + i, k]·w[n_j, k] exactly in int32 for R x rows × C weight
+                                  rows (xq int16 [M, K], w int8 [N, K], both C-contiguous; C = 2 takes
+                                  n and n2, C = 1 ignores n2) → a tuple of R·C int32, row-major in i
+  q4_tile_1xC(xq, xsum, r, w, n, n2, s)
+                                 Σ_g s[n_j, g] · Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for C = 1, 2
+                                 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
+                                 `linear.split_int4_input`'s order), xsum int32 [M, G] its group sums,
+                                 w uint8 [N, G, H] (two nibbles a byte), s fp32 [N, G]. Nibbles are
+                                 unpacked in-register (and, shift); a group's integer sum is exact
+                                 (lane 0 starts at −8·xsum[g]), then converted and scaled per lane
+                                 into fp32 lane accumulators: one horizontal sum per row, not per group
+
+No bounds checks: the callers pass rows inside the arrays and matching K.
+
+numba's disk cache keys a cached kernel on its own source file only: after editing this file, delete
+moetune/kernels/cpu/__pycache__/*.nb* (or the kernels that call these tiles keep the old code).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+
+
+@functools.cache
+def lanes() -> int:
+    """int16 lanes per multiply-add: 32 (AVX-512BW), 16 (AVX2), 16 generic IR otherwise."""
+    from llvmlite import binding
+    from numba.core import config
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else binding.get_host_cpu_features().flatten()
+    have = {f[1:] for f in features.split(",") if f.startswith("+")}
+    return 32 if "avx512bw" in have else 16
+
+
+def isa() -> str:
+    """The instruction set the kernels are built for: 'avx512' or 'avx2-or-generic' (`lanes`)."""
+    return "avx512" if lanes() == 32 else "avx2-or-generic"
+
+
+def _has(feature: str) -> bool:
+    from llvmlite import binding
+    from numba.core import config
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else binding.get_host_cpu_features().flatten()
+    return f"+{feature}" in features.split(",")
+
+
+def _madd(builder: ir.IRBuilder, acc, a, b, width: int):
+    """acc + pmaddwd(a, b): a, b <width x i16> → acc <width/2 x i32>."""
+    half = ir.VectorType(I32, width // 2)
+    name = {32: "llvm.x86.avx512.pmaddw.d.512", 16: "llvm.x86.avx2.pmadd.wd"}.get(width)
+    if name and (width == 32 or _has("avx2")):
+        vec = ir.VectorType(I16, width)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(half, [vec, vec]), name)
+        return builder.add(acc, builder.call(fn, [a, b]))
+    wide = ir.VectorType(I32, width)
+    p = builder.mul(builder.sext(a, wide), builder.sext(b, wide))
+    even = builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, width // 2), list(range(0, width, 2))))
+    odd = builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, width // 2), list(range(1, width, 2))))
+    return builder.add(acc, builder.add(even, odd))
+
+
+def _hsum(builder: ir.IRBuilder, vec, n: int):
+    """Σ of an <n x T> vector's lanes (halving shuffles)."""
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        hi = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+        vec = builder.add(lo, hi) if isinstance(vec.type.element, ir.IntType) else builder.fadd(lo, hi)
+    return builder.extract_element(vec, I32(0))
+
+
+def _row_ptr(context, builder, aty, arg, row, elem):
+    """A typed pointer to row `row` (intp) of a C-contiguous array (its first axis)."""
+    ary = context.make_array(aty)(context, builder, arg)
+    inner = I64(1)
+    for d in cgutils.unpack_tuple(builder, ary.shape)[1:]:
+        inner = builder.mul(inner, d)
+    data = builder.bitcast(ary.data, elem.as_pointer())
+    return builder.gep(data, [builder.mul(row, inner)]), ary
+
+
+def _load(builder, base, k, vty):
+    """Unaligned <n x T> load at base[k]."""
+    return builder.load(builder.bitcast(builder.gep(base, [k]), vty.as_pointer()), align=1)
+
+
+def _q8_codegen(R: int, C: int):
+    def codegen(context, builder, sig, args):
+        xq_t, _, w_t = sig.args[0], sig.args[1], sig.args[2]
+        r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 4))
+        wrows = [n, n2][:C]
+        xs = [_row_ptr(context, builder, xq_t, args[0], builder.add(r, I64(i)), I16)[0] for i in range(R)]
+        wp = [_row_ptr(context, builder, w_t, args[2], m, I8) for m in wrows]
+        K = cgutils.unpack_tuple(builder, wp[0][1].shape)[1]
+        V = lanes()
+        U = max(1, 4 // (R * C))  # independent accumulator sets: ≥ 4 chains hide the multiply-add latency
+        acc_t = ir.VectorType(I32, V // 2)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(R * C)]
+                for _ in range(U)]
+
+        def step(k, sets):
+            wv = [builder.sext(_load(builder, p, k, ir.VectorType(I8, V)), ir.VectorType(I16, V)) for p, _ in wp]
+            for i in range(R):
+                xv = _load(builder, xs[i], k, ir.VectorType(I16, V))
+                for j in range(C):
+                    a = sets[i * C + j]
+                    builder.store(_madd(builder, builder.load(a), xv, wv[j], V), a)
+
+        ku = builder.mul(builder.sdiv(K, I64(U * V)), I64(U * V))
+        with cgutils.for_range_slice(builder, I64(0), ku, I64(U * V)) as (k, _):
+            for u in range(U):
+                step(builder.add(k, I64(u * V)), accs[u])
+        kv = builder.mul(builder.sdiv(K, I64(V)), I64(V))
+        with cgutils.for_range_slice(builder, ku, kv, I64(V)) as (k, _):
+            step(k, accs[0])
+        total = [builder.load(a) for a in accs[0]]
+        for sets in accs[1:]:
+            total = [builder.add(t, builder.load(a)) for t, a in zip(total, sets)]
+        sums = [cgutils.alloca_once_value(builder, _hsum(builder, t, V // 2)) for t in total]
+        with cgutils.for_range_slice(builder, kv, K, I64(1)) as (k, _):  # the tail, one column at a time
+            wk = [builder.sext(builder.load(builder.gep(p, [k])), I32) for p, _ in wp]
+            for i in range(R):
+                xk = builder.sext(builder.load(builder.gep(xs[i], [k])), I32)
+                for j in range(C):
+                    s = sums[i * C + j]
+                    builder.store(builder.add(builder.load(s), builder.mul(xk, wk[j])), s)
+        return context.make_tuple(builder, sig.return_type, [builder.load(s) for s in sums])
+    return codegen
+
+
+def _q8_tile(R: int, C: int):
+    @intrinsic
+    def tile(typingctx, xq, r, w, n, n2):
+        if not (isinstance(xq, types.Array) and xq.dtype == types.int16 and xq.layout == "C" and xq.ndim == 2
+                and isinstance(w, types.Array) and w.dtype == types.int8 and w.layout == "C" and w.ndim == 2):
+            return None
+        return types.UniTuple(types.int32, R * C)(xq, r, w, n, n2), _q8_codegen(R, C)
+    return tile
+
+
+q8_tile_1x1 = _q8_tile(1, 1)
+q8_tile_1x2 = _q8_tile(1, 2)
+q8_tile_2x2 = _q8_tile(2, 2)
+q8_tile_4x2 = _q8_tile(4, 2)
+
+
+def _nibbles(builder, bytes_, V):
+    """<V x i8> bytes → (low, high) nibbles as unsigned <V x i16> (0..15; the −8 is applied per group)."""
+    v16 = ir.VectorType(I16, V)
+    wide = builder.zext(bytes_, v16)
+    return builder.and_(wide, ir.Constant(v16, [15] * V)), builder.lshr(wide, ir.Constant(v16, [4] * V))
+
+
+def _splat(builder, value, ty, n):
+    v = builder.insert_element(ir.Constant(ir.VectorType(ty, n), None), value, I32(0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def _q4_group(builder, wps, xp, base, GH, width, iaccs):
+    """iaccs[j] += the pmaddwd lanes of `width` bytes of weight row j at `base` against x's even / odd columns."""
+    e = _load(builder, xp, base, ir.VectorType(I16, width))
+    o = _load(builder, xp, builder.add(GH, base), ir.VectorType(I16, width))
+    for wp, a in zip(wps, iaccs):
+        lo, hi = _nibbles(builder, _load(builder, wp, base, ir.VectorType(I8, width)), width)
+        part = _madd(builder, _madd(builder, ir.Constant(ir.VectorType(I32, width // 2), None), e, lo, width),
+                     o, hi, width)
+        if width // 2 < a.type.pointee.count:  # a 16-byte group into the low half of a wider accumulator
+            n = a.type.pointee.count
+            part = builder.shuffle_vector(part, ir.Constant(part.type, None), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        builder.store(builder.add(builder.load(a), part), a)
+
+
+def _q4_codegen(C: int):
+    def codegen(context, builder, sig, args):
+        xq_t, xsum_t, _, w_t, _, _, s_t = sig.args
+        r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
+        rows = [n, n2][:C]
+        wps = [_row_ptr(context, builder, w_t, args[3], m, I8) for m in rows]
+        sps = [_row_ptr(context, builder, s_t, args[6], m, F32)[0] for m in rows]
+        xp, _ = _row_ptr(context, builder, xq_t, args[0], r, I16)
+        sump, _ = _row_ptr(context, builder, xsum_t, args[1], r, I32)
+        G, H = cgutils.unpack_tuple(builder, wps[0][1].shape)[1:]
+        wps = [p for p, _ in wps]
+        V = lanes()
+        half = V // 2
+        fast = ("fast",)
+        faccs = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(F32, half), None)) for _ in rows]
+        GH = builder.mul(G, H)
+        with cgutils.for_range(builder, G) as loop:
+            g = loop.index
+            base = builder.mul(g, H)
+            # lane 0 starts at −8·Σ_{k in g} xq[k]: Σ xq·(q − 8) = Σ xq·q − 8·Σ xq
+            corr = builder.mul(builder.load(builder.gep(sump, [g])), I32(-8))
+            init = builder.insert_element(ir.Constant(ir.VectorType(I32, half), None), corr, I32(0))
+            iaccs = [cgutils.alloca_once_value(builder, init) for _ in rows]
+            with builder.if_else(builder.icmp_signed("==", H, I64(V))) as (one, other):
+                with one:  # the group is one step: straight-line code (g64 on AVX-512, g32 on AVX2)
+                    _q4_group(builder, wps, xp, base, GH, V, iaccs)
+                with other:
+                    with builder.if_else(builder.icmp_signed("<", H, I64(V))) as (short, full):
+                        with short:  # H = 16 < V (a group of 32 on AVX-512): one 16-byte step
+                            _q4_group(builder, wps, xp, base, GH, 16, iaccs)
+                        with full:
+                            with cgutils.for_range_slice(builder, I64(0), H, I64(V)) as (j, _):
+                                _q4_group(builder, wps, xp, builder.add(base, j), GH, V, iaccs)
+            for sp, a, f in zip(sps, iaccs, faccs):
+                sv = _splat(builder, builder.load(builder.gep(sp, [g])), F32, half)
+                fv = builder.sitofp(builder.load(a), ir.VectorType(F32, half))
+                builder.store(builder.fadd(builder.load(f), builder.fmul(fv, sv, flags=fast), flags=fast), f)
+        outs = [_hsum(builder, builder.load(f), half) for f in faccs]
+        return context.make_tuple(builder, sig.return_type, outs)
+    return codegen
+
+
+def _q4_tile(C: int):
+    @intrinsic
+    def tile(typingctx, xq, xsum, r, w, n, n2, s):
+        if not (isinstance(xq, types.Array) and xq.dtype == types.int16 and xq.layout == "C" and xq.ndim == 4
+                and isinstance(xsum, types.Array) and xsum.dtype == types.int32 and xsum.layout == "C"
+                and xsum.ndim == 2
+                and isinstance(w, types.Array) and w.dtype == types.uint8 and w.layout == "C" and w.ndim == 3
+                and isinstance(s, types.Array) and s.dtype == types.float32 and s.layout == "C" and s.ndim == 2):
+            return None
+        return types.UniTuple(types.float32, C)(xq, xsum, r, w, n, n2, s), _q4_codegen(C)
+    return tile
+
+
+q4_tile_1x1 = _q4_tile(1)
+q4_tile_1x2 = _q4_tile(2)

@@ -1,0 +1,154 @@
+"""The integer tiles of `kernels/cpu/_simd.py` (LLVM vector IR: pmaddwd / vpdpwssd) behind the
+int8 linear for 1-16 x rows (`runtime.Q8_ROWS`) and the int4 linear and experts (`runtime.Q4_ROWS`):
+each equals its twin (x rounded per row as the kernel rounds it, exact integer sums:
+`linear_q8_ref`, `linear_q4_ref`) to one rounding step of x, and the dequantised fp32 reference
+within the stated bound `q8_bound` (xs/2 · Σ_k |W[n, k]|, xs = absmax(x row) / qmax), on M = 1…16,
+odd N and K, int4 groups 32 / 64 / 128; and the same numbers from the AVX2 and generic (no AVX)
+code, checked to be what was compiled (the disk cache is keyed on the CPU features)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("numba")
+
+from moetune.kernels.cpu import (fused_experts_cpu, fused_experts_cpu_ref, linear, linear_ref,  # noqa: E402
+                                 quantize_int4, quantize_int8)
+from moetune.kernels.cpu import runtime  # noqa: E402
+from moetune.kernels.cpu.formats import dequantize  # noqa: E402
+from moetune.kernels.cpu.linear import linear_q4_ref, linear_q8_ref, q8_bound, quantize_rows_ref  # noqa: E402
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
+from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
+
+ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 16]
+
+
+@pytest.fixture
+def integer_paths(monkeypatch):
+    monkeypatch.setattr(runtime, "Q8_ROWS", 16)
+    monkeypatch.setattr(runtime, "Q4_ROWS", 16)
+
+
+def _close(got: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> None:
+    """got equals the integer twin but for an x element rounding the other way (one step of x on
+    the largest weight of the row, plus fp32 rounding), and `linear_ref` within `q8_bound`."""
+    int4 = w.fmt == WeightFormat.INT4
+    _, xs = quantize_rows_ref(x, 32767 if int4 else None)
+    step = xs[:, None] * dequantize(w).abs().amax(dim=1)[None, :]  # [M, N]
+    want = linear_q4_ref(x, w) if int4 else linear_q8_ref(x, w)
+    assert ((got - want).abs() <= step + 1e-5 * want.abs().amax() + 1e-30).all()
+    ref = linear_ref(x, w)
+    assert ((got - ref).abs() <= q8_bound(x, w) * (1 + 1e-4) + 1e-6 * ref.abs().amax()).all()
+
+
+@pytest.mark.parametrize("M", ROWS)
+@pytest.mark.parametrize("N,K", [(1, 7), (47, 95), (33, 768), (9, 4099)])
+def test_int8_rows_match_their_twins(M, N, K, threads, integer_paths):
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    w = quantize_int8(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g) * 3
+    _close(linear(x, w, threads=threads), x, w)
+
+
+@pytest.mark.parametrize("M", ROWS)
+@pytest.mark.parametrize("N,K,group", [(1, 32, 32), (47, 96, 32), (13, 192, 64), (33, 768, 128), (5, 640, 64)])
+def test_int4_rows_match_their_twins(M, N, K, group, threads, integer_paths):
+    g = torch.Generator().manual_seed(M * 1000 + N + K + group)
+    w = quantize_int4(torch.randn(N, K, generator=g), group)
+    x = torch.randn(M, K, generator=g) * 3
+    _close(linear(x, w, threads=threads), x, w)
+
+
+def test_extremes_and_zero_rows(integer_paths):
+    """Every nibble at 0 or 15 and every x at ±absmax (the largest group sums), and all-zero x rows."""
+    for group in (32, 64, 128):
+        w = quantize_int4(torch.tensor([[-8.0] * 128 + [7.0] * 128] * 3), group)
+        x = torch.full((2, 256), 5.0)
+        x[1, ::2] = -5.0
+        torch.testing.assert_close(linear(x, w), linear_ref(x, w), rtol=1e-5, atol=1e-3)
+        assert torch.equal(linear(torch.zeros(3, 256), w), torch.zeros(3, 3))
+    w8 = quantize_int8(torch.randn(5, 4099))
+    assert torch.equal(linear(torch.zeros(4, 4099), w8), torch.zeros(4, 5))
+
+
+def _experts_twin(x, off, w13: PackedWeight, w2: PackedWeight, rows: int) -> torch.Tensor:
+    """Experts of ≤ rows rows as the integer path computes them (x and the activation rounded per
+    row, `linear_q4_ref`), the others as the fp32 twin."""
+    y = fused_experts_cpu_ref(x, off, w13, w2)
+    I = 2 * w2.data.shape[2]
+    for e in range(off.numel() - 1):
+        lo, hi = int(off[e]), int(off[e + 1])
+        if not 0 < hi - lo <= rows:
+            continue
+        h = linear_q4_ref(x[lo:hi], PackedWeight(w13.data[e], w13.scale[e], WeightFormat.INT4, w13.group_size))
+        a = F.silu(h[:, :I]) * h[:, I:]  # [rows, I]
+        y[lo:hi] = linear_q4_ref(a, PackedWeight(w2.data[e], w2.scale[e], WeightFormat.INT4, w2.group_size))
+    return y
+
+
+@pytest.mark.parametrize("rows", [[1, 1], [1, 0, 3, 1, 0], [2, 1, 1, 5, 1, 1, 1]])
+@pytest.mark.parametrize("group,limit", [(32, 1), (64, 4), (128, 16)])
+def test_int4_experts_match_their_twin(rows, group, limit, threads, monkeypatch):
+    monkeypatch.setattr(runtime, "Q4_ROWS", limit)
+    g = torch.Generator().manual_seed(len(rows) + group)
+    E, D, I = len(rows), 384, 128
+    w13 = quantize_int4(torch.randn(E, 2 * I, D, generator=g), group)
+    w2 = quantize_int4(torch.randn(E, D, I, generator=g), group)
+    off = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()])
+    x = torch.randn(int(off[-1]), D, generator=g)
+    got = fused_experts_cpu(x, off, w13, w2, threads=threads)
+    want = _experts_twin(x, off, w13, w2, limit)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    ref = fused_experts_cpu_ref(x, off, w13, w2)  # rounding x and the activation to int16 costs < 1e-4
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-4
+
+
+AVX2 = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,-avx512f,-avx512bw,-avx512vnni,-avxvnni"
+GENERIC = "+sse2,-avx,-avx2,-avx512f,-avx512bw"
+
+SCRIPT = """
+import sys, torch
+from moetune.kernels.cpu import linear, quantize_int4, quantize_int8, runtime
+from moetune.kernels.cpu._simd import lanes
+runtime.Q8_ROWS = runtime.Q4_ROWS = 16
+g = torch.Generator().manual_seed(3)
+w8 = quantize_int8(torch.randn(37, 1029, generator=g)); x8 = torch.randn(5, 1029, generator=g)
+w4 = [quantize_int4(torch.randn(11, 384, generator=g), grp) for grp in (32, 64, 128)]
+x4 = torch.randn(3, 384, generator=g)
+ys = [linear(x8[:1], w8, threads=1), linear(x8, w8, threads=1)] + [linear(x4, w, threads=1) for w in w4]
+k = runtime.jit()
+asm = k.linear_q8_serial.inspect_asm(k.linear_q8_serial.signatures[0])
+asm += k.linear_q4_serial.inspect_asm(k.linear_q4_serial.signatures[0])
+torch.save({"y": ys, "lanes": lanes(), "zmm": "zmm" in asm, "ymm": "ymm" in asm,
+            "madd": "vpmaddwd" in asm or "vpdpwssd" in asm, "vnni": "vpdpwssd" in asm}, sys.argv[1])
+"""
+
+
+def _run_on(features: str, cpu: str, tmp_path) -> dict:
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out.pt")], env=env, check=True, timeout=600)
+    return torch.load(tmp_path / "out.pt")
+
+
+@pytest.mark.parametrize("cpu,features,lanes", [("haswell", AVX2, 16), ("x86-64", GENERIC, 16)])
+def test_other_isas_compute_the_same(cpu, features, lanes, tmp_path, integer_paths):
+    """numba compiles for NUMBA_CPU_NAME with NUMBA_CPU_FEATURES (the name alone keeps the host's
+    features); the code must be that ISA's (no zmm; AVX2: 256-bit vpmaddwd; generic: no ymm) and its
+    numbers equal this machine's."""
+    got = _run_on(features, cpu, tmp_path)
+    assert got["lanes"] == lanes and not got["zmm"] and not got["vnni"]
+    assert got["madd"] == (cpu == "haswell") and got["ymm"] == (cpu == "haswell")
+    g = torch.Generator().manual_seed(3)
+    w8 = quantize_int8(torch.randn(37, 1029, generator=g))
+    x8 = torch.randn(5, 1029, generator=g)
+    w4 = [quantize_int4(torch.randn(11, 384, generator=g), grp) for grp in (32, 64, 128)]
+    x4 = torch.randn(3, 384, generator=g)
+    want = [linear(x8[:1], w8, threads=1), linear(x8, w8, threads=1)] + [linear(x4, w, threads=1) for w in w4]
+    for a, b in zip(got["y"][:2], want[:2]):  # int8: exact sums, the same fp32 scaling
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for a, b in zip(got["y"][2:], want[2:]):  # int4: per-lane fp32 group sums, 8 vs 16 lanes
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * b.abs().max().item())
