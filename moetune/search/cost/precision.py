@@ -4,13 +4,13 @@
 | knob | what it changes | bytes | FLOPs |
 |---|---|---|---|
 | dense_format fp8 | attention projections, dense-layer and shared-expert MLPs (block-wise fp8 weights, as DeepSeek-V3's checkpoint and the engines' online fp8 store them; the embedding, LM head and router stay at the model dtype: neither engine's `--quantization fp8` nor DeepSeek-V3's checkpoint quantizes them) | 1 + 4/128 per weight (formats.py) | w8a8: at the hardware's fp8 rate (`fp8_flops`, 2× bf16 on H100/H200) |
-| dense_format int8 (this-machine: a recipe's `quant.dense: int8`) | the same projections, int8 weight-only (one scale per output channel; the engine packs the LM head too) | 1 + 4/D per weight | weight-only: at the activation dtype's rate (on this-machine the int8 path is timed on its own: calibrate.py `variant/dense-int8`) |
 | kv_format fp8 | the KV cache (GQA's K/V, MLA's latent) | 1 per element: twice the sequences in the same memory, half the bytes read per decode step | the attention scores stay at the activation dtype |
 | quant_low_format fp8 (experts) | the cold experts | formats.py | w8a8 at the fp8 rate (the engines' fp8 MoE kernels) |
 
-dense_format int8 / int4 (this-machine only: moetune's own `quant.dense`, study/machine_space.py)
-store the dense projections at those bytes (formats.py); their time is this machine's measured path
-(simulate.py prices a one-rank variant as fp32 × its own measured ratio).
+dense_format int8 / int4 (this-machine only: moetune's own `quant.dense`, study/machine_space.py; weight-only,
+int8 one scale per output channel, int4 group 64; the engine packs the LM head too) store the dense
+projections at those bytes (formats.py); their time is this machine's measured path (calibrate.py
+`variant/dense-int8`: simulate.py prices a one-rank variant as fp32 × its own measured ratio).
 int8 / int4 experts are weight-only (dequantised into the activation dtype's GEMM): bytes only.
 A FLOP multiplier k < 1 scales a GEMM's FLOPs into activation-dtype FLOPs (the roofline divides by
 one rate), so `--explain`'s flops of an fp8 GEMM are its bf16-equivalent FLOPs.

@@ -24,7 +24,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | dense_format | — (the engines' `--quantization fp8`; priced on GPU hardware); this-machine: quant.dense when --space names it (machine_space.py) | none, fp8; this-machine: none, int8, int4 | — |
 | kv_format | — (`--kv-cache-dtype fp8` / `fp8_e4m3`; GPU only) | none, fp8 | — |
 | overlap | — (SGLang `--enable-two-batch-overlap`, vLLM `--enable-dbo`; GPU only) | 0, 1 | — (moot at ep_size 1: nothing to overlap) |
-| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value is ever cheaper) | 0 (eager), 32, 128, 512 | — (kept as sampled: a size above the decode batch a rank holds prices the same, and the launch flags say the size) |
+| cuda_graph_max_bs | — (SGLang `--cuda-graph-max-bs-decode` / `--disable-decode-cuda-graph`, vLLM `--max-cudagraph-capture-size` / `--enforce-eager`; GPU only; 512 unless --space names it: no other value gives a faster step; its memory is priced) | 0 (eager), 32, 128, 512 | — (kept as sampled: a size above the decode batch a rank holds prices the same, and the launch flags say the size) |
 
 A sampled point is first repaired (repair.py: N rounded up to tile R, replicas filling the GPUs,
 offloading dropped at R > 1; in simulated searches a point over memory stepped to the nearest that
@@ -57,18 +57,19 @@ from typing import Any
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.deployment import Deployment, resident_slots
-from moetune.search.cost.precision import dense_knob, dense_quant
+from moetune.search.cost.precision import DENSE_QUANT, dense_knob, dense_quant
 from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
 
 
 PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs")  # searched by default on
 # priced (simulated GPU) searches though no recipe key says them: the serving engines' knobs (their launch flags)
-RECIPE_VALUES = {"dense_format": ("int8", "int4")}  # values of a PRICED_ONLY knob a recipe does say (quant.dense:
+RECIPE_VALUES = {"dense_format": tuple(DENSE_QUANT)}  # values of a PRICED_ONLY knob a recipe does say (quant.dense:
 # moetune's engine packs the dense projections; machine_space.py): read from and written to a recipe, run by `measure`
 GRAPH_SIZES = (0, 32, 128, 512)  # cuda_graph_max_bs on GPUs: 0 eager, else the largest decode batch per rank captured
-DOMINATED = {"cuda_graph_max_bs": 512}  # never worse in the cost model than its other values (no graph memory is
-# priced): one value unless --space names the knob, so that it does not dilute a small trial budget
+DOMINATED = {"cuda_graph_max_bs": 512}  # never a slower step than its other values (its graph memory, capped at
+# max_num_seqs, is priced: memory.py): one value unless --space names the knob, so that it does not dilute a small
+# trial budget
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
 NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative")  # in the space when --space
