@@ -36,7 +36,6 @@ def quantize(
     if policy is None and table is None and dense is None:
         raise UsageError("give --policy or --table (the experts' formats) and/or --dense (the dense projections')")
     cfg = m.config()  # --recipe: its model (its quant and offload sections are a run's, not this checkpoint's)
-    apply_threads(cfg)
     model_dir = resolve_model(cfg.model.path)
     if Path(out).absolute() == model_dir.absolute():
         raise UsageError(f"--out '{out}' is the source checkpoint; write the quantized one elsewhere")
@@ -58,6 +57,7 @@ def quantize(
         check_precision(None, precision, spec, "torch")  # every refusal before writing
     from moetune.cli.progress import progress
 
+    apply_threads(cfg)  # loads torch: after every refusal above
     with progress("quantize") as bar:
         if precision is not None:
             bar.phase("packing layers", total=len(spec.moe_layers))

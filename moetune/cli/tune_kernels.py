@@ -30,11 +30,11 @@ def tune_kernels(
     device = "cuda" if cfg.model.device == "auto" else cfg.model.device
     if not device.startswith("cuda"):
         raise UsageError(f"--device {device}: tune-kernels times the Triton kernels on a CUDA device")
-    apply_threads(cfg)
     for b in batch_sizes:
         checks.number("--batch-size", b, 1)
     if out is not None:
         checks.output_dir("--out", Path(out))
+    apply_threads(cfg)  # loads torch: after the flags are checked
     dtype = {"auto": "bfloat16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[cfg.model.dtype]
     paths = run(cfg.model.path, tuple(batch_sizes) or DEFAULT_BATCH_SIZES, out, dtype, search, device=device)
     for path in paths:

@@ -11,7 +11,7 @@ import torch
 from moetune.config import OffloadConfig, QuantConfig, RunConfig
 from moetune.engine.generate import Generator
 from moetune.engine.target import Target, resolve_dtype, resolve_target
-from moetune.engine.target import DTYPES, resolve_device, resolve_placement  # noqa: F401 (their old home)
+from moetune.engine.target import resolve_device, resolve_placement  # noqa: F401 (their old home)
 from moetune.engine.tokenizer import eos_ids, load_tokenizer
 from moetune.errors import MoetuneError
 from moetune.model.loader import load_model

@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 from moetune.config import RunConfig
 from moetune.engine.build import build_generator
-from moetune.engine.target import DTYPES, resolve_device, resolve_placement, resolve_target
+from moetune.engine.target import resolve_device, resolve_placement, resolve_target, torch_dtype
 from moetune.engine.engine import Engine, RequestOutput
-from moetune.engine.ep_launch import RankContext, launch, under_torchrun
+from moetune.engine.ep_launch import RankContext, launch
 from moetune.engine.generate import Completion, Generator
 from moetune.engine.mesh import Mesh, MeshGroups, join_mesh
 from moetune.engine.sampling import SamplingParams
+from moetune.engine.torchrun import under_torchrun
 from moetune.errors import MoetuneError, RequestError
 from moetune.model.loader import check_dense, read_spec
 from moetune.model.quant_checkpoint import dense_format, read_block
@@ -200,7 +201,7 @@ def build_rank(cfg: RunConfig, ctx: RankContext) -> DPGenerator:
     target = resolve_target(cfg)  # once in this rank's process
     dispatcher = None
     if target.placement is not None and par.ep_size > 1:
-        wire = None if par.dispatch_dtype == "auto" else DTYPES[par.dispatch_dtype]
+        wire = None if par.dispatch_dtype == "auto" else torch_dtype(par.dispatch_dtype)
         dispatcher = AllToAllDispatcher(par.ep_size, groups.dp_rank, target.placement.slots_per_rank,
                                         groups.ep_group, wire)
     plan = plan_of(par.tp_size, par.expert_tp, groups.tp_rank)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from moetune.engine.threads import single_threaded
+from moetune.engine.torchrun import under_torchrun
 from moetune.errors import MoetuneError
 
 T = TypeVar("T")
@@ -54,15 +55,6 @@ class _Rendezvous:
     device: str  # "cpu" or "cuda"
     timeout_s: float
     torchrun: bool
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def launching_rank() -> int:
-    """The rank this process will be: torchrun's RANK, else 0 (this process spawns the others)."""
-    return int(os.environ["RANK"]) if under_torchrun() else 0
 
 
 def launch(job: Callable[[RankContext], T], world: int, device: torch.device, timeout_s: float = 120.0) -> T | None:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from moetune.config import ParallelConfig, RunConfig
 from moetune.errors import MoetuneError
@@ -17,7 +16,10 @@ from moetune.model.tp_check import check_tp
 from moetune.moe.placement import Placement, PlacementError, check_ep, make_placement, read_placement
 from moetune.spec import ModelSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # a recipe's dtype → torch's name
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ def resolve_target(cfg: RunConfig, checkpoint: Checkpoint | None = None) -> Targ
 
 
 def resolve_device(name: str) -> torch.device:
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -67,8 +71,15 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+        name = "bf16" if device.type == "cuda" else "fp32"
+    return torch_dtype(name)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """A recipe's dtype name (fp32, bf16, fp16) → the torch dtype."""
+    import torch
+
+    return getattr(torch, DTYPES[name])
 
 
 def resolve_placement(par: ParallelConfig, spec: ModelSpec) -> Placement | None:

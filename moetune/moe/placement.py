@@ -18,13 +18,17 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from moetune.errors import MoetuneError
-from moetune.experts.store import SlotMap
 from moetune.moe.eplb import eplb_layer, replicate
+
+if TYPE_CHECKING:
+    import torch
+
+    from moetune.experts.store import SlotMap
 
 POLICIES = ("contiguous", "round_robin", "eplb")
 FORMAT = "moetune-placement/1"
@@ -95,6 +99,10 @@ class Placement:
 
     def slot_map(self, layer: int, device: torch.device | str = "cpu") -> SlotMap:
         """The layer's logical → physical map; identity (free) when slot e holds expert e."""
+        import torch
+
+        from moetune.experts.store import SlotMap
+
         row = self.row(layer)
         if self.num_slots == self.num_experts and np.array_equal(row, np.arange(self.num_experts)):
             return SlotMap(self.num_experts)

@@ -47,7 +47,7 @@ def parallel_sizes(settings: ProfileSettings) -> tuple[int, int]:
     ep = settings.ep_size if settings.ep_size is not None else par.ep_size
     rpn = settings.ranks_per_node if settings.ranks_per_node is not None else par.ranks_per_node
     if settings.ranks_per_node is None and par.ranks_per_node == 1 and ep > 1 and not settings.what_if:
-        from moetune.engine.ep_launch import under_torchrun
+        from moetune.engine.torchrun import under_torchrun
 
         local = int(os.environ.get("LOCAL_WORLD_SIZE", ep)) if under_torchrun() else ep
         rpn = local if local >= 1 and (ep % local == 0 or local % ep == 0) else 1

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from moetune.profile.ep import EPLayout, step_traffic
 from moetune.profile.records import Records
 from moetune.profile.trace import RoutingTrace
+
+if TYPE_CHECKING:
+    import pandas as pd  # loaded by the functions that build tables: a run dir's mistakes answer without it
 
 TABLES = ("steps", "phases", "layers", "moe", "expert_load", "ep_ranks", "ep_traffic", "nvml", "rank_steps",
           "rank_moe")
@@ -21,6 +24,8 @@ RANK_MOE_COLUMNS = ["step", "kind", "layer", "rank", "tokens", "copies_sent", "c
 
 def typed_frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
     """A table with fixed column types (also when empty): str kinds, float seconds, int the rest."""
+    import pandas as pd
+
     df = pd.DataFrame(rows, columns=columns)
     types = {c: object if "kind" in c else float if "seconds" in c else np.int64 for c in columns}
     return df.astype(types)
@@ -46,6 +51,8 @@ class RunTables:
 def build_tables(rec: Records, trace: RoutingTrace, layout: EPLayout, row_bytes: int,
                  nvml: pd.DataFrame | None = None, rank_steps: pd.DataFrame | None = None,
                  rank_moe: pd.DataFrame | None = None) -> RunTables:
+    import pandas as pd
+
     ranks, traffic = ep_tables(trace, layout, row_bytes)
     return RunTables(
         steps=pd.DataFrame(rec.steps, columns=["step", "kind", "batch", "tokens", "context_tokens",
@@ -65,6 +72,8 @@ def build_tables(rec: Records, trace: RoutingTrace, layout: EPLayout, row_bytes:
 
 def expert_load_table(counts: list[np.ndarray], kinds: list[str], layers: list[int]) -> pd.DataFrame:
     """counts: per step [Lm, E] → long table step, kind, layer, expert, tokens."""
+    import pandas as pd
+
     if not counts:
         return pd.DataFrame(columns=["step", "kind", "layer", "expert", "tokens"])
     stacked = np.stack(counts)  # [S, Lm, E]
@@ -81,6 +90,8 @@ def expert_load_table(counts: list[np.ndarray], kinds: list[str], layers: list[i
 
 def ep_tables(trace: RoutingTrace, layout: EPLayout, row_bytes: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per step × layer: copies and bytes per rank, and bytes by locality, computed (see ep.py)."""
+    import pandas as pd
+
     ranks, traffic = [], []
     for s in range(trace.num_steps):
         ids = trace.step(s).astype(np.int64)  # [T, Lm, K]

@@ -97,11 +97,12 @@ def check_serving(cfg: RunConfig) -> None:
 
 
 def run_rank_server(cfg: RunConfig, api_key: str | None) -> None:
-    from moetune.engine.distributed import run_ranks
-    from moetune.engine.ep_launch import launching_rank
+    from moetune.engine.torchrun import launching_rank
     from moetune.serve.server import bind, resolve_api_key
 
-    check_serving(cfg)
+    check_serving(cfg)  # before torch loads (engine/distributed.py)
+    from moetune.engine.distributed import run_ranks
+
     sock = None
     if launching_rank() == 0:
         resolve_api_key(cfg, api_key)  # a missing key fails before any rank starts

@@ -25,7 +25,7 @@ def run_rank_profile(settings: ProfileSettings, cfg: RunConfig, texts: list[str]
     """`write` writes the run dir on rank 0 (handed down by runner.py: ranks/ sits below the summary it
     computes, which imports ranks/analysis.py)."""
     from moetune.engine.distributed import run_ranks
-    from moetune.engine.ep_launch import launching_rank
+    from moetune.engine.torchrun import launching_rank
 
     if launching_rank() != 0:  # under torchrun: run this rank's share, write nothing
         run_ranks(cfg, RankJob(settings, cfg, texts, None, write))
