@@ -37,14 +37,16 @@ def generate(
     from moetune.cli.footprint import target_parts
     from moetune.cli.options import apply_threads
     from moetune.engine.target import resolve_target
+    from moetune.model.checkpoint import open_checkpoint
 
-    target = resolve_target(cfg)  # once: the checkpoint checked, the placement, device and dtype
-    limit = target.spec.max_position
+    checkpoint = open_checkpoint(cfg.model.path)  # config.json and the safetensors headers: no torch yet
+    limit = checkpoint.spec.max_position
     if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too
         from moetune.errors import UsageError
 
         raise UsageError(f"--max-tokens {max_tokens} is more than the model's context of {limit:,} tokens leaves "
                          f"after a prompt; give at most {limit - 1:,}")
+    target = resolve_target(cfg, checkpoint)  # once: the placement, device and dtype
     prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
     checks.fits("generate", target_parts(target, 1, min(prompt_tokens + max_tokens, limit), prompt_tokens,
                                          prompt_tokens), target.device, "use a smaller model or --dtype bf16")

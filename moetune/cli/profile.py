@@ -59,6 +59,7 @@ def _preflight(settings):
     from moetune.cli import checks
     from moetune.cli.footprint import profile_host_bytes, target_parts
     from moetune.engine.target import resolve_target
+    from moetune.model.checkpoint import open_checkpoint
     from moetune.profile.session import parallel_sizes
     from moetune.profile.workload import load_prompt_texts, prompts_path
 
@@ -66,14 +67,15 @@ def _preflight(settings):
     texts = load_prompt_texts(prompts_path(w))
     ep, rpn = parallel_sizes(settings)
     parallel = settings.config.parallel.model_copy(update={"ep_size": ep, "ranks_per_node": rpn})
-    target = resolve_target(settings.config.model_copy(update={"parallel": parallel}))
-    limit = target.spec.max_position
+    checkpoint = open_checkpoint(settings.config.model.path)  # no torch yet
+    limit = checkpoint.spec.max_position
     if w.input_len is not None:
         checks.context(f"--input-len {w.input_len} + --output-len {w.output_len}", w.input_len + w.output_len,
                        limit, "lower --input-len or --output-len")
         prompt_len = w.input_len
     else:  # an upper bound before tokenizing: at most one token per byte, plus specials
         prompt_len = min(max(len(t.encode("utf-8")) + 2 for t in texts[: w.num_requests]), limit)
+    target = resolve_target(settings.config.model_copy(update={"parallel": parallel}), checkpoint)
     batch = w.real_batch_size
     max_len = min(prompt_len + w.output_len, limit)
     checks.fits(f"profile at batch {batch} (of --batch-size {w.batch_size}, --num-requests {w.num_requests})",

@@ -1,7 +1,7 @@
 """A user mistake answers before torch or pandas loads: a sample of the bad-input table
 (tests/cli/bad_input.py), one per place that used to load them first (the target, the placement,
 profile's run tables, torchrun's environment, quantize and tune-kernels threads, a multi-rank
-server's checks), run through the real console script under `python -X importtime`, whose report
+server's checks, the context checked from the checkpoint before the device), run through the real console script under `python -X importtime`, whose report
 on stderr names every module the process imported.
 """
 
@@ -19,7 +19,7 @@ from tests.cli.bad_input import CASES
 IDS = ("model-dir-missing", "config-unsupported-type", "router-gate-fewer-rows", "ep-size-not-divisor",
        "tp-size-not-divisor", "capacity-factor-nan", "prompts-jsonl-not-json", "recipe-ranks-do-not-tile",
        "quantize-unknown-format", "quantize-hot-without-loads", "tune-kernels-out-below-file",
-       "serve-ep-expert-share")
+       "serve-ep-expert-share", "generate-max-tokens-over-context", "profile-input-over-context")
 HEAVY = ("torch", "pandas", "transformers", "numba")
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| *([\w.]+)$")
 
