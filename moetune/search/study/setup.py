@@ -7,15 +7,18 @@ import functools
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moetune.config import RunConfig, load_recipe, parse_config
 from moetune.errors import MoetuneError
-from moetune.search.cost.calibrate import Calibration
 from moetune.search.cost.hardware import Hardware, get_hardware
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator
 from moetune.search.cost.source import TraceSource, load_source
 from moetune.search.study.space import Limits
+
+if TYPE_CHECKING:
+    from moetune.search.cost.calibrate import Calibration  # imports pandas: loaded where it calibrates
 
 
 @dataclass(frozen=True)
