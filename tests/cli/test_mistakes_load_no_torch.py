@@ -1,8 +1,9 @@
 """A user mistake answers before torch or pandas loads: a sample of the bad-input table
 (tests/cli/bad_input.py), one per place that used to load them first (the target, the placement,
 profile's run tables, torchrun's environment, quantize and tune-kernels threads, a multi-rank
-server's checks, the context checked from the checkpoint before the device), run through the real console script under `python -X importtime`, whose report
-on stderr names every module the process imported.
+server's checks, the context checked from the checkpoint before the device), run through the real
+console script under `python -X importtime`, whose report on stderr names every module the
+process imported.
 """
 
 from __future__ import annotations
