@@ -73,6 +73,8 @@ from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
+from moetune.search.cost.vector import vector_reason
+from moetune.search.cost.vector_price import price_all
 
 PHASES = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
           "shared_expert", "dense_mlp", "other", "straggler_wait")
@@ -146,6 +148,8 @@ class Simulator:
         self.config_of = None
         self.spec_acceptance: float | None = None  # --spec-acceptance: assumed where the trace did not measure it
         self._draft_models: dict = {}
+        self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
+        self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -300,9 +304,12 @@ class Simulator:
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
         """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
         then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
-        ctx = self._pricing(d)
+        ctx = self.pricing(d)
         totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy,
                               ctx.spec is not None, bool(d.overlap and d.ep_size > 1))
+        if vector_reason(self, d) is None:  # every step at once (vector.py), else the loop below
+            price_all(self, d, s, prep, totals, ctx)
+            return totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
             if self.on_step is not None:
@@ -313,7 +320,7 @@ class Simulator:
         """A `rate` workload: requests join when the clock passes their Poisson arrival; a gap with no
         work is an idle step (no tokens, its seconds only)."""
         arrivals = poisson_arrivals(w.num_requests, w.rate, w.seed)  # [n]
-        ctx = self._pricing(d)
+        ctx = self.pricing(d)
         rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked, ctx.spec)
         one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0,  # step t priced into row 0, then copied out
                            d.capacity_policy, ctx.spec is not None,
@@ -377,7 +384,7 @@ class Simulator:
                 self.base_config, self.config_of(d), cal_mod.bench_plan(self.cal)))
         return None
 
-    def _pricing(self, d: Deployment) -> "Pricing":
+    def pricing(self, d: Deployment) -> "Pricing":
         if d.ep_size > 1:
             self._measure_link(d.ep_size)
         m = self.src.model

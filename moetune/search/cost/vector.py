@@ -1,0 +1,187 @@
+"""Every lock-step of a schedule priced at once: the pieces `Simulator._price_step` prices one step
+at a time (phase_costs.py), computed with numpy over the steps and ranks. The per-step loop stays
+as the reference (`Simulator.reference = True`; tests/search/test_vector_price.py holds the two
+equal within float rounding on several deployments).
+
+What makes it fast:
+- the trace rows a rank's tokens take are a window of a pool (prompt rows, decode rows) that
+  starts where the previous rank's ended, so per-expert copies are differences of the pool's
+  prefix counts (`PoolCounts`, kept across trials: they depend on the trace only);
+- the expert slots' rows and active slots depend only on the step's copies over all ranks: priced
+  once per distinct window (a steady state repeats windows: `np.unique`);
+- copies sent from rank r to rank q are linear in the copies, so a prefix of each row's copies
+  projected onto the ranks (through the placement's `to_rank`, kept per placement) gives them;
+- the roofline pieces are elementwise: one call per group of steps of the same kind and launch.
+
+Not vectorised (the loop prices them, `vector_reason`): a capacity limit (drop / buffer: per
+source rank, nonlinear), an open-loop `rate` workload (steps depend on the clock), --explain, and
+a pool too large for prefix counts. Sequential pieces stay loops over the steps inside: the
+offload cache, the drafter's seconds and the TP collectives (a few calls per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from moetune.search.cost import phase_costs as costs
+from moetune.search.cost import speculative as spec_costs
+from moetune.search.cost import tp as tp_costs
+from moetune.search.cost.overlap import serial_layer, tbo_layer
+
+PREFIX_ELEMS = 16_000_000  # prefix counts kept per pool (int64: 128 MB at most), as simulate.TraceRows
+CHUNK = 64  # distinct windows priced at once ([CHUNK, Lm, P] arrays)
+
+
+def vector_reason(sim, d) -> str | None:
+    """Why the vectorised pricing does not apply (the per-step loop prices it), or None."""
+    m = sim.src.model
+    if getattr(sim, "reference", False):
+        return "reference pricing asked for"
+    if sim.terms is not None:
+        return "--explain notes each step's terms"
+    if d.capacity_policy in ("drop", "buffer"):
+        return "a capacity limit splits copies per source rank"
+    pools = (sim.src.prefill_ids, sim.src.decode_ids)
+    if any((len(p) + 1) * m.Lm * m.E > PREFIX_ELEMS for p in pools):
+        return "a pool too large for prefix counts"
+    return None
+
+
+class PoolCounts:
+    """A pool's rows [N, Lm, K] as prefix counts: copies per expert of its first i rows [N + 1, Lm·E]
+    (int64), and per placement the copies per destination rank [N + 1, Lm·R] (float)."""
+
+    def __init__(self, pool: np.ndarray, Lm: int, E: int):
+        self.pool, self.Lm, self.E, self.N = pool, Lm, E, len(pool)
+        flat = (np.arange(Lm)[None, :, None] * E + pool.astype(np.int64)).reshape(self.N, -1)  # [N, Lm·K]
+        rows = np.zeros((self.N + 1, Lm * E), dtype=np.int64)
+        np.add.at(rows, (np.repeat(np.arange(1, self.N + 1), flat.shape[1]), flat.reshape(-1)), 1)
+        self.prefix = np.cumsum(rows, axis=0)
+        self._proj: dict = {}
+
+    def projected(self, to_rank: np.ndarray) -> np.ndarray:
+        """[N + 1, Lm·R] copies sent to each rank by the pool's first i rows (to_rank [Lm, E, R])."""
+        key = (to_rank.shape, hash(to_rank.tobytes()))
+        if key not in self._proj:
+            if len(self._proj) >= 8:
+                self._proj.pop(next(iter(self._proj)))
+            per_row = to_rank[np.arange(self.Lm)[None, :, None], self.pool.astype(np.int64)].sum(2)  # [N, Lm, R]
+            out = np.zeros((self.N + 1, self.Lm * to_rank.shape[2]))
+            out[1:] = np.cumsum(per_row.reshape(self.N, -1), axis=0)
+            self._proj[key] = out
+        return self._proj[key]
+
+    def window(self, prefix: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """[..., cols] of n rows from `start`, cycling (start, n: int arrays of one shape)."""
+        N = self.N
+        wraps, rem = np.divmod(n, N)
+        s0 = start % N
+        end = s0 + rem
+        out = prefix[np.minimum(end, N)] - prefix[s0] + prefix[np.maximum(end - N, 0)]
+        if wraps.any():
+            out = out + wraps[..., None] * prefix[N]
+        return out
+
+
+def pool_counts(sim, pool: np.ndarray) -> PoolCounts:
+    """The pool's PoolCounts, kept on the simulator (its views share them)."""
+    key = id(pool)
+    if key not in sim.pool_cache:
+        sim.pool_cache[key] = PoolCounts(pool, sim.src.model.Lm, sim.src.model.E)
+    return sim.pool_cache[key]
+
+
+@dataclass
+class Windows:
+    """Where each step's and each rank's rows come from: pool starts and row counts, [S, R]."""
+
+    pre: PoolCounts
+    dec: PoolCounts
+    pre_start: np.ndarray
+    dec_start: np.ndarray
+    prefill: np.ndarray
+    decode: np.ndarray
+
+    @classmethod
+    def of(cls, sim, s) -> "Windows":
+        src = sim.src
+        decode_pool = src.decode_ids if len(src.decode_ids) else src.prefill_ids
+        pf, dc = s.prefill.astype(np.int64), s.decode.astype(np.int64)
+        return cls(pool_counts(sim, src.prefill_ids), pool_counts(sim, decode_pool),
+                   (np.cumsum(pf.reshape(-1)) - pf.reshape(-1)).reshape(pf.shape),
+                   (np.cumsum(dc.reshape(-1)) - dc.reshape(-1)).reshape(dc.shape), pf, dc)
+
+    def step_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct step windows [U, 4] (pre start, rows, dec start, rows) and each step's index [S]."""
+        key = np.stack([self.pre_start[:, 0] % self.pre.N, self.prefill.sum(1),
+                        self.dec_start[:, 0] % self.dec.N, self.decode.sum(1)], axis=1)
+        uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+
+    def totals(self, keys: np.ndarray) -> np.ndarray:
+        """[U, Lm, E] copies per expert of each step window (every rank's rows)."""
+        out = (self.pre.window(self.pre.prefix, keys[:, 0], keys[:, 1])
+               + self.dec.window(self.dec.prefix, keys[:, 2], keys[:, 3]))
+        return out.reshape(len(keys), self.pre.Lm, self.pre.E)
+
+    def sent(self, to_rank: np.ndarray) -> np.ndarray:
+        """[S, R, Lm, R] copies rank r sends to rank q in each step (to_rank [Lm, E, R])."""
+        S, R = self.prefill.shape
+        out = (self.pre.window(self.pre.projected(to_rank), self.pre_start, self.prefill)
+               + self.dec.window(self.dec.projected(to_rank), self.dec_start, self.decode))
+        return out.reshape(S, R, self.pre.Lm, to_rank.shape[2])
+
+
+@dataclass
+class Slots:
+    """SlotRows' per-rank sums over every step ([S, Lm, R]) and the low / all copies per step [S]."""
+
+    rows_q: np.ndarray
+    act_bytes_q: np.ndarray
+    act_n_q: np.ndarray
+    low_rows_q: np.ndarray
+    low: np.ndarray
+    all: np.ndarray
+
+
+def slots_of(win: Windows, prep, R: int, halves: int) -> tuple[Slots, np.ndarray, np.ndarray]:
+    """Each step's SlotRows sums (priced once per distinct window), the keys and each step's key index."""
+    keys, inv = win.step_keys()
+    U, Lm = len(keys), win.pre.Lm
+    parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
+    for lo in range(0, U, CHUNK):
+        total = win.totals(keys[lo: lo + CHUNK]) / halves  # [c, Lm, E]
+        sl = costs.SlotRows.of_total(total, prep, R)
+        for out, v in zip(parts, (sl.rows_q, sl.act_bytes_q, sl.act_n_q, sl.low_rows_q,
+                                  (sl.slot_rows * prep.low_share_slot).sum((1, 2)), sl.slot_rows.sum((1, 2)))):
+            out[lo: lo + CHUNK] = v
+    return Slots(*(p[inv] for p in parts)), keys, inv
+
+
+def all_to_all(sim, sent: np.ndarray, links: costs.Links, latency: np.ndarray) -> costs.AllToAll:
+    """phase_costs.all_to_all over every step: sent [S, R, Lm, R] copies r → q, latency [S]; the
+    AllToAll's seconds are [S, Lm], its bytes [S]."""
+    m, b, hw = sim.src.model, sim.b, sim.hw
+    S, R = sent.shape[:2]
+    if R == 1:
+        none = np.zeros((S, m.Lm))
+        return costs.AllToAll(none, none, np.zeros(S), np.zeros(S))
+    row_bytes = m.D * b
+    same, other = links.same_node[:, None, :], links.other_node[:, None, :]  # [R, 1, R]
+    intra = (sent * same).sum(3) * row_bytes  # [S, R, Lm] sent in node
+    inter = (sent * other).sum(3) * row_bytes
+    intra_in = (sent * same).sum(1).transpose(0, 2, 1) * row_bytes  # [S, R, Lm] received
+    inter_in = (sent * other).sum(1).transpose(0, 2, 1) * row_bytes
+    link = (np.maximum(intra, intra_in) / (hw.intra_bw * hw.link_eff)
+            + np.maximum(inter, inter_in) / (hw.inter_bw * hw.link_eff))  # [S, R, Lm]
+    a2a = link.max(1) + costs.CALLS["dispatch"][0] * hw.op_overhead_s  # [S, Lm]
+    lat = latency[:, None]
+    return costs.AllToAll(a2a + 2 * lat, a2a + lat, 2 * (intra + inter).sum((1, 2)), 2 * inter.sum((1, 2)))
+
+
+def half(st: costs.StepRows) -> costs.StepRows:
+    """One of two micro-batches (simulate._half over every step)."""
+    return costs.StepRows(st.T / 2, st.B / 2, st.pairs / 2, st.context / 2, st.sampled / 2, st.R,
+                          None if st.spec_seqs is None else st.spec_seqs / 2)
