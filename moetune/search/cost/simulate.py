@@ -71,6 +71,7 @@ from moetune.search.cost.overlap import serial_layer, tbo_layer
 from moetune.search.cost.precision import Precision, precision
 from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
+from moetune.search.cost.schedule_fast import compiled_schedule
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
 from moetune.search.cost.vector import vector_reason
@@ -199,10 +200,12 @@ class Simulator:
 
     def schedule(self, d: Deployment, w: SimWorkload) -> Schedule:
         plan = self.spec_plan(d)
-        key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w, plan)
+        key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w, plan, self.reference)
         if key not in self._schedules:
-            self._schedules[key] = simulate_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
-                                                     self.chunked, plan)
+            self._schedules[key] = (simulate_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
+                                                      self.chunked, plan) if self.reference or plan is not None
+                                    else compiled_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
+                                                           self.chunked))  # the same, compiled (schedule_fast.py)
         return self._schedules[key]
 
     def prepare(self, d: Deployment) -> Prepared:
@@ -308,8 +311,8 @@ class Simulator:
         totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy,
                               ctx.spec is not None, bool(d.overlap and d.ep_size > 1))
         if vector_reason(self, d) is None:  # every step at once (vector.py), else the loop below
-            price_all(self, d, s, prep, totals, ctx)
-            return totals.step_s, totals.phases, totals.detail(d.ep_size, ctx.offload)
+            offload = price_all(self, d, s, prep, totals, ctx)
+            return totals.step_s, totals.phases, totals.detail(d.ep_size, offload)
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
             if self.on_step is not None:

@@ -146,18 +146,22 @@ class Slots:
     all: np.ndarray
 
 
-def slots_of(win: Windows, prep, R: int, halves: int) -> tuple[Slots, np.ndarray, np.ndarray]:
-    """Each step's SlotRows sums (priced once per distinct window), the keys and each step's key index."""
+def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False):
+    """Each step's SlotRows sums (priced once per distinct window), and with keep_active each step's
+    active slots [S, Lm, P] (the offload caches read them), else None."""
     keys, inv = win.step_keys()
     U, Lm = len(keys), win.pre.Lm
     parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
+    active = np.zeros((U,) + prep.phy2log.shape, dtype=bool) if keep_active else None
     for lo in range(0, U, CHUNK):
         total = win.totals(keys[lo: lo + CHUNK]) / halves  # [c, Lm, E]
         sl = costs.SlotRows.of_total(total, prep, R)
         for out, v in zip(parts, (sl.rows_q, sl.act_bytes_q, sl.act_n_q, sl.low_rows_q,
                                   (sl.slot_rows * prep.low_share_slot).sum((1, 2)), sl.slot_rows.sum((1, 2)))):
             out[lo: lo + CHUNK] = v
-    return Slots(*(p[inv] for p in parts)), keys, inv
+        if keep_active:
+            active[lo: lo + CHUNK] = sl.active
+    return Slots(*(p[inv] for p in parts)), (None if active is None else active[inv])
 
 
 def all_to_all(sim, sent: np.ndarray, links: costs.Links, latency: np.ndarray) -> costs.AllToAll:

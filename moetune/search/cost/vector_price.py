@@ -9,19 +9,21 @@ import numpy as np
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
+from moetune.search.cost.offload_fast import FastOffload
 from moetune.search.cost.overlap import serial_layer, tbo_layer
 from moetune.search.cost.vector import Slots, Windows, all_to_all, half, slots_of
 
 
-def price_all(self, d, s, prep, totals, ctx) -> None:
-    """Fill `totals` (simulate.Totals.empty for s) with every step's seconds and phase lines.
+def price_all(self, d, s, prep, totals, ctx):
+    """Fill `totals` (simulate.Totals.empty for s) with every step's seconds and phase lines; returns
+    the run's offload figures (offload_fast.FastOffload, None without offloading).
     self: the Simulator, ctx: its `pricing(d)` (the pieces are priced on its rank view)."""
     sim, m, R = ctx.sim, self.src.model, d.ep_size
     halves = 2 if d.overlap and R > 1 else 1
     whole = costs.StepRows.of(s, slice(None), self.hw.grouped_experts)  # fields [S, R]
     st = whole if halves == 1 else half(whole)
     win = Windows.of(self, s)
-    slots, keys, inv = slots_of(win, prep, R, halves)
+    slots, active = slots_of(win, prep, R, halves, keep_active=ctx.offload is not None)
     own = self.own_path(d) if self.cal is not None else None
     kinds = np.where(s.prefill.any(1), "prefill", "decode")  # [S]
     launch = launch_all(self, d, s)  # [S]
@@ -41,7 +43,7 @@ def price_all(self, d, s, prep, totals, ctx) -> None:
                 pieces[phase][idx] = cost(sim, sg)
             expert_s[idx] = costs.experts(sim, sg, take(slots, idx))
             dense[idx], other[idx] = costs.dense_mlp(sim, wg), costs.other(sim, wg, step_lat)
-    stall = offload_stalls(sim, ctx.offload, d, pieces, expert_s, win, keys, inv, prep, halves)
+    stall, offload = offload_stalls(sim, ctx.offload, d, pieces, expert_s, active, prep)
     if own is not None and own[0] == "variant":
         stall = np.zeros_like(stall)
     a2a = all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat)
@@ -66,6 +68,7 @@ def price_all(self, d, s, prep, totals, ctx) -> None:
         tp_lines(self, d, own, ctx, st, kinds, totals)
     if self.on_step is not None:
         self.on_step(s.num_steps, s.num_steps)
+    return offload
 
 
 def launch_all(self, d, s) -> np.ndarray:
@@ -81,16 +84,20 @@ def take(slots: Slots, idx) -> Slots:
     return Slots(*(getattr(slots, f)[idx] for f in ("rows_q", "act_bytes_q", "act_n_q", "low_rows_q", "low", "all")))
 
 
-def offload_stalls(sim, offload, d, pieces: dict, expert_s, win: Windows, keys, inv, prep, halves: int) -> np.ndarray:
-    """[S, Lm, R] phase_costs.offload_stall step by step (the cache's state runs in order)."""
+def offload_stalls(sim, offload, d, pieces: dict, expert_s, active, prep):
+    """([S, Lm, R] phase_costs.offload_stall step by step: the caches' state runs in order, compiled in
+    offload_fast.py; the FastOffload with the run's figures, or None without offloading). active:
+    [S, Lm, P] the slots with rows in each step."""
     stall = np.zeros(expert_s.shape)
     if offload is None:
-        return stall
-    R = expert_s.shape[2]
-    for t in range(len(stall)):
-        slot = costs.SlotRows.of_total(win.totals(keys[inv[t]][None])[0] / halves, prep, R)
-        stall[t] = costs.offload_stall(sim, offload, d, {p: v[t] for p, v in pieces.items()}, expert_s[t], slot, prep)
-    return stall
+        return stall, None
+    S, Lm, R = expert_s.shape
+    fast = FastOffload(offload.capacity, offload.eviction, offload.depth, R, Lm, prep.phy2log.shape[1])
+    hidden = (pieces["attention"].max(1) + pieces["router"].max(1) + expert_s.max(2).mean(1)) * d.offload_prefetch_depth
+    hw = sim.hw
+    for t in range(S):
+        stall[t] = fast.step(active[t], prep.slot_bytes, hw.host_bw, float(hidden[t]), hw.mem_bw / 2)
+    return stall, fast
 
 
 def add_steps(totals, per_rank: dict, expert_s, stall, a2a, dense, other, dense_layers: int) -> None:
