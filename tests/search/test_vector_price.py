@@ -1,0 +1,137 @@
+"""The fast simulator equals its reference twin: every schedule priced at once (cost/vector.py,
+vector_price.py) with the compiled schedule and offload caches (schedule_fast.py, offload_fast.py)
+against the per-step loop with `Replay` and `OffloadState` (`Simulator.reference`), on deployments
+covering each pricing branch: one rank, EP with replicas of hot experts, two nodes with a mixed
+precision, offloading with and without prefetch (lru, lfu), two-batch overlap, tensor parallelism,
+speculative decoding, CUDA graphs, replicas of the deployment, fp8 dense / KV, per-call CPU pricing
+with fitted multipliers; in a burst and in a closed loop. Tolerance: 1e-9 relative (float sums in
+another order), every Metrics figure and every per-step array."""
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moetune.search.cost.deployment import Deployment
+from moetune.search.cost.hardware import BUILTIN
+from moetune.search.cost.schedule import SimWorkload, simulate_schedule
+from moetune.search.cost.schedule_fast import compiled_schedule
+from moetune.search.cost.simmodel import SimModel
+from moetune.search.cost.simulate import Simulator
+from moetune.search.cost.source import TraceSource
+
+REL = 1e-9
+BURST = SimWorkload((37, 5, 64, 18, 90, 12, 3, 41, 7, 120, 33, 9), 6)
+LOOP = SimWorkload(tuple(int(x) for x in np.random.default_rng(3).integers(4, 160, 96)), 9, mode="concurrency",
+                   concurrency=24, warmup=8)
+CASES = {
+    "one-rank": ("H200", Deployment(max_num_seqs=8)),
+    "ep4-eplb-replicas": ("H200", Deployment(ep_size=4, redundant_experts=4, placement="eplb", max_num_seqs=4)),
+    "ep16-two-nodes-int4-hot": ("2xH200", Deployment(ep_size=16, placement="round_robin", max_num_seqs=2,
+                                                     quant_low_format="int4", quant_hot_fraction=0.25)),
+    "offload-prefetch-lfu": ("H200", Deployment(ep_size=2, max_num_seqs=4, max_num_batched_tokens=256,
+                                                offload_resident_fraction=0.5, offload_prefetch_depth=2,
+                                                offload_eviction="lfu")),
+    "offload-lru-tight": ("H200", Deployment(max_num_seqs=16, max_num_batched_tokens=512,
+                                             offload_resident_fraction=0.25, offload_prefetch_depth=1)),
+    "tbo-fp8-graphs": ("H200", Deployment(ep_size=4, redundant_experts=4, placement="round_robin", max_num_seqs=8,
+                                          overlap=1, quant_low_format="fp8", dense_format="fp8", kv_format="fp8",
+                                          cuda_graph_max_bs=4)),
+    "tp2-etp2-replicas": ("H200", Deployment(ep_size=2, tp_size=2, expert_tp_size=2, replicas=2, max_num_seqs=8,
+                                             cuda_graph_max_bs=0)),
+    "speculative-ngram": ("H200", Deployment(ep_size=2, max_num_seqs=8, speculative="ngram:3")),
+    "cpu-calls-fitted": ("cpu", Deployment(max_num_seqs=16, quant_low_format="int8")),
+}
+
+
+def _source() -> TraceSource:
+    rng = np.random.default_rng(11)
+    E, K, Lm = 16, 2, 3
+    model = SimModel("twin", D=256, E=E, K=K, I=512, I_shared=256, L=4, moe_layers=(1, 2, 3), dense_I=(1024,),
+                     V=4096, attn_weights=256 * 4 * 256, kv_elems=2 * 2 * 64, pair_flops=4 * 4 * 64, tied=False)
+    skew = rng.dirichlet(np.full(E, 0.4), size=Lm)
+
+    def rows(n):  # [n, Lm, K] distinct experts per token
+        return np.stack([np.stack([rng.choice(E, K, replace=False, p=skew[j]) for j in range(Lm)])
+                         for _ in range(n)]).astype(np.int32)
+
+    prefill, decode = rows(170), rows(90)  # short pools: the windows wrap
+    loads = np.stack([np.bincount(np.concatenate([prefill[:, j], decode[:, j]]).ravel(), minlength=E)
+                      for j in range(Lm)]).astype(np.float64)
+    return TraceSource(Path("twin"), model, prefill, decode, loads, BURST, batch_size=8, recorded_on="cpu",
+                       model_path=None)
+
+
+def _simulator(hw: str, reference: bool) -> Simulator:
+    hardware = {"2xH200": BUILTIN["H200"].with_nodes(2),
+                "cpu": replace(BUILTIN["H200"], name="cpu-like", grouped_experts=False, act_bytes=4,
+                               op_overhead_s=9e-6)}.get(hw) or BUILTIN[hw]
+    multipliers = {"attention": 1.7, "experts/decode": 0.6, "other/prefill": 2.5} if hw == "cpu" else None
+    sim = Simulator(_source(), hardware, multipliers=multipliers)
+    sim.reference, sim.spec_acceptance = reference, 0.6
+    return sim
+
+
+def _close(a, b, path="") -> list[str]:
+    """Where two nested Metrics dicts differ beyond REL (names), empty when equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [p for k in sorted(set(a) | set(b)) for p in _close(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in _close(x, y, f"{path}[{i}]")]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return [] if math.isclose(a, b, rel_tol=REL, abs_tol=1e-12) else [f"{path}: {a} vs {b}"]
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+
+
+@pytest.mark.parametrize("workload", [BURST, LOOP], ids=["burst", "closed-loop"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_vectorised_pricing_equals_the_per_step_loop(name, workload):
+    hw, d = CASES[name]
+    fast, ref = _simulator(hw, False), _simulator(hw, True)
+    want, got = ref.evaluate(d, workload).as_dict(), fast.evaluate(d, workload).as_dict()
+    assert _close(want, got) == [], name
+    d = fast.stored(d)
+    for sim in (fast, ref):
+        sim.src = sim.src.with_workload(workload)
+    step_r, phases_r, _ = ref._price(d, ref.schedule(d, workload), ref.prepare(d))
+    step_f, phases_f, _ = fast._price(d, fast.schedule(d, workload), fast.prepare(d))
+    np.testing.assert_allclose(step_f, step_r, rtol=REL, atol=1e-15)
+    assert sorted(phases_f) == sorted(phases_r)
+    for phase in phases_r:
+        np.testing.assert_allclose(phases_f[phase], phases_r[phase], rtol=REL, atol=1e-15, err_msg=phase)
+
+
+def test_the_cases_reach_each_branch():
+    """The twins are compared where it matters: stalls, drafts, overlap, TP lines, two nodes are non-zero."""
+    seen = {}
+    for name, (hw, d) in CASES.items():
+        sim = _simulator(hw, False)
+        seen[name] = sim.evaluate(d, LOOP)
+    assert seen["offload-prefetch-lfu"].detail["offload_stall_s"] > 0
+    assert seen["offload-lru-tight"].detail["cache_hit_rate"] < 1
+    assert seen["ep16-two-nodes-int4-hot"].detail["inter_node_bytes"] > 0
+    assert seen["tbo-fp8-graphs"].phases_ms["decode"]["overlap_hidden"] > 0
+    assert seen["tp2-etp2-replicas"].phases_ms["decode"]["tp_allreduce"] > 0
+    assert "speculative" in seen["speculative-ngram"].detail
+
+
+@pytest.mark.parametrize("ranks,seqs,tokens,chunked", [(1, 4, 64, True), (3, 2, 48, True), (4, 8, 256, False),
+                                                       (2, 16, 32, True)])
+def test_the_compiled_schedule_equals_replay(ranks, seqs, tokens, chunked):
+    rng = np.random.default_rng(ranks * 100 + seqs)
+    lens = tuple(int(x) for x in rng.integers(1, tokens if not chunked else 200, 57))
+    for w in (SimWorkload(lens, 7), SimWorkload(lens, 3, mode="concurrency", concurrency=11),
+              SimWorkload(lens, 1, mode="concurrency", concurrency=5)):
+        a, b = simulate_schedule(w, ranks, seqs, tokens, chunked), compiled_schedule(w, ranks, seqs, tokens, chunked)
+        for field in ("prefill", "decode", "pairs", "context", "sampled", "seqs", "first_step", "last_step",
+                      "arrive_step", "logits", "drafting"):
+            np.testing.assert_array_equal(getattr(b, field), getattr(a, field), err_msg=field)
+
+
+def test_a_schedule_that_cannot_progress_is_refused():
+    """A prompt longer than the budget without chunked prefill never runs: both say so (Replay after its
+    step guard, the compiled one at once)."""
+    with pytest.raises(RuntimeError, match="did not finish"):
+        compiled_schedule(SimWorkload((300,), 2), 1, 4, 256, False)
