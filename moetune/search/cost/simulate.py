@@ -150,6 +150,7 @@ class Simulator:
         self.spec_acceptance: float | None = None  # --spec-acceptance: assumed where the trace did not measure it
         self._draft_models: dict = {}
         self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
+        self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
 
     # ---- public -------------------------------------------------------------------------------
@@ -216,8 +217,11 @@ class Simulator:
         loads = self.src.loads if d.placement == "eplb" else None  # the engine's policies place without loads
         nodes = max(1, R // min(R, self.hw.ranks_per_node))
         if d.placement in ("contiguous", "round_robin", "eplb"):
-            p = make_placement(d.placement, m.E, R, layers, d.redundant_experts, loads,
-                               num_nodes=nodes if R % nodes == 0 else 1)
+            key = (d.placement, m.E, R, m.Lm, d.redundant_experts, nodes if R % nodes == 0 else 1)
+            if key not in self._placements:  # the same for every trial with these knobs (loads: the trace's)
+                self._placements[key] = make_placement(d.placement, m.E, R, layers, d.redundant_experts, loads,
+                                                       num_nodes=key[-1])
+            p = self._placements[key]
         else:  # a placement file (a recipe's, or --space): its rows, in MoE-layer order
             from moetune.moe.placement import read_placement
 
@@ -232,14 +236,13 @@ class Simulator:
         slot_rank = np.arange(P) // (P // R)
         reps = np.stack([np.bincount(row, minlength=m.E) for row in phy2log])  # [Lm, E]
         reps_slot = np.take_along_axis(reps, phy2log, axis=1)
+        order = np.argsort(phy2log, axis=1, kind="stable")  # [Lm, P] slots grouped by expert, in slot order
+        grouped = np.take_along_axis(phy2log, order, axis=1)
+        starts = np.maximum.accumulate(np.where(np.diff(grouped, axis=1, prepend=-1) != 0, np.arange(P), 0), axis=1)
         replica_idx = np.zeros_like(phy2log)
+        np.put_along_axis(replica_idx, order, np.arange(P) - starts, axis=1)  # the slot's replica number
         to_rank = np.zeros((m.Lm, m.E, R))
-        for j in range(m.Lm):
-            seen = np.zeros(m.E, dtype=np.int64)
-            for slot, e in enumerate(phy2log[j]):
-                replica_idx[j, slot] = seen[e]
-                seen[e] += 1
-                to_rank[j, e, slot_rank[slot]] += 1.0 / reps[j, e]
+        np.add.at(to_rank, (np.arange(m.Lm)[:, None], phy2log, slot_rank[None, :]), 1.0 / reps_slot)
         low_format, hot = ((d.quant_low_format, d.quant_hot_fraction) if self.own_path(d) is None
                            else ("none", 0.0))  # its own path timed: priced as fp32, × the measured ratio
         eb = expert_bytes(self.src.loads, m.expert_weights, self.b, low_format, hot, m.D, m.weight_format)

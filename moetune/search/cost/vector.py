@@ -51,14 +51,14 @@ def vector_reason(sim, d) -> str | None:
 
 class PoolCounts:
     """A pool's rows [N, Lm, K] as prefix counts: copies per expert of its first i rows [N + 1, Lm·E]
-    (int64), and per placement the copies per destination rank [N + 1, Lm·R] (float)."""
+    (int32), and per placement the copies per destination rank [N + 1, Lm·R] (float)."""
 
     def __init__(self, pool: np.ndarray, Lm: int, E: int):
         self.pool, self.Lm, self.E, self.N = pool, Lm, E, len(pool)
         flat = (np.arange(Lm)[None, :, None] * E + pool.astype(np.int64)).reshape(self.N, -1)  # [N, Lm·K]
-        rows = np.zeros((self.N + 1, Lm * E), dtype=np.int64)
+        rows = np.zeros((self.N + 1, Lm * E), dtype=np.int32)  # counts ≤ N·K: int32 halves the bytes gathered
         np.add.at(rows, (np.repeat(np.arange(1, self.N + 1), flat.shape[1]), flat.reshape(-1)), 1)
-        self.prefix = np.cumsum(rows, axis=0)
+        self.prefix = np.cumsum(rows, axis=0, dtype=np.int32)
         self._proj: dict = {}
 
     def projected(self, to_rank: np.ndarray) -> np.ndarray:
@@ -173,11 +173,11 @@ def all_to_all(sim, sent: np.ndarray, links: costs.Links, latency: np.ndarray) -
         none = np.zeros((S, m.Lm))
         return costs.AllToAll(none, none, np.zeros(S), np.zeros(S))
     row_bytes = m.D * b
-    same, other = links.same_node[:, None, :], links.other_node[:, None, :]  # [R, 1, R]
-    intra = (sent * same).sum(3) * row_bytes  # [S, R, Lm] sent in node
-    inter = (sent * other).sum(3) * row_bytes
-    intra_in = (sent * same).sum(1).transpose(0, 2, 1) * row_bytes  # [S, R, Lm] received
-    inter_in = (sent * other).sum(1).transpose(0, 2, 1) * row_bytes
+    same, other = links.same_node.astype(np.float64), links.other_node.astype(np.float64)  # [R, R]
+    intra = np.einsum("srjq,rq->srj", sent, same) * row_bytes  # [S, R, Lm] sent in node
+    inter = np.einsum("srjq,rq->srj", sent, other) * row_bytes
+    intra_in = np.einsum("srjq,rq->sqj", sent, same) * row_bytes  # [S, R, Lm] received
+    inter_in = np.einsum("srjq,rq->sqj", sent, other) * row_bytes
     link = (np.maximum(intra, intra_in) / (hw.intra_bw * hw.link_eff)
             + np.maximum(inter, inter_in) / (hw.inter_bw * hw.link_eff))  # [S, R, Lm]
     a2a = link.max(1) + costs.CALLS["dispatch"][0] * hw.op_overhead_s  # [S, Lm]
