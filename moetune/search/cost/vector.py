@@ -30,7 +30,7 @@ from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
 from moetune.search.cost.overlap import serial_layer, tbo_layer
 
-PREFIX_ELEMS = 16_000_000  # prefix counts kept per pool (int64: 128 MB at most), as simulate.TraceRows
+PREFIX_ELEMS = 32_000_000  # prefix counts kept per pool over it twice (int32: 128 MB at most)
 CHUNK = 64  # distinct windows priced at once ([CHUNK, Lm, P] arrays)
 
 
@@ -44,7 +44,7 @@ def vector_reason(sim, d) -> str | None:
     if d.capacity_policy in ("drop", "buffer"):
         return "a capacity limit splits copies per source rank"
     pools = (sim.src.prefill_ids, sim.src.decode_ids)
-    if any((len(p) + 1) * m.Lm * m.E > PREFIX_ELEMS for p in pools):
+    if any((2 * len(p) + 1) * m.Lm * m.E > PREFIX_ELEMS for p in pools):
         return "a pool too large for prefix counts"
     return None
 
@@ -55,31 +55,33 @@ class PoolCounts:
 
     def __init__(self, pool: np.ndarray, Lm: int, E: int):
         self.pool, self.Lm, self.E, self.N = pool, Lm, E, len(pool)
-        flat = (np.arange(Lm)[None, :, None] * E + pool.astype(np.int64)).reshape(self.N, -1)  # [N, Lm·K]
-        rows = np.zeros((self.N + 1, Lm * E), dtype=np.int32)  # counts ≤ N·K: int32 halves the bytes gathered
-        np.add.at(rows, (np.repeat(np.arange(1, self.N + 1), flat.shape[1]), flat.reshape(-1)), 1)
-        self.prefix = np.cumsum(rows, axis=0, dtype=np.int32)
+        twice = np.concatenate([pool, pool])  # a window of fewer than N rows from a start < N ends before 2N
+        flat = (np.arange(Lm)[None, :, None] * E + twice.astype(np.int64)).reshape(2 * self.N, -1)  # [2N, Lm·K]
+        rows = np.zeros((2 * self.N + 1, Lm * E), dtype=np.int32)  # counts ≤ 2N·K: int32 halves the bytes read
+        np.add.at(rows, (np.repeat(np.arange(1, 2 * self.N + 1), flat.shape[1]), flat.reshape(-1)), 1)
+        self.prefix = np.cumsum(rows, axis=0, dtype=np.int32)  # [2N + 1, Lm·E]
         self._proj: dict = {}
 
     def projected(self, to_rank: np.ndarray) -> np.ndarray:
-        """[N + 1, Lm·R] copies sent to each rank by the pool's first i rows (to_rank [Lm, E, R])."""
+        """[2N + 1, Lm·R] copies sent to each rank by the pool's first i rows, cycling (to_rank [Lm, E, R])."""
         key = (to_rank.shape, hash(to_rank.tobytes()))
         if key not in self._proj:
             if len(self._proj) >= 8:
                 self._proj.pop(next(iter(self._proj)))
             per_row = to_rank[np.arange(self.Lm)[None, :, None], self.pool.astype(np.int64)].sum(2)  # [N, Lm, R]
-            out = np.zeros((self.N + 1, self.Lm * to_rank.shape[2]))
-            out[1:] = np.cumsum(per_row.reshape(self.N, -1), axis=0)
+            flat = per_row.reshape(self.N, -1)
+            out = np.zeros((2 * self.N + 1, flat.shape[1]))
+            out[1:] = np.cumsum(np.concatenate([flat, flat]), axis=0)
             self._proj[key] = out
         return self._proj[key]
 
     def window(self, prefix: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """[..., cols] of n rows from `start`, cycling (start, n: int arrays of one shape)."""
+        """[..., cols] of n rows from `start`, cycling (start, n: int arrays of one shape; prefix over
+        the pool twice, [2N + 1, cols])."""
         N = self.N
         wraps, rem = np.divmod(n, N)
         s0 = start % N
-        end = s0 + rem
-        out = prefix[np.minimum(end, N)] - prefix[s0] + prefix[np.maximum(end - N, 0)]
+        out = prefix[s0 + rem] - prefix[s0]
         if wraps.any():
             out = out + wraps[..., None] * prefix[N]
         return out
@@ -153,14 +155,22 @@ def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False)
     U, Lm = len(keys), win.pre.Lm
     parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
     active = np.zeros((U,) + prep.phy2log.shape, dtype=bool) if keep_active else None
+    low_any = bool(prep.low_share_slot.any())
     for lo in range(0, U, CHUNK):
         total = win.totals(keys[lo: lo + CHUNK]) / halves  # [c, Lm, E]
-        sl = costs.SlotRows.of_total(total, prep, R)
-        for out, v in zip(parts, (sl.rows_q, sl.act_bytes_q, sl.act_n_q, sl.low_rows_q,
-                                  (sl.slot_rows * prep.low_share_slot).sum((1, 2)), sl.slot_rows.sum((1, 2)))):
+        slot_counts = np.take_along_axis(total, np.broadcast_to(prep.phy2log, total.shape[:1] + prep.phy2log.shape),
+                                         axis=2)  # [c, Lm, P]
+        on = slot_counts > prep.replica_idx  # SlotRows.of_total's fields, only the sums priced
+        slot_rows = slot_counts / prep.reps_slot
+        low_rows = slot_rows * prep.low_share_slot if low_any else None
+        sums = (costs.per_rank(slot_rows, R), costs.per_rank(on * prep.slot_bytes, R), costs.per_rank(on, R),
+                costs.per_rank(low_rows, R) if low_any else 0.0)
+        for out, v in zip(parts, sums):
             out[lo: lo + CHUNK] = v
+        parts[4][lo: lo + CHUNK] = parts[3][lo: lo + CHUNK].sum((1, 2))
+        parts[5][lo: lo + CHUNK] = parts[0][lo: lo + CHUNK].sum((1, 2))
         if keep_active:
-            active[lo: lo + CHUNK] = sl.active
+            active[lo: lo + CHUNK] = on
     return Slots(*(p[inv] for p in parts)), (None if active is None else active[inv])
 
 

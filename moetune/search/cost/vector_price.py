@@ -138,7 +138,7 @@ def draft_lines(sim, ctx, whole, win: Windows, kinds, launch, m) -> np.ndarray:
     """[S] the drafter's seconds per step (speculative.draft_seconds on the next decode rows' last MoE layer)."""
     out = np.zeros(len(kinds))
     after = win.dec_start[:, 0] + win.decode.sum(1)  # [S] the decode cursor after each step
-    last = win.dec.prefix[:, (m.Lm - 1) * m.E:]  # [N + 1, E] the last MoE layer's prefix counts
+    last = win.dec.prefix[:, (m.Lm - 1) * m.E:]  # [2N + 1, E] the last MoE layer's prefix counts
     for t in range(len(out)):
         sim._kind, sim._launch_s = kinds[t], float(launch[t])
         row = whole.take(t)
