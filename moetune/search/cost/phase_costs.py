@@ -66,8 +66,8 @@ class SlotRows:
     @classmethod
     def of_total(cls, total: np.ndarray, prep, R: int) -> "SlotRows":
         """total: [..., Lm, E] copies per expert from every rank together (each field [..., Lm, P | R])."""
-        slot_counts = np.take_along_axis(total, np.broadcast_to(prep.phy2log, total.shape[:-1] + prep.phy2log.shape[-1:]),
-                                         axis=-1)  # [..., Lm, P]
+        index = np.broadcast_to(prep.phy2log, total.shape[:-1] + prep.phy2log.shape[-1:])
+        slot_counts = np.take_along_axis(total, index, axis=-1)  # [..., Lm, P]
         active = slot_counts > prep.replica_idx  # [Lm, P]
         slot_rows = slot_counts / prep.reps_slot
         return cls(active, slot_rows, per_rank(slot_rows, R), per_rank(active * prep.slot_bytes, R),

@@ -21,14 +21,11 @@ offload cache, the drafter's seconds and the TP collectives (a few calls per ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from moetune.search.cost import phase_costs as costs
-from moetune.search.cost import speculative as spec_costs
-from moetune.search.cost import tp as tp_costs
-from moetune.search.cost.overlap import serial_layer, tbo_layer
 
 PREFIX_ELEMS = 32_000_000  # prefix counts kept per pool over it twice (int32: 128 MB at most)
 CHUNK = 64  # distinct windows priced at once ([CHUNK, Lm, P] arrays)
