@@ -8,32 +8,21 @@ with fitted multipliers; in a burst and in a closed loop. Tolerance: 1e-9 relati
 another order), every Metrics figure and every per-step array."""
 
 import math
-from dataclasses import replace
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from moetune.search.cost.deployment import Deployment
-from moetune.search.cost.hardware import BUILTIN
 from moetune.search.cost.schedule import SimWorkload, simulate_schedule
 from moetune.search.cost.schedule_fast import compiled_schedule
-from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.simulate import Simulator
-from moetune.search.cost.source import TraceSource
+from tests.search.test_estimates_unchanged import RECIPES, hardware_of, synthetic_source
 
 REL = 1e-9
 BURST = SimWorkload((37, 5, 64, 18, 90, 12, 3, 41, 7, 120, 33, 9), 6)
 LOOP = SimWorkload(tuple(int(x) for x in np.random.default_rng(3).integers(4, 160, 96)), 9, mode="concurrency",
                    concurrency=24, warmup=8)
-CASES = {
-    "one-rank": ("H200", Deployment(max_num_seqs=8)),
-    "ep4-eplb-replicas": ("H200", Deployment(ep_size=4, redundant_experts=4, placement="eplb", max_num_seqs=4)),
-    "ep16-two-nodes-int4-hot": ("2xH200", Deployment(ep_size=16, placement="round_robin", max_num_seqs=2,
-                                                     quant_low_format="int4", quant_hot_fraction=0.25)),
-    "offload-prefetch-lfu": ("H200", Deployment(ep_size=2, max_num_seqs=4, max_num_batched_tokens=256,
-                                                offload_resident_fraction=0.5, offload_prefetch_depth=2,
-                                                offload_eviction="lfu")),
+CASES = {  # the golden recipes (one rank, EP with replicas, two nodes int4, offload lfu, per-call CPU) and more
+    **RECIPES,
     "offload-lru-tight": ("H200", Deployment(max_num_seqs=16, max_num_batched_tokens=512,
                                              offload_resident_fraction=0.25, offload_prefetch_depth=1)),
     "tbo-fp8-graphs": ("H200", Deployment(ep_size=4, redundant_experts=4, placement="round_robin", max_num_seqs=8,
@@ -42,34 +31,14 @@ CASES = {
     "tp2-etp2-replicas": ("H200", Deployment(ep_size=2, tp_size=2, expert_tp_size=2, replicas=2, max_num_seqs=8,
                                              cuda_graph_max_bs=0)),
     "speculative-ngram": ("H200", Deployment(ep_size=2, max_num_seqs=8, speculative="ngram:3")),
-    "cpu-calls-fitted": ("cpu", Deployment(max_num_seqs=16, quant_low_format="int8")),
+    "speculative-mtp-tbo": ("H200", Deployment(ep_size=2, max_num_seqs=8, speculative="mtp:2", overlap=1)),
 }
 
 
-def _source() -> TraceSource:
-    rng = np.random.default_rng(11)
-    E, K, Lm = 16, 2, 3
-    model = SimModel("twin", D=256, E=E, K=K, I=512, I_shared=256, L=4, moe_layers=(1, 2, 3), dense_I=(1024,),
-                     V=4096, attn_weights=256 * 4 * 256, kv_elems=2 * 2 * 64, pair_flops=4 * 4 * 64, tied=False)
-    skew = rng.dirichlet(np.full(E, 0.4), size=Lm)
-
-    def rows(n):  # [n, Lm, K] distinct experts per token
-        return np.stack([np.stack([rng.choice(E, K, replace=False, p=skew[j]) for j in range(Lm)])
-                         for _ in range(n)]).astype(np.int32)
-
-    prefill, decode = rows(170), rows(90)  # short pools: the windows wrap
-    loads = np.stack([np.bincount(np.concatenate([prefill[:, j], decode[:, j]]).ravel(), minlength=E)
-                      for j in range(Lm)]).astype(np.float64)
-    return TraceSource(Path("twin"), model, prefill, decode, loads, BURST, batch_size=8, recorded_on="cpu",
-                       model_path=None)
-
-
 def _simulator(hw: str, reference: bool) -> Simulator:
-    hardware = {"2xH200": BUILTIN["H200"].with_nodes(2),
-                "cpu": replace(BUILTIN["H200"], name="cpu-like", grouped_experts=False, act_bytes=4,
-                               op_overhead_s=9e-6)}.get(hw) or BUILTIN[hw]
     multipliers = {"attention": 1.7, "experts/decode": 0.6, "other/prefill": 2.5} if hw == "cpu" else None
-    sim = Simulator(_source(), hardware, multipliers=multipliers)
+    src = synthetic_source(11, 170, 90).with_workload(BURST)  # short pools: the windows wrap
+    sim = Simulator(src, hardware_of(hw), multipliers=multipliers)
     sim.reference, sim.spec_acceptance = reference, 0.6
     return sim
 
@@ -115,6 +84,7 @@ def test_the_cases_reach_each_branch():
     assert seen["tbo-fp8-graphs"].phases_ms["decode"]["overlap_hidden"] > 0
     assert seen["tp2-etp2-replicas"].phases_ms["decode"]["tp_allreduce"] > 0
     assert "speculative" in seen["speculative-ngram"].detail
+    assert seen["speculative-mtp-tbo"].detail["speculative"]["draft_s"] > 0
 
 
 @pytest.mark.parametrize("ranks,seqs,tokens,chunked", [(1, 4, 64, True), (3, 2, 48, True), (4, 8, 256, False),
