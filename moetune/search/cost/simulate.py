@@ -203,6 +203,8 @@ class Simulator:
         plan = self.spec_plan(d)
         key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w, plan, self.reference)
         if key not in self._schedules:
+            if len(self._schedules) >= 64:  # a long study visits hundreds of (R, seqs, tokens): the oldest leave
+                self._schedules.pop(next(iter(self._schedules)))
             self._schedules[key] = (simulate_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
                                                       self.chunked, plan) if self.reference or plan is not None
                                     else compiled_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
