@@ -105,3 +105,24 @@ def test_a_schedule_that_cannot_progress_is_refused():
     step guard, the compiled one at once)."""
     with pytest.raises(RuntimeError, match="did not finish"):
         compiled_schedule(SimWorkload((300,), 2), 1, 4, 256, False)
+
+
+class _PathFactors:
+    """A calibration as the pricing reads it (not from microbenchmarks: no path timed on its own): a
+    factor per step kind and path (1 fused, 2 unfused)."""
+
+    source = "trace"
+
+    def path_factor(self, kind: str, path: int) -> float:
+        return {"prefill": 1.3, "decode": 0.8}[kind] * (1.0 if path == 1 else 1.7)  # path: 1 fused, 2 not
+
+
+@pytest.mark.parametrize("d", [Deployment(max_num_seqs=16, quant_low_format="int8"),
+                               Deployment(ep_size=2, max_num_seqs=8, capacity_policy="none")], ids=["fused", "ep2"])
+def test_calibrated_path_factors_scale_both_alike(d):
+    sims = [_simulator("cpu", reference) for reference in (True, False)]
+    for sim in sims:
+        sim.cal = _PathFactors()
+    want, got = (sim.evaluate(d, LOOP).as_dict() for sim in sims)
+    assert _close(want, got) == []
+    assert want["phases_ms"]["decode"]["step"] != _simulator("cpu", True).evaluate(d, LOOP).phases_ms["decode"]["step"]
