@@ -17,13 +17,13 @@ from moetune.search.study.emit import launch_text
 from moetune.search.study.flag_table import check, commands_of
 from moetune.search.study.space import Limits, canonical
 from tests.search.test_engine_flags import DSV3, QWEN3, flags, launches
-from tests.search.test_estimates_unchanged import _source
+from tests.search.test_estimates_unchanged import synthetic_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sim(hw=None) -> Simulator:
-    return Simulator(_source(), hw or BUILTIN["H200"])
+    return Simulator(synthetic_source(), hw or BUILTIN["H200"])
 
 
 def _phases(sim, d, kind="decode"):

@@ -56,7 +56,7 @@ class SlotRows:
     rows_q: np.ndarray  # [Lm, R] rows each rank computes
     act_bytes_q: np.ndarray  # [Lm, R] weight bytes of each rank's active slots
     act_n_q: np.ndarray  # [Lm, R] active slots per rank
-    low_rows_q: np.ndarray  # [Lm, R] of rows_q, those on slots in the low format (fp8: computed at the fp8 rate)
+    fp8_rows_q: np.ndarray  # [Lm, R] of rows_q, those on fp8 slots (computed at the fp8 rate: Prepared.fp8_slot)
 
     @classmethod
     def of(cls, counts: np.ndarray, prep, R: int) -> "SlotRows":
@@ -71,7 +71,7 @@ class SlotRows:
         active = slot_counts > prep.replica_idx  # [Lm, P]
         slot_rows = slot_counts / prep.reps_slot
         return cls(active, slot_rows, per_rank(slot_rows, R), per_rank(active * prep.slot_bytes, R),
-                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.low_share_slot, R))
+                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.fp8_slot, R))
 
 
 def attention(sim, st: StepRows) -> np.ndarray:
@@ -114,7 +114,7 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     """[Lm, R]: the grouped GEMMs of each rank's active slots."""
     m, b, hw = sim.src.model, sim.b, sim.hw
     calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * slots.act_n_q
-    rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.low_rows_q
+    rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.fp8_rows_q
     return sim.roof(6 * rows * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
                     "experts")
 

@@ -125,6 +125,7 @@ class Prepared:
     to_rank: np.ndarray  # [Lm, E, R] share of expert e's copies that go to rank q
     slot_bytes: np.ndarray  # [Lm, P] weight bytes of each slot
     low_share_slot: np.ndarray  # [Lm, P] 1 where the slot's expert is in the low format
+    fp8_slot: np.ndarray  # [Lm, P] 1 where the slot's weights are fp8 (the low format's, or the checkpoint's own)
 
 
 class Simulator:
@@ -251,7 +252,8 @@ class Simulator:
         slot_bytes = np.take_along_axis(eb, phy2log, axis=1)
         full = m.expert_weights * bytes_per_weight(m.weight_format, self.b, m.D)  # the checkpoint's own precision
         low = (slot_bytes < full - 1e-6).astype(np.float64)
-        return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low)
+        fp8 = np.where(low > 0, float(low_format == "fp8"), float(m.weight_format == "fp8"))  # at the fp8 rate
+        return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low, fp8)
 
     # ---- pricing --------------------------------------------------------------------------------
 

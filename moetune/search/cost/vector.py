@@ -140,7 +140,7 @@ class Slots:
     rows_q: np.ndarray
     act_bytes_q: np.ndarray
     act_n_q: np.ndarray
-    low_rows_q: np.ndarray
+    fp8_rows_q: np.ndarray
     low: np.ndarray
     all: np.ndarray
 
@@ -152,19 +152,18 @@ def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False)
     U, Lm = len(keys), win.pre.Lm
     parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
     active = np.zeros((U,) + prep.phy2log.shape, dtype=bool) if keep_active else None
-    low_any = bool(prep.low_share_slot.any())
+    fp8_any = bool(prep.fp8_slot.any())
     for lo in range(0, U, CHUNK):
         total = win.totals(keys[lo: lo + CHUNK]) / halves  # [c, Lm, E]
         slot_counts = np.take_along_axis(total, np.broadcast_to(prep.phy2log, total.shape[:1] + prep.phy2log.shape),
                                          axis=2)  # [c, Lm, P]
         on = slot_counts > prep.replica_idx  # SlotRows.of_total's fields, only the sums priced
         slot_rows = slot_counts / prep.reps_slot
-        low_rows = slot_rows * prep.low_share_slot if low_any else None
         sums = (costs.per_rank(slot_rows, R), costs.per_rank(on * prep.slot_bytes, R), costs.per_rank(on, R),
-                costs.per_rank(low_rows, R) if low_any else 0.0)
+                costs.per_rank(slot_rows * prep.fp8_slot, R) if fp8_any else 0.0)
         for out, v in zip(parts, sums):
             out[lo: lo + CHUNK] = v
-        parts[4][lo: lo + CHUNK] = parts[3][lo: lo + CHUNK].sum((1, 2))
+        parts[4][lo: lo + CHUNK] = (slot_rows * prep.low_share_slot).sum((1, 2))
         parts[5][lo: lo + CHUNK] = parts[0][lo: lo + CHUNK].sum((1, 2))
         if keep_active:
             active[lo: lo + CHUNK] = on
