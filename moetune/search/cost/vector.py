@@ -126,10 +126,16 @@ class Windows:
         return out.reshape(len(keys), self.pre.Lm, self.pre.E)
 
     def sent(self, to_rank: np.ndarray) -> np.ndarray:
-        """[S, R, Lm, R] copies rank r sends to rank q in each step (to_rank [Lm, E, R])."""
+        """[S, R, Lm, R] copies rank r sends to rank q in each step (to_rank [Lm, E, R]): each pool's
+        windows priced once per distinct (start, rows), where the rank takes rows from it."""
         S, R = self.prefill.shape
-        out = (self.pre.window(self.pre.projected(to_rank), self.pre_start, self.prefill)
-               + self.dec.window(self.dec.projected(to_rank), self.dec_start, self.decode))
+        out = np.zeros((S, R, self.pre.Lm * to_rank.shape[2]))
+        for pool, start, n in ((self.pre, self.pre_start, self.prefill), (self.dec, self.dec_start, self.decode)):
+            taking = n > 0
+            if taking.any():
+                keys, inv = np.unique(np.stack([start[taking] % pool.N, n[taking]], axis=1), axis=0,
+                                      return_inverse=True)
+                out[taking] += pool.window(pool.projected(to_rank), keys[:, 0], keys[:, 1])[inv.reshape(-1)]
         return out.reshape(S, R, self.pre.Lm, to_rank.shape[2])
 
 
