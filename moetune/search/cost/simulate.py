@@ -45,7 +45,9 @@ A replicated expert's copies split evenly over its replicas (token-index splitti
 average); replica j of an expert is active when the expert has more than j copies.
 
 Each piece is one function of phase_costs.py, keyed by the phase vocabulary; `_price` walks the
-steps and `_add_step` adds the pieces up. `CALLS` (phase_costs.py: torch calls per phase, fixed +
+steps and `_add_step` adds the pieces up (the reference: the study prices every step at once with
+its vectorised twin, vector.py / vector_price.py, equal within float rounding, where `vector_reason`
+allows; `reference = True` keeps the loop). `CALLS` (phase_costs.py: torch calls per phase, fixed +
 per sequence) describes moetune's own engine; on GPUs a call is one kernel launch. On
 `this-machine` the calibration (calibrate.py) gives the call-overhead multipliers and, per step
 kind, the factor of the deployment's path (fused decode layers at R = 1, unfused at R > 1, both
@@ -256,6 +258,15 @@ class Simulator:
         return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low, fp8)
 
     # ---- pricing --------------------------------------------------------------------------------
+
+    def price_as(self, kind: str, launch_s: float) -> None:
+        """The step kind (prefill | decode: which fitted multipliers) and CPU seconds per eager launch
+        of the steps priced next (vector_price.py sets them per group of steps)."""
+        self._kind, self._launch_s = kind, launch_s
+
+    @property
+    def launch_now(self) -> float:
+        return self._launch_s
 
     def roof(self, flops, nbytes, calls, ranks: int, phase: str):
         """Roofline + call overhead, slowed by CPU sharing when more ranks than cores run here."""

@@ -37,7 +37,7 @@ def price_all(self, d, s, prep, totals, ctx):
             step_lat = 0.0
         for lau in np.unique(launch[kinds == kind]):
             idx = np.nonzero((kinds == kind) & (launch == lau))[0]
-            sim._kind, sim._launch_s = kind, float(lau)
+            sim.price_as(kind, float(lau))
             sg, wg = st.take(idx), (whole if halves == 2 else st).take(idx)
             for phase, cost in costs.RANK_PHASES.items():
                 pieces[phase][idx] = cost(sim, sg)
@@ -62,7 +62,7 @@ def price_all(self, d, s, prep, totals, ctx):
     if self.cal is not None:
         keep = ("dispatch", "combine") if own is not None and own[0] == "ep" else ()
         for kind in ("prefill", "decode"):
-            sim._kind = kind
+            sim.price_as(kind, sim.launch_now)
             scale(totals, kinds == kind, sim.path_factor(d), keep)
     if ctx.tp_lat:
         tp_lines(self, d, own, ctx, st, kinds, totals)
@@ -140,7 +140,7 @@ def draft_lines(sim, ctx, whole, win: Windows, kinds, launch, m) -> np.ndarray:
     after = win.dec_start[:, 0] + win.decode.sum(1)  # [S] the decode cursor after each step
     last = win.dec.prefix[:, (m.Lm - 1) * m.E:]  # [2N + 1, E] the last MoE layer's prefix counts
     for t in range(len(out)):
-        sim._kind, sim._launch_s = kinds[t], float(launch[t])
+        sim.price_as(str(kinds[t]), float(launch[t]))
         row = whole.take(t)
         n = int(row.spec_seqs.max())
         peek = win.dec.window(last, np.array(after[t]), np.array(n)) if n else np.zeros(m.E)
