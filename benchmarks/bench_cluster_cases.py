@@ -15,15 +15,18 @@ H100 in decode; vLLM wide-EP DeepSeek ~2.2k output tok/s per H200; Mixtral-8x7B 
 tok/s at 28 ms P50 decode. `--reference-points` prices those operating points (REFERENCE below).
 
 2026-12-04 (issue 24), trace `moetune profile --out runs/p --num-requests 16 --batch-size 8
---output-len 32`, `--trials 40 --concurrency 256`, load 1.3 → 1.0 (docs/search.md has the table with
-TTFT/TPOT P99 and the reasons):
+--output-len 32`, `--trials 40 --concurrency 256`; rerun with the vectorised simulator (cost/vector.py),
+load 1.6 → 1.1, DeepSeek-V3 read as its fp8 checkpoint (docs/search.md has the table with TTFT/TPOT
+P99 and the reasons); trial time before → after:
 
 | case | winner (seed) | tok/s/GPU | TTFT / TPOT P50 ms | GB/GPU | feasible / trials | trial s median / P99 |
 |---|---|---|---|---|---|---|
-| Mixtral-8x7B 8×H200 | 8 replicas × R=1 seqs 256 tok 2048 fp8 (replicas) | 6,783 | 102 / 37.1 | 70.4 | 19/40 | 0.71 / 2.50 |
-| Qwen3-30B-A3B 8×H200 | 8 replicas × R=1 seqs 256 tok 2048 fp8 (replicas) | 12,880 | 45 / 19.6 | 48.6 | 29/40 | 0.94 / 8.21 |
-| DeepSeek-V3 8×H200 | R=8 N=32 EPLB seqs 32 tok 512 fp8 (ep-node) | 648 | 245 / 48.5 | 116.0 | 9/40 | 1.60 / 4.69 |
-| DeepSeek-V3 16×H200 | 2 replicas × R=8 N=32 EPLB tok 256 fp8, bf16 KV (sampled) | 658 | 345 / 47.1 | 106.8 | 6/40 | 2.02 / 5.58 |
+| Mixtral-8x7B 8×H200 | 8 replicas × R=1 seqs 256 tok 2048 fp8 (replicas) | 6,783 | 102 / 37.1 | 70.9 | 19/40 | 0.71 / 2.50 → 0.12 / 0.40 |
+| Qwen3-30B-A3B 8×H200 | 8 replicas × R=1 seqs 256 tok 2048 fp8 (replicas) | 12,880 | 45 / 19.6 | 49.1 | 29/40 | 0.94 / 8.21 → 0.14 / 0.92 |
+| DeepSeek-V3 8×H200 | R=8 N=32 EPLB seqs 32 tok 512 fp8 (ep-node) | 648 | 245 / 48.5 | 116.9 | 8/40 | 1.60 / 4.69 → 0.22 / 0.95 |
+| DeepSeek-V3 16×H200 | 2 replicas × R=8 EPLB tok 256 fp8, bf16 KV (sampled) | 658 | 345 / 47.1 | 107.7 | 6/40 | 2.02 / 5.58 → 0.37 / 0.85 |
+
+A 300-trial study (`--trials 300 --cases 2` / `--cases 1`): 93 s / 51 s wall.
 
 `--no-reference-trials` (40 trials, load 1.6): Qwen3 4,711 tok/s/GPU (4 replicas × R=2, bf16 experts);
 neither DeepSeek-V3 case finds a feasible trial (0/40 each).

@@ -34,8 +34,9 @@ RECIPES = {
 }
 
 
-def _source() -> TraceSource:
-    rng = np.random.default_rng(7)
+def synthetic_source(seed: int = 7, n_prefill: int = 300, n_decode: int = 200) -> TraceSource:
+    """A seeded synthetic trace: 3 MoE layers of 16 experts (top-2) with per-layer skew, one dense layer."""
+    rng = np.random.default_rng(seed)
     E, K, Lm = 16, 2, 3
     model = SimModel("golden", D=256, E=E, K=K, I=512, I_shared=256, L=4, moe_layers=(1, 2, 3), dense_I=(1024,),
                      V=4096, attn_weights=256 * 4 * 256, kv_elems=2 * 2 * 64, pair_flops=4 * 4 * 64, tied=False)
@@ -45,14 +46,14 @@ def _source() -> TraceSource:
         return np.stack([np.stack([rng.choice(E, K, replace=False, p=skew[j]) for j in range(Lm)])
                          for _ in range(n)]).astype(np.int32)
 
-    prefill, decode = rows(300), rows(200)
+    prefill, decode = rows(n_prefill), rows(n_decode)
     loads = np.stack([np.bincount(np.concatenate([prefill[:, j], decode[:, j]]).ravel(), minlength=E)
                       for j in range(Lm)]).astype(np.float64)
     return TraceSource(Path("golden"), model, prefill, decode, loads, SimWorkload((37, 5, 64, 18, 90, 12, 3, 41), 6),
                        batch_size=8, recorded_on="cpu", model_path=None)
 
 
-def _hardware(name: str):
+def hardware_of(name: str):
     if name == "2xH200":
         return BUILTIN["H200"].with_nodes(2)
     if name == "cpu":  # per-call pricing (no grouped kernels), as on this-machine, without its microbenchmarks
@@ -61,10 +62,11 @@ def _hardware(name: str):
 
 
 def estimates() -> dict:
-    src, out = _source(), {}
+    src, out = synthetic_source(), {}
     for name, (hw, d) in RECIPES.items():
         multipliers = {"attention": 1.7, "experts/decode": 0.6, "other/prefill": 2.5} if hw == "cpu" else None
-        sim = Simulator(src, _hardware(hw), multipliers=multipliers)
+        sim = Simulator(src, hardware_of(hw), multipliers=multipliers)
+        sim.reference = True  # the per-step loop (the vectorised pricing equals it within rounding: test_vector_price)
         sched = sim.schedule(d, src.workload)
         step_s, phases, _ = sim._price(d, sched, sim.prepare(d))
         arrays = np.concatenate([step_s] + [phases[p] for p in PHASES])

@@ -10,7 +10,7 @@ from moetune.search.cost.memory import HEADROOM
 from moetune.search.cost.simulate import Simulator
 from moetune.search.study.repair import MemoryRule, fit_memory
 from moetune.search.study.space import Limits, build_space
-from tests.search.test_estimates_unchanged import _source
+from tests.search.test_estimates_unchanged import synthetic_source
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = Limits(num_experts=16, top_k=2, max_ranks=8, requests=64)
@@ -19,8 +19,8 @@ FP8 = dict(kv_format="fp8", dense_format="fp8", quant_low_format="fp8")
 
 def _rule(fit: Deployment, slack: float = 1.001) -> tuple[Simulator, MemoryRule]:
     """A simulator on an H200 whose memory fits `fit` (and nothing that needs more)."""
-    need = Simulator(_source(), BUILTIN["H200"]).memory(fit).total
-    sim = Simulator(_source(), replace(BUILTIN["H200"], mem_bytes=need * slack / HEADROOM))
+    need = Simulator(synthetic_source(), BUILTIN["H200"]).memory(fit).total
+    sim = Simulator(synthetic_source(), replace(BUILTIN["H200"], mem_bytes=need * slack / HEADROOM))
     return sim, MemoryRule(lambda d: sim.memory(d).total, sim.memory_reason)
 
 
@@ -36,7 +36,7 @@ def test_a_point_that_does_not_fit_is_stepped_to_fp8_in_order_and_the_moves_are_
 
 def test_a_point_that_fits_is_untouched():
     d = Deployment(ep_size=2, max_num_seqs=64, max_num_batched_tokens=1024)
-    sim = Simulator(_source(), BUILTIN["H200"])
+    sim = Simulator(synthetic_source(), BUILTIN["H200"])
     assert sim.memory_reason(d) is None
     rule = MemoryRule(lambda x: sim.memory(x).total, sim.memory_reason)
     assert fit_memory(d, build_space(16, 8), LIMITS, rule) == (d, [])

@@ -42,6 +42,25 @@ def test_an_fp8_checkpoint_is_priced_as_its_bf16_twin_with_both_fp8_knobs(run_di
     assert 0 < fp8.evaluate(mix).detail["low_precision_share"] < 1
 
 
+def test_the_checkpoints_fp8_experts_compute_at_the_fp8_rate(run_dir, big_config, fp8_config):
+    """Where the experts' GEMMs are compute-bound (2,048-token prefill chunks) the stored fp8 experts
+    run at the fp8 rate as the twin's fp8 experts do; an int4 mix keeps its hot experts' fp8 rate."""
+    long = Inputs(str(run_dir), "8xH200", scale_model=str(fp8_config), num_requests=32, input_len=2048,
+                  output_len=4)
+    fp8 = prepare(long).sim
+    bf16 = prepare(Inputs(**{**long.__dict__, "scale_model": str(big_config)})).sim
+    d = Deployment(ep_size=8, max_num_seqs=4, max_num_batched_tokens=8192)
+    twin = Deployment(ep_size=8, max_num_seqs=4, max_num_batched_tokens=8192, quant_low_format="fp8",
+                      dense_format="fp8")
+    mine, ref = fp8.evaluate(d), bf16.evaluate(twin)
+    assert mine.phases_ms == ref.phases_ms
+    slower = bf16.evaluate(Deployment(ep_size=8, max_num_seqs=4, max_num_batched_tokens=8192, dense_format="fp8"))
+    assert slower.phases_ms["prefill"]["experts"] > 1.5 * mine.phases_ms["prefill"]["experts"]  # the fp8 rate shows
+    hot = Deployment(ep_size=8, max_num_seqs=4, max_num_batched_tokens=8192, quant_low_format="int4",
+                     quant_hot_fraction=0.5)
+    assert fp8.prepare(fp8.stored(hot)).fp8_slot.mean() == pytest.approx(0.5, abs=0.1)  # the hot half stays fp8
+
+
 def replace_low(d: Deployment) -> Deployment:
     from dataclasses import replace
 

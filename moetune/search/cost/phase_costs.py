@@ -25,7 +25,7 @@ CALLS = {
 class StepRows:
     """One lock-step as the cost functions see it, per rank."""
 
-    T: np.ndarray  # [R] tokens computed (prompt + decode)
+    T: np.ndarray  # [R] tokens computed (prompt + decode); [S, R] over every step (vector.py)
     B: np.ndarray  # [R] sequences, for per-sequence calls (0 with fused kernels: no per-sequence calls)
     pairs: np.ndarray  # [R] attention (query, key) pairs
     context: np.ndarray  # [R] KV tokens read
@@ -38,8 +38,13 @@ class StepRows:
         T = (s.prefill[t] + s.decode[t]).astype(np.float64)
         B = s.seqs[t].astype(np.float64) * (0.0 if grouped_experts else 1.0)
         head = s.sampled[t] if s.logits is None else s.logits[t]
-        drafting = np.zeros(len(T)) if s.drafting is None else s.drafting[t].astype(np.float64)
-        return cls(T, B, s.pairs[t], s.context[t], head.astype(np.float64), len(T), drafting)
+        drafting = np.zeros_like(T) if s.drafting is None else s.drafting[t].astype(np.float64)
+        return cls(T, B, s.pairs[t], s.context[t], head.astype(np.float64), T.shape[-1], drafting)
+
+    def take(self, idx) -> "StepRows":
+        """These steps' rows (fields [S, R] indexed by idx along the steps)."""
+        return StepRows(self.T[idx], self.B[idx], self.pairs[idx], self.context[idx], self.sampled[idx], self.R,
+                        None if self.spec_seqs is None else self.spec_seqs[idx])
 
 
 @dataclass
@@ -51,17 +56,22 @@ class SlotRows:
     rows_q: np.ndarray  # [Lm, R] rows each rank computes
     act_bytes_q: np.ndarray  # [Lm, R] weight bytes of each rank's active slots
     act_n_q: np.ndarray  # [Lm, R] active slots per rank
-    low_rows_q: np.ndarray  # [Lm, R] of rows_q, those on slots in the low format (fp8: computed at the fp8 rate)
+    fp8_rows_q: np.ndarray  # [Lm, R] of rows_q, those on fp8 slots (computed at the fp8 rate: Prepared.fp8_slot)
 
     @classmethod
     def of(cls, counts: np.ndarray, prep, R: int) -> "SlotRows":
         """counts: [R, Lm, E] copies per expert from each source rank."""
-        total = counts.sum(0)  # [Lm, E]
-        slot_counts = np.take_along_axis(total, prep.phy2log, axis=1)  # [Lm, P]
+        return cls.of_total(counts.sum(0), prep, R)
+
+    @classmethod
+    def of_total(cls, total: np.ndarray, prep, R: int) -> "SlotRows":
+        """total: [..., Lm, E] copies per expert from every rank together (each field [..., Lm, P | R])."""
+        index = np.broadcast_to(prep.phy2log, total.shape[:-1] + prep.phy2log.shape[-1:])
+        slot_counts = np.take_along_axis(total, index, axis=-1)  # [..., Lm, P]
         active = slot_counts > prep.replica_idx  # [Lm, P]
         slot_rows = slot_counts / prep.reps_slot
         return cls(active, slot_rows, per_rank(slot_rows, R), per_rank(active * prep.slot_bytes, R),
-                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.low_share_slot, R))
+                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.fp8_slot, R))
 
 
 def attention(sim, st: StepRows) -> np.ndarray:
@@ -90,7 +100,7 @@ def unpermute(sim, st: StepRows) -> np.ndarray:
 def shared_expert(sim, st: StepRows) -> np.ndarray:
     m, b, T, p = sim.src.model, sim.b, st.T, sim.prec
     if not m.I_shared:
-        return np.zeros(st.R)
+        return np.zeros_like(st.T)
     return sim.roof(6 * T * m.D * m.I_shared * p.dense_k, 3 * m.D * m.I_shared * p.dense_b + 2 * T * m.D * b,
                     CALLS["shared_expert"][0], st.R, "shared_expert")
 
@@ -104,7 +114,7 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     """[Lm, R]: the grouped GEMMs of each rank's active slots."""
     m, b, hw = sim.src.model, sim.b, sim.hw
     calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * slots.act_n_q
-    rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.low_rows_q
+    rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.fp8_rows_q
     return sim.roof(6 * rows * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
                     "experts")
 
@@ -141,7 +151,7 @@ def dense_mlp(sim, st: StepRows) -> np.ndarray:
     """[R]: the MLPs of every dense layer (0 without dense layers)."""
     m, b, T, p = sim.src.model, sim.b, st.T, sim.prec
     if not m.dense_I:
-        return np.zeros(st.R)
+        return np.zeros_like(st.T)
     return sum(sim.roof(6 * T * m.D * i * p.dense_k, 3 * m.D * i * p.dense_b + 2 * T * m.D * b, CALLS["dense_mlp"][0], st.R, "dense_mlp")
                for i in m.dense_I)
 
@@ -220,6 +230,5 @@ def offload_stall(sim, offload, d, per_rank: dict, expert_s: np.ndarray, slots: 
 
 
 def per_rank(x: np.ndarray, R: int) -> np.ndarray:
-    """[Lm, P] → [Lm, R] summed over each rank's contiguous slots."""
-    Lm, P = x.shape
-    return x.reshape(Lm, R, P // R).sum(2)
+    """[..., Lm, P] → [..., Lm, R] summed over each rank's contiguous slots."""
+    return x.reshape(x.shape[:-1] + (R, x.shape[-1] // R)).sum(-1)

@@ -32,7 +32,7 @@ class Precision:
     dense_b: float  # bytes per dense projection weight
     dense_k: float  # FLOP multiplier of the dense projections' GEMMs (1 / fp8 speedup, else 1)
     kv_b: float  # bytes per KV-cache element
-    expert_fp8_k: float  # FLOP multiplier of the low-format experts' GEMMs (fp8: 1 / fp8 speedup, else 1)
+    expert_fp8_k: float  # FLOP multiplier of fp8 experts' GEMMs (1 / fp8 speedup; on the rows of fp8 slots only)
 
     @classmethod
     def plain(cls, b: int) -> "Precision":
@@ -44,7 +44,7 @@ def precision(d, hw, b: int) -> Precision:
     k = 1.0 / hw.fp8_speedup()
     dense_fp8 = d.dense_format == "fp8"
     return Precision(bytes_per_weight(d.dense_format, b), k if dense_fp8 else 1.0,
-                     1.0 if d.kv_format == "fp8" else float(b), k if d.quant_low_format == "fp8" else 1.0)
+                     1.0 if d.kv_format == "fp8" else float(b), k)  # which slots are fp8: simulate.Prepared.fp8_slot
 
 
 def dense_quant(d) -> str | None:

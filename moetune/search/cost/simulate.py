@@ -45,7 +45,9 @@ A replicated expert's copies split evenly over its replicas (token-index splitti
 average); replica j of an expert is active when the expert has more than j copies.
 
 Each piece is one function of phase_costs.py, keyed by the phase vocabulary; `_price` walks the
-steps and `_add_step` adds the pieces up. `CALLS` (phase_costs.py: torch calls per phase, fixed +
+steps and `_add_step` adds the pieces up (the reference: the study prices every step at once with
+its vectorised twin, vector.py / vector_price.py, equal within float rounding, where `vector_reason`
+allows; `reference = True` keeps the loop). `CALLS` (phase_costs.py: torch calls per phase, fixed +
 per sequence) describes moetune's own engine; on GPUs a call is one kernel launch. On
 `this-machine` the calibration (calibrate.py) gives the call-overhead multipliers and, per step
 kind, the factor of the deployment's path (fused decode layers at R = 1, unfused at R > 1, both
@@ -71,8 +73,11 @@ from moetune.search.cost.overlap import serial_layer, tbo_layer
 from moetune.search.cost.precision import Precision, precision
 from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
+from moetune.search.cost.schedule_fast import compiled_schedule
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
+from moetune.search.cost.vector import vector_reason
+from moetune.search.cost.vector_price import price_all
 
 PHASES = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
           "shared_expert", "dense_mlp", "other", "straggler_wait")
@@ -122,6 +127,7 @@ class Prepared:
     to_rank: np.ndarray  # [Lm, E, R] share of expert e's copies that go to rank q
     slot_bytes: np.ndarray  # [Lm, P] weight bytes of each slot
     low_share_slot: np.ndarray  # [Lm, P] 1 where the slot's expert is in the low format
+    fp8_slot: np.ndarray  # [Lm, P] 1 where the slot's weights are fp8 (the low format's, or the checkpoint's own)
 
 
 class Simulator:
@@ -146,6 +152,9 @@ class Simulator:
         self.config_of = None
         self.spec_acceptance: float | None = None  # --spec-acceptance: assumed where the trace did not measure it
         self._draft_models: dict = {}
+        self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
+        self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
+        self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -195,10 +204,14 @@ class Simulator:
 
     def schedule(self, d: Deployment, w: SimWorkload) -> Schedule:
         plan = self.spec_plan(d)
-        key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w, plan)
+        key = (d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, w, plan, self.reference)
         if key not in self._schedules:
-            self._schedules[key] = simulate_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
-                                                     self.chunked, plan)
+            if len(self._schedules) >= 64:  # a long study visits hundreds of (R, seqs, tokens): the oldest leave
+                self._schedules.pop(next(iter(self._schedules)))
+            self._schedules[key] = (simulate_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
+                                                      self.chunked, plan) if self.reference or plan is not None
+                                    else compiled_schedule(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens,
+                                                           self.chunked))  # the same, compiled (schedule_fast.py)
         return self._schedules[key]
 
     def prepare(self, d: Deployment) -> Prepared:
@@ -209,8 +222,11 @@ class Simulator:
         loads = self.src.loads if d.placement == "eplb" else None  # the engine's policies place without loads
         nodes = max(1, R // min(R, self.hw.ranks_per_node))
         if d.placement in ("contiguous", "round_robin", "eplb"):
-            p = make_placement(d.placement, m.E, R, layers, d.redundant_experts, loads,
-                               num_nodes=nodes if R % nodes == 0 else 1)
+            key = (d.placement, m.E, R, m.Lm, d.redundant_experts, nodes if R % nodes == 0 else 1)
+            if key not in self._placements:  # the same for every trial with these knobs (loads: the trace's)
+                self._placements[key] = make_placement(d.placement, m.E, R, layers, d.redundant_experts, loads,
+                                                       num_nodes=key[-1])
+            p = self._placements[key]
         else:  # a placement file (a recipe's, or --space): its rows, in MoE-layer order
             from moetune.moe.placement import read_placement
 
@@ -225,23 +241,32 @@ class Simulator:
         slot_rank = np.arange(P) // (P // R)
         reps = np.stack([np.bincount(row, minlength=m.E) for row in phy2log])  # [Lm, E]
         reps_slot = np.take_along_axis(reps, phy2log, axis=1)
+        order = np.argsort(phy2log, axis=1, kind="stable")  # [Lm, P] slots grouped by expert, in slot order
+        grouped = np.take_along_axis(phy2log, order, axis=1)
+        starts = np.maximum.accumulate(np.where(np.diff(grouped, axis=1, prepend=-1) != 0, np.arange(P), 0), axis=1)
         replica_idx = np.zeros_like(phy2log)
+        np.put_along_axis(replica_idx, order, np.arange(P) - starts, axis=1)  # the slot's replica number
         to_rank = np.zeros((m.Lm, m.E, R))
-        for j in range(m.Lm):
-            seen = np.zeros(m.E, dtype=np.int64)
-            for slot, e in enumerate(phy2log[j]):
-                replica_idx[j, slot] = seen[e]
-                seen[e] += 1
-                to_rank[j, e, slot_rank[slot]] += 1.0 / reps[j, e]
+        np.add.at(to_rank, (np.arange(m.Lm)[:, None], phy2log, slot_rank[None, :]), 1.0 / reps_slot)
         low_format, hot = ((d.quant_low_format, d.quant_hot_fraction) if self.own_path(d) is None
                            else ("none", 0.0))  # its own path timed: priced as fp32, × the measured ratio
         eb = expert_bytes(self.src.loads, m.expert_weights, self.b, low_format, hot, m.D, m.weight_format)
         slot_bytes = np.take_along_axis(eb, phy2log, axis=1)
         full = m.expert_weights * bytes_per_weight(m.weight_format, self.b, m.D)  # the checkpoint's own precision
         low = (slot_bytes < full - 1e-6).astype(np.float64)
-        return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low)
+        fp8 = np.where(low > 0, float(low_format == "fp8"), float(m.weight_format == "fp8"))  # at the fp8 rate
+        return Prepared(phy2log, slot_rank, replica_idx, reps_slot, to_rank, slot_bytes, low, fp8)
 
     # ---- pricing --------------------------------------------------------------------------------
+
+    def price_as(self, kind: str, launch_s: float) -> None:
+        """The step kind (prefill | decode: which fitted multipliers) and CPU seconds per eager launch
+        of the steps priced next (vector_price.py sets them per group of steps)."""
+        self._kind, self._launch_s = kind, launch_s
+
+    @property
+    def launch_now(self) -> float:
+        return self._launch_s
 
     def roof(self, flops, nbytes, calls, ranks: int, phase: str):
         """Roofline + call overhead, slowed by CPU sharing when more ranks than cores run here."""
@@ -300,9 +325,12 @@ class Simulator:
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
         """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
         then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
-        ctx = self._pricing(d)
+        ctx = self.pricing(d)
         totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy,
                               ctx.spec is not None, bool(d.overlap and d.ep_size > 1))
+        if vector_reason(self, d) is None:  # every step at once (vector.py), else the loop below
+            offload = price_all(self, d, s, prep, totals, ctx)
+            return totals.step_s, totals.phases, totals.detail(d.ep_size, offload)
         for t in range(s.num_steps):
             self._price_step(d, s, t, prep, totals, ctx)
             if self.on_step is not None:
@@ -313,7 +341,7 @@ class Simulator:
         """A `rate` workload: requests join when the clock passes their Poisson arrival; a gap with no
         work is an idle step (no tokens, its seconds only)."""
         arrivals = poisson_arrivals(w.num_requests, w.rate, w.seed)  # [n]
-        ctx = self._pricing(d)
+        ctx = self.pricing(d)
         rp = Replay(w, d.ep_size, d.max_num_seqs, d.max_num_batched_tokens, self.chunked, ctx.spec)
         one = Totals.empty(1, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0,  # step t priced into row 0, then copied out
                            d.capacity_policy, ctx.spec is not None,
@@ -377,7 +405,7 @@ class Simulator:
                 self.base_config, self.config_of(d), cal_mod.bench_plan(self.cal)))
         return None
 
-    def _pricing(self, d: Deployment) -> "Pricing":
+    def pricing(self, d: Deployment) -> "Pricing":
         if d.ep_size > 1:
             self._measure_link(d.ep_size)
         m = self.src.model

@@ -149,8 +149,10 @@ def _storage(s: StudySettings, RDBStorage, attempts: int = 5):
 
             with warnings.catch_warnings():  # deprecated in Optuna 4.9 but the one that re-queues (tested)
                 warnings.simplefilter("ignore", FutureWarning)
-                return RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s, grace_period=s.grace_s,
-                                  failed_trial_callback=_retry_callback()(max_retry=3))
+                return _unsynced_sqlite(RDBStorage(s.storage, heartbeat_interval=s.heartbeat_s,
+                                                   grace_period=s.grace_s,
+                                                   failed_trial_callback=_retry_callback()(max_retry=3)),
+                                        s.storage)
         except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable server
             racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError", "OperationalError")
             if racing and attempt + 1 < attempts:
@@ -158,6 +160,25 @@ def _storage(s: StudySettings, RDBStorage, attempts: int = 5):
                 continue
             raise SearchError(f"--storage {s.storage!r} cannot be opened ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:160]})") from None
+
+
+def _unsynced_sqlite(storage, url: str):
+    """An SQLite file's connections in WAL mode with synchronous=NORMAL: a commit no longer waits for
+    the disk (a trial writes ~40 times: ~0.1 s of fsyncs per simulated trial here); the database
+    stays consistent after a crash, a power cut may lose the last commits. Other storages as they are."""
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return storage
+    from sqlalchemy import event
+
+    def pragmas(conn, _record):
+        cur = conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    event.listen(storage.engine, "connect", pragmas)
+    storage.engine.dispose()  # the connections opened while creating the tables: reopened with the pragmas
+    return storage
 
 
 def make_sampler(s: StudySettings, space: Space):
