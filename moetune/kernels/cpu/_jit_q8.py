@@ -6,10 +6,12 @@ int16, and each weight row is a run of integer dot products: `int16 · int8 → 
 `_simd`'s tiles (`vpmaddwd`, VNNI's `vpdpwssd` where present), 32 (AVX-512) or 16 (AVX2)
 multiply-adds per instruction and no conversion per weight.
 
-Numerics: x is rounded per block of columns, each block with its own scale — XB = 32 columns
-against int8 weights (as llama.cpp's Q8_0 activations), the weight's group against int4 —
+Numerics: x is rounded per block of columns, each block with its own scale — XB = 64 columns
+against int8 weights (llama.cpp's Q8_0 activations take 32: at 16 rows that cost 1.7x the per-row
+kernel's time, 64 1.25-1.4x, docs/cpu.md), the weight's group against int4 —
 x[k] ≈ xq[k]·xs_b with xs_b = absmax(block b) / 32767, |x[k] − xq[k]·xs_b| ≤ xs_b / 2 (15 bits of
-every block; an int32 block sum of ≤ 32·32767·127 cannot overflow, and converts to fp32 exactly).
+every block; an int32 block sum of ≤ 128·32767·127 cannot overflow; each lane's block sum, ≤ 4
+products on AVX-512, converts to fp32 exactly).
 y[n] = scale[n] · Σ_b xs_b · float(Σ_{k in b} xq[k]·w[n, k]), so y differs from the fp32 path by
 at most Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (plus fp32 rounding), which the twin tests check.
 A block never spans two ranks' slices of a row when each slice is a multiple of the block
@@ -29,7 +31,7 @@ from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._simd import XB, q4_tile_1x1, q4_tile_1x2, q8_tile_1x1, q8_tile_1x2, q8_tile_2x2, q8_tile_4x2
 
 I32, F32 = np.int32, np.float32
-QMAX = F32(32767.0)  # |xq| ≤ this: an int32 block sum of XB products (≤ 32·32767·127) cannot overflow
+QMAX = F32(32767.0)  # |xq| ≤ this: an int32 block sum of XB ≤ 128 products (≤ 128·32767·127) cannot overflow
 
 
 @njit(**OPTS)

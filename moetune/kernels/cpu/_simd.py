@@ -10,17 +10,20 @@ arithmetic is generic IR (multiply, even + odd lanes). The width is chosen from 
 compiles for (`NUMBA_CPU_FEATURES`, else the host's, as numba's own codegen does): the disk cache is
 keyed on those features, so a cached kernel always matches its CPU.
 
-  q8_tile_RxC(xq, r, w, n, n2)   Σ_k xq[r + i, k]·w[n_j, k] exactly in int32 for R x rows × C weight
-                                  rows (xq int16 [M, K], w int8 [N, K], both C-contiguous; C = 2 takes
-                                  n and n2, C = 1 ignores n2) → a tuple of R·C int32, row-major in i
-  q4_tile_1xC(xq, xsum, r, w, n, n2, s)
-                                 Σ_g s[n_j, g] · Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for C = 1, 2
-                                 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
+  q8_tile_RxC(xq, xs, r, w, n, n2)
+                                 Σ_b xs[r + i, b]·Σ_{k in block b} xq[r + i, k]·w[n_j, k] in fp32 for R x
+                                 rows × C weight rows (xq int16 [M, K], xs fp32 [M, ⌈K/XB⌉] its block
+                                 scales, w int8 [N, K]; C = 2 takes n and n2, C = 1 ignores n2): each
+                                 block's sums exact in int32 lanes, converted and scaled once per block
+                                 into fp32 lane accumulators → a tuple of R·C fp32, row-major in i
+  q4_tile_1xC(xq, xsum, xs, r, w, n, n2, s)
+                                 Σ_g s[n_j, g]·xs[r, g]·Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for
+                                 C = 1, 2 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
                                  `linear.split_int4_input`'s order), xsum int32 [M, G] its group sums,
-                                 w uint8 [N, G, H] (two nibbles a byte), s fp32 [N, G]. Nibbles are
-                                 unpacked in-register (and, shift); a group's integer sum is exact
-                                 (lane 0 starts at −8·xsum[g]), then converted and scaled per lane
-                                 into fp32 lane accumulators: one horizontal sum per row, not per group
+                                 xs fp32 [M, G] its group scales, w uint8 [N, G, H] (two nibbles a byte),
+                                 s fp32 [N, G]. Nibbles are unpacked in-register (and, shift); a group's
+                                 integer sum is exact (lane 0 starts at −8·xsum[g]), then converted and
+                                 scaled per lane into fp32 lane accumulators: one horizontal sum per row
 
 No bounds checks: the callers pass rows inside the arrays and matching K.
 
@@ -40,7 +43,7 @@ from numba.extending import intrinsic
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
 FAST = ("fast",)
-XB = 32  # x columns per scale against int8 weights (a multiple of 32 = the widest step, `lanes`)
+XB = 64  # x columns per scale against int8 weights (a multiple of 32, the widest step; A/B of 32 / 64 / 128: docs/cpu.md)
 
 
 @functools.cache

@@ -83,7 +83,14 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | N
     return x @ dequantize(w).t()  # [M, N]
 
 
-X_BLOCK = 32  # x columns per scale against int8 weights (`_simd.XB`; int4 weights: their group)
+X_BLOCK = 64  # x columns per scale against int8 weights (`_simd.XB`; int4 weights: their group)
+
+
+def rounding_rel(block: int) -> float:
+    """The integer paths' rounding of x as a relative input error: each element moves by at most
+    absmax(its block) / (2·32767), and Σ_b n_b·absmax_b² ≤ block·‖x‖², so the rounded row x̃ has
+    ‖x̃ − x‖ ≤ √block / (2·32767) · ‖x‖ (blocks of `block` columns)."""
+    return block ** 0.5 / (2 * 32767)
 
 
 def x_block(w: PackedWeight) -> int:
