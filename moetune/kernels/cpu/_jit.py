@@ -208,15 +208,10 @@ def _q8_block(xq, xs, w, scale, y, block, b):
     n1 = min(N, (b + 1) * block)
     if M == 1:
         ahead = w.shape[1] <= SHORT_ROW
-        for n in range(b * block, n1, 2):
-            if ahead and n + AHEAD + 1 < N:
+        for n in range(b * block, n1):  # one weight row at a time: one stream (A/B: docs/cpu.md)
+            if ahead and n + AHEAD < N:
                 prefetch_row(w, n + AHEAD)
-                prefetch_row(w, n + AHEAD + 1)
-            if n + 1 < n1:
-                t = dot2_q(xq, xs, 0, w, n, n + 1)
-                y[0, n], y[0, n + 1] = t[0] * scale[n], t[1] * scale[n + 1]
-            else:
-                y[0, n] = dot1_q(xq, xs, 0, w, n) * scale[n]
+            y[0, n] = dot1_q(xq, xs, 0, w, n) * scale[n]
         return
     for mc in range(0, M, M_CHUNK):
         for n in range(b * block, n1, 2):
@@ -374,21 +369,13 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1, aq, as_):
         we = w2[e]
         ahead = we.itemsize == 1
         q8 = aq.shape[0] > 0 and we.itemsize == 1
-        if q8:
-            for n in range(n0, n1, 2):
-                if ahead and n + AHEAD + 1 < we.shape[0]:
-                    prefetch_row(we, n + AHEAD)
-                    prefetch_row(we, n + AHEAD + 1)
-                if n + 1 < n1:
-                    t = dot2_q(aq, as_, m0, we, n, n + 1)
-                    y[m0, n], y[m0, n + 1] = t[0] * s2[e, n], t[1] * s2[e, n + 1]
-                else:
-                    y[m0, n] = dot1_q(aq, as_, m0, we, n) * s2[e, n]
-            return
         for n in range(n0, n1):
             if ahead and n + AHEAD < we.shape[0]:
                 prefetch_row(we, n + AHEAD)
-            y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
+            if q8:  # one weight row at a time, as `_q8_block` at one x row
+                y[m0, n] = dot1_q(aq, as_, m0, we, n) * s2[e, n]
+            else:
+                y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
         return
     we, se = w2[e], s2[e]
     ahead = we.shape[1] * we.itemsize <= SHORT_ROW
