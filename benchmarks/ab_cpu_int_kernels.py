@@ -9,9 +9,9 @@ and its share of the read limit of the same repeats.
 
   int8  fp32-tile   each int8 byte widened to fp32, FMA (`linear_dense`; INT8_ROW off)
         int-loop    M = 1 only: the numba integer loop this issue replaced (copied here, `_old_q8`)
-        int-simd    x rows to int16, `_simd` tiles (vpmaddwd / vpdpwssd)   (runtime.Q8_ROWS = 16)
+        int-simd    x to int16 per block of 64, `_simd` tiles (vpmaddwd / vpdpwssd)   (runtime.Q8_ROWS = 16)
   int4  fp32-split  the nibble split in fp32 (`linear_int4`)               (runtime.Q4_ROWS = 0)
-        int-simd    x rows to int16, nibbles in-register, `_simd.q4_row`   (runtime.Q4_ROWS = 16)
+        int-simd    x to int16 per group, nibbles in-register, `_simd.q4_tile_1xC`   (runtime.Q4_ROWS = 16)
 """
 
 from __future__ import annotations
@@ -34,8 +34,20 @@ def _old_q8():
     """The M = 1 integer kernel before `_simd` (numba loop; int32 written as np.int32(acc + ...))."""
     from numba import njit, prange
 
-    from moetune.kernels.cpu._jit_q8 import quantize_row
     from moetune.kernels.cpu._opts import OPTS
+
+    @njit(**OPTS)
+    def quantize_row(x, xq):
+        """x [1, K] → xq per row (qmax min(32767, (2³¹−1) / (127·K)), the old rounding); returns its scale."""
+        K = x.shape[1]
+        top = np.float32(0.0)
+        for k in range(K):
+            top = max(top, abs(x[0, k]))
+        qmax = np.float32(min(32767, 2147483647 // (127 * K)))
+        inv = qmax / top if top > 0 else np.float32(0.0)
+        for k in range(K):
+            xq[0, k] = np.int16(min(max(np.rint(x[0, k] * inv), -qmax), qmax))
+        return top / qmax
 
     @njit(**OPTS)
     def dot(xq, w, n):
@@ -47,7 +59,7 @@ def _old_q8():
     @njit(parallel=True, **OPTS)
     def run(x, w, scale, y):
         xq = np.empty((1, x.shape[1]), np.int16)
-        xs = quantize_row(x, 0, xq, 0)
+        xs = quantize_row(x, xq)
         for n in prange(w.shape[0]):
             y[0, n] = np.float32(dot(xq, w, n)) * (scale[n] * xs)
 

@@ -19,7 +19,13 @@ from moetune.model.tp_check import TPError
 
 
 def check_groups(names: list[str], intermediate: int, G: int) -> None:
-    """int4 groups must not straddle two ranks' columns of w2."""
+    """int4 groups must not straddle two ranks' columns of w2. int8: a rank's columns should be whole
+    blocks of the CPU integer path's x rounding (`kernels.cpu.linear.X_BLOCK`), else each rank rounds
+    its slice of the activation on its own and the mesh differs from one rank within `q8_bound`
+    (warned, not refused)."""
+    import warnings
+
+    from moetune.kernels.cpu.linear import X_BLOCK
     from moetune.quant.formats import parse_format
 
     for name in names:
@@ -27,6 +33,10 @@ def check_groups(names: list[str], intermediate: int, G: int) -> None:
         if group and (intermediate // G) % group:
             raise TPError(f"--expert-tp-size {G} splits the expert intermediate size {intermediate} into "
                           f"{intermediate // G} columns per rank, not a multiple of {name}'s group of {group}")
+        if name == "int8" and (intermediate // G) % X_BLOCK:
+            warnings.warn(f"--expert-tp-size {G}: {intermediate // G} int8 columns per rank is not a multiple of "
+                          f"{X_BLOCK}; the CPU integer path rounds each rank's activation slice on its own, so the "
+                          f"ranks' sum differs from one rank's by up to the rounding bound", stacklevel=2)
 
 
 def shard_experts(weights: ExpertWeights, plan: TPPlan) -> ExpertWeights:

@@ -7,6 +7,7 @@ from moetune.experts.mixed import quantized_layer
 from moetune.moe.experts import run_experts
 from moetune.moe.permute import permute
 from moetune.moe.triton_backend import TritonBackend
+from moetune.kernels.cpu.linear import X_BLOCK, rounding_rel
 
 
 def test_triton_mixed_groups_equal_the_torch_twin():
@@ -39,4 +40,7 @@ def test_triton_and_the_cpu_kernels_agree_on_the_same_packed_bytes():
         lo, hi = off[grp.start], off[grp.stop]
         cpu_y[lo:hi] = fused_experts_cpu(perm.x_sorted[lo:hi].contiguous(), perm.offsets[grp.start:grp.stop + 1] - lo,
                                          grp.w13, grp.w2)
-    torch.testing.assert_close(triton_y, cpu_y, atol=1e-4, rtol=1e-4)
+    # the CPU kernels' integer paths round x and the activation per block: two stages of
+    # `linear.rounding_rel` (int8's blocks of X_BLOCK; int4-g64's groups of 64) on each row
+    r = rounding_rel(max(X_BLOCK, 64))
+    torch.testing.assert_close(triton_y, cpu_y, atol=1e-4 + 2 * r * cpu_y.norm(dim=1).max().item(), rtol=1e-4)

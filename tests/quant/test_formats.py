@@ -7,6 +7,7 @@ from moetune.kernels.cpu import fused_experts_cpu
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.quant.formats import FORMAT_NAMES, format_of, pack, parse_format, unpack
 from moetune.quant.names import QuantError, check_backend, parse_name
+from moetune.kernels.cpu.linear import X_BLOCK, rounding_rel
 
 # relative Frobenius error of x @ W.T with W ~ N(0, 1) [E, N, K=256] and x ~ N(0, 1): the stated bounds
 BOUNDS = {"fp32": 0.0, "bf16": 5e-3, "fp16": 1e-3, "fp8": 0.06, "int8": 0.012,
@@ -75,5 +76,7 @@ def test_cpu_kernel_on_packed_weights_equals_the_dequantised_reference(name):
         s, t = int(offsets[e]), int(offsets[e + 1])
         h = x[s:t] @ a[e].t()
         ref[s:t] = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ b[e].t()
-    torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
+    # the integer paths round x and the activation per block (`linear.rounding_rel`): two stages
+    r = 0.0 if name == "fp32" else rounding_rel(fmt.group or X_BLOCK)
+    torch.testing.assert_close(y, ref, atol=1e-4 + 2 * r * ref.norm(dim=1).max().item(), rtol=1e-4)
     assert w13.fmt == {"fp32": WeightFormat.NONE, "int8": WeightFormat.INT8}.get(name, WeightFormat.INT4)

@@ -32,8 +32,8 @@ from types import SimpleNamespace
 import numpy as np
 from numba import njit, prange
 
-from moetune.kernels.cpu._jit_q8 import (dot_q, q4_rows, q8_rows, quantize_row, quantize_row_split, quantize_rows,
-                                         quantize_single_rows, quantize_split_row)
+from moetune.kernels.cpu._jit_q8 import (dot1_q, dot2_q, q4_rows, q8_rows, quantize_row, quantize_row_split,
+                                         quantize_rows, quantize_single_rows, quantize_split_row, x_blocks)
 from moetune.kernels.cpu._simd import q4_tile_1x2
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
@@ -208,10 +208,10 @@ def _q8_block(xq, xs, w, scale, y, block, b):
     n1 = min(N, (b + 1) * block)
     if M == 1:
         ahead = w.shape[1] <= SHORT_ROW
-        for n in range(b * block, n1):
+        for n in range(b * block, n1):  # one weight row at a time: one stream (A/B: docs/cpu.md)
             if ahead and n + AHEAD < N:
                 prefetch_row(w, n + AHEAD)
-            y[0, n] = np.float32(dot_q(xq, 0, w, n)) * (scale[n] * xs[0])
+            y[0, n] = dot1_q(xq, xs, 0, w, n) * scale[n]
         return
     for mc in range(0, M, M_CHUNK):
         for n in range(b * block, n1, 2):
@@ -224,16 +224,16 @@ def _q8_block(xq, xs, w, scale, y, block, b):
 
 @njit(**OPTS)
 def _q8_input(x):
-    """x [M, K] fp32 → (xq [M, K] int16, xs [M] its row scales)."""
+    """x [M, K] fp32 → (xq [M, K] int16, xs [M, x_blocks(K)] its block scales)."""
     xq = np.empty(x.shape, np.int16)
-    xs = np.empty(x.shape[0], np.float32)
+    xs = np.empty((x.shape[0], x_blocks(x.shape[1])), np.float32)
     quantize_rows(x, xq, xs)
     return xq, xs
 
 
 @njit(parallel=True, **OPTS)
 def linear_q8(x, w, scale, y, block):
-    """x [M, K] fp32, w [N, K] int8, scale [N] fp32 → y [M, N], x quantised to int16 once per row (`_jit_q8`)."""
+    """x [M, K] fp32, w [N, K] int8, scale [N] fp32 → y [M, N], x quantised to int16 once per call (`_jit_q8`)."""
     xq, xs = _q8_input(x)
     for b in prange((w.shape[0] + block - 1) // block):
         _q8_block(xq, xs, w, scale, y, block, b)
@@ -248,12 +248,12 @@ def linear_q8_serial(x, w, scale, y, block):
 
 @njit(**OPTS)
 def _q4_input(x, w):
-    """x [M, K] fp32 → (xq [M, 2, G, H] int16 in the int4 order of w [N, G, H], xs [M])."""
+    """x [M, K] fp32 → (xq [M, 2, G, H] int16 in the int4 order of w [N, G, H], group sums, xs [M, G])."""
     xq = np.empty((x.shape[0], 2, w.shape[1], w.shape[2]), np.int16)
     sums = np.empty((x.shape[0], w.shape[1]), np.int32)
-    xs = np.empty(x.shape[0], np.float32)
+    xs = np.empty((x.shape[0], w.shape[1]), np.float32)
     for m in range(x.shape[0]):
-        xs[m] = quantize_row_split(x, m, xq, sums, m)
+        quantize_row_split(x, m, xq, sums, xs, m)
     return xq, sums, xs
 
 
@@ -341,8 +341,8 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu, xq, xs):
                 prefetch_row(we, j + AHEAD)
                 prefetch_row(we, I + j + AHEAD)
             if q8:
-                g = np.float32(dot_q(xq, m0, we, j)) * (s13[e, j] * xs[m0])
-                a[m0, j] = _silu(g) * np.float32(dot_q(xq, m0, we, I + j)) * (s13[e, I + j] * xs[m0])
+                t = dot2_q(xq, xs, m0, we, j, I + j)
+                a[m0, j] = _silu(t[0] * s13[e, j]) * (t[1] * s13[e, I + j])
             else:
                 g = _dot3(x, m0, w13, e, j) * s13[e, j]
                 a[m0, j] = _silu(g) * _dot3(x, m0, w13, e, I + j) * s13[e, I + j]
@@ -372,8 +372,8 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1, aq, as_):
         for n in range(n0, n1):
             if ahead and n + AHEAD < we.shape[0]:
                 prefetch_row(we, n + AHEAD)
-            if q8:
-                y[m0, n] = np.float32(dot_q(aq, m0, we, n)) * (s2[e, n] * as_[m0])
+            if q8:  # one weight row at a time, as `_q8_block` at one x row
+                y[m0, n] = dot1_q(aq, as_, m0, we, n) * s2[e, n]
             else:
                 y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
         return
@@ -432,11 +432,11 @@ def _lane(x, offsets, experts, w13, s13, w2, s2, a, y, block13, block2, q):
     for e in experts:
         single = offsets[e + 1] - offsets[e] == 1
         if single and xq.shape[0] > 0:
-            xs[offsets[e]] = quantize_row(x, offsets[e], xq, offsets[e])
+            quantize_row(x, offsets[e], xq, xs, offsets[e])
         for j in range(0, I, block13):
             _up_cols(x, offsets, e, w13, s13, a, j, min(I, j + block13), gu, xq, xs)
         if single and aq.shape[0] > 0:
-            as_[offsets[e]] = quantize_row(a, offsets[e], aq, offsets[e])
+            quantize_row(a, offsets[e], aq, as_, offsets[e])
         for n in range(0, D, block2):
             _down_cols(a, offsets, e, w2, s2, y, n, min(D, n + block2), aq, as_)
 
@@ -497,11 +497,11 @@ def active_experts(offsets, n_rows):
 
 @njit(**OPTS)
 def q8_scratch(x, a, on):
-    """(xq, xs, aq, as_): int16 rows of x [N, D] and a [N, I] with their scales for the integer
+    """(xq, xs, aq, as_): int16 rows of x [N, D] and a [N, I] with their block scales for the integer
     path, or empty arrays (the fp32 path) when not `on`."""
     N = x.shape[0] if on else 0
-    return (np.empty((N, x.shape[1]), np.int16), np.empty(N, np.float32),
-            np.empty((N, a.shape[1]), np.int16), np.empty(N, np.float32))
+    return (np.empty((N, x.shape[1]), np.int16), np.empty((N, x_blocks(x.shape[1])), np.float32),
+            np.empty((N, a.shape[1]), np.int16), np.empty((N, x_blocks(a.shape[1])), np.float32))
 
 
 @njit(**OPTS)
@@ -539,8 +539,8 @@ def _int4_up_item(xq, xs, offsets, e, w13, s13, aq, j0, j1, q):
     if offsets[e + 1] - offsets[e] <= rows:
         for j in range(j0, j1):
             for m in range(offsets[e], offsets[e + 1]):
-                t = q4_tile_1x2(xq16, xsum, m, we, j, I + j, se)
-                aq[m, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(t[0] * xsc[m]) * (t[1] * xsc[m])
+                t = q4_tile_1x2(xq16, xsum, xsc, m, we, j, I + j, se)
+                aq[m, j % 2, (j // 2) // Hi, (j // 2) % Hi] = _silu(t[0]) * t[1]
         return
     gu = np.empty((M_CHUNK, 2), np.float32)
     deq = np.empty((2, 2, we.shape[1], we.shape[2]), np.float32)
@@ -583,12 +583,12 @@ def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1, q):
 @njit(**OPTS)
 def q4_scratch(xq, aq, rows):
     """(xq16, xsum, xsc, aq16, asum16, asc, rows): int16 copies of x and the activation (split
-    layout) with their group sums and row scales for the integer path of experts of ≤ rows rows,
+    layout) with their group sums and group scales for the integer path of experts of ≤ rows rows,
     or empty arrays (rows 0: the fp32 path)."""
     N = xq.shape[0] if rows > 0 else 0
     return (np.empty((N, 2, xq.shape[2], xq.shape[3]), np.int16), np.empty((N, xq.shape[2]), np.int32),
-            np.empty(N, np.float32), np.empty((N, 2, aq.shape[2], aq.shape[3]), np.int16),
-            np.empty((N, aq.shape[2]), np.int32), np.empty(N, np.float32), rows if N > 0 else 0)
+            np.empty((N, xq.shape[2]), np.float32), np.empty((N, 2, aq.shape[2], aq.shape[3]), np.int16),
+            np.empty((N, aq.shape[2]), np.int32), np.empty((N, aq.shape[2]), np.float32), rows if N > 0 else 0)
 
 
 @njit(parallel=True, **OPTS)

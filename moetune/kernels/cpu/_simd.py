@@ -10,17 +10,20 @@ arithmetic is generic IR (multiply, even + odd lanes). The width is chosen from 
 compiles for (`NUMBA_CPU_FEATURES`, else the host's, as numba's own codegen does): the disk cache is
 keyed on those features, so a cached kernel always matches its CPU.
 
-  q8_tile_RxC(xq, r, w, n, n2)   Σ_k xq[r + i, k]·w[n_j, k] exactly in int32 for R x rows × C weight
-                                  rows (xq int16 [M, K], w int8 [N, K], both C-contiguous; C = 2 takes
-                                  n and n2, C = 1 ignores n2) → a tuple of R·C int32, row-major in i
-  q4_tile_1xC(xq, xsum, r, w, n, n2, s)
-                                 Σ_g s[n_j, g] · Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for C = 1, 2
-                                 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
+  q8_tile_RxC(xq, xs, r, w, n, n2)
+                                 Σ_b xs[r + i, b]·Σ_{k in block b} xq[r + i, k]·w[n_j, k] in fp32 for R x
+                                 rows × C weight rows (xq int16 [M, K], xs fp32 [M, ⌈K/XB⌉] its block
+                                 scales, w int8 [N, K]; C = 2 takes n and n2, C = 1 ignores n2): each
+                                 block's sums exact in int32 lanes, converted and scaled once per block
+                                 into fp32 lane accumulators → a tuple of R·C fp32, row-major in i
+  q4_tile_1xC(xq, xsum, xs, r, w, n, n2, s)
+                                 Σ_g s[n_j, g]·xs[r, g]·Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for
+                                 C = 1, 2 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
                                  `linear.split_int4_input`'s order), xsum int32 [M, G] its group sums,
-                                 w uint8 [N, G, H] (two nibbles a byte), s fp32 [N, G]. Nibbles are
-                                 unpacked in-register (and, shift); a group's integer sum is exact
-                                 (lane 0 starts at −8·xsum[g]), then converted and scaled per lane
-                                 into fp32 lane accumulators: one horizontal sum per row, not per group
+                                 xs fp32 [M, G] its group scales, w uint8 [N, G, H] (two nibbles a byte),
+                                 s fp32 [N, G]. Nibbles are unpacked in-register (and, shift); a group's
+                                 integer sum is exact (lane 0 starts at −8·xsum[g]), then converted and
+                                 scaled per lane into fp32 lane accumulators: one horizontal sum per row
 
 No bounds checks: the callers pass rows inside the arrays and matching K.
 
@@ -39,6 +42,8 @@ from numba.extending import intrinsic
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
+FAST = ("fast",)
+XB = 64  # x columns per scale against int8 weights (a multiple of 32, the widest step; A/B of 32 / 64 / 128: docs/cpu.md)
 
 
 @functools.cache
@@ -107,55 +112,88 @@ def _load(builder, base, k, vty):
 
 def _q8_codegen(R: int, C: int):
     def codegen(context, builder, sig, args):
-        xq_t, _, w_t = sig.args[0], sig.args[1], sig.args[2]
-        r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 3, 4))
+        xq_t, xs_t, _, w_t = sig.args[:4]
+        r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
         wrows = [n, n2][:C]
-        xs = [_row_ptr(context, builder, xq_t, args[0], builder.add(r, I64(i)), I16)[0] for i in range(R)]
-        wp = [_row_ptr(context, builder, w_t, args[2], m, I8) for m in wrows]
+        rows = [builder.add(r, I64(i)) for i in range(R)]
+        xs = [_row_ptr(context, builder, xq_t, args[0], m, I16)[0] for m in rows]
+        scs = [_row_ptr(context, builder, xs_t, args[1], m, F32)[0] for m in rows]
+        wp = [_row_ptr(context, builder, w_t, args[3], m, I8) for m in wrows]
         K = cgutils.unpack_tuple(builder, wp[0][1].shape)[1]
+        wp = [p for p, _ in wp]
         V = lanes()
-        U = max(1, 4 // (R * C))  # independent accumulator sets: ≥ 4 chains hide the multiply-add latency
-        acc_t = ir.VectorType(I32, V // 2)
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(R * C)]
-                for _ in range(U)]
+        half = V // 2
+        B = XB
+        U = max(1, 4 // (R * C))  # independent fp32 accumulator sets (blocks round-robin): ≥ 4 chains
+        acc_t, int_t = ir.VectorType(F32, half), ir.VectorType(I32, half)
+        faccs = [[cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(R * C)]
+                 for _ in range(U)]
 
-        def step(k, sets):
-            wv = [builder.sext(_load(builder, p, k, ir.VectorType(I8, V)), ir.VectorType(I16, V)) for p, _ in wp]
+        def steps(k0, count, iaccs):
+            """iaccs (R·C <half x i32> values) += `count` vector steps from column k0."""
+            for s in range(count):
+                k = builder.add(k0, I64(s * V))
+                wv = [builder.sext(_load(builder, p, k, ir.VectorType(I8, V)), ir.VectorType(I16, V)) for p in wp]
+                for i in range(R):
+                    xv = _load(builder, xs[i], k, ir.VectorType(I16, V))
+                    for j in range(C):
+                        iaccs[i * C + j] = _madd(builder, iaccs[i * C + j], xv, wv[j], V)
+            return iaccs
+
+        def scale_into(iaccs, b, sets):
+            """sets += float(iaccs) · xs[r + i, b] (the block's exact sums, scaled once per block)."""
             for i in range(R):
-                xv = _load(builder, xs[i], k, ir.VectorType(I16, V))
+                sv = _splat(builder, builder.load(builder.gep(scs[i], [b])), F32, half)
                 for j in range(C):
                     a = sets[i * C + j]
-                    builder.store(_madd(builder, builder.load(a), xv, wv[j], V), a)
+                    fv = builder.sitofp(iaccs[i * C + j], acc_t)
+                    builder.store(builder.fadd(builder.load(a), builder.fmul(fv, sv, flags=FAST), flags=FAST), a)
 
-        ku = builder.mul(builder.sdiv(K, I64(U * V)), I64(U * V))
-        with cgutils.for_range_slice(builder, I64(0), ku, I64(U * V)) as (k, _):
+        nfull = builder.sdiv(K, I64(B))
+        nu = builder.mul(builder.sdiv(nfull, I64(U)), I64(U))
+        with cgutils.for_range_slice(builder, I64(0), nu, I64(U)) as (b, _):  # whole blocks, U at a time
             for u in range(U):
-                step(builder.add(k, I64(u * V)), accs[u])
-        kv = builder.mul(builder.sdiv(K, I64(V)), I64(V))
-        with cgutils.for_range_slice(builder, ku, kv, I64(V)) as (k, _):
-            step(k, accs[0])
-        total = [builder.load(a) for a in accs[0]]
-        for sets in accs[1:]:
-            total = [builder.add(t, builder.load(a)) for t, a in zip(total, sets)]
-        sums = [cgutils.alloca_once_value(builder, _hsum(builder, t, V // 2)) for t in total]
-        with cgutils.for_range_slice(builder, kv, K, I64(1)) as (k, _):  # the tail, one column at a time
-            wk = [builder.sext(builder.load(builder.gep(p, [k])), I32) for p, _ in wp]
+                bu = builder.add(b, I64(u))
+                scale_into(steps(builder.mul(bu, I64(B)), B // V, [ir.Constant(int_t, None)] * (R * C)), bu, faccs[u])
+        with cgutils.for_range_slice(builder, nu, nfull, I64(1)) as (b, _):
+            scale_into(steps(builder.mul(b, I64(B)), B // V, [ir.Constant(int_t, None)] * (R * C)), b, faccs[0])
+        # the last, partial block (K % B columns): vector steps, then one column at a time
+        kt = builder.mul(nfull, I64(B))
+        tails = [cgutils.alloca_once_value(builder, ir.Constant(int_t, None)) for _ in range(R * C)]
+        kv = builder.add(kt, builder.mul(builder.sdiv(builder.sub(K, kt), I64(V)), I64(V)))
+        with cgutils.for_range_slice(builder, kt, kv, I64(V)) as (k, _):
+            for a, v in zip(tails, steps(k, 1, [builder.load(a) for a in tails])):
+                builder.store(v, a)
+        sums = [cgutils.alloca_once_value(builder, _hsum(builder, builder.load(a), half)) for a in tails]
+        with cgutils.for_range_slice(builder, kv, K, I64(1)) as (k, _):
+            wk = [builder.sext(builder.load(builder.gep(p, [k])), I32) for p in wp]
             for i in range(R):
                 xk = builder.sext(builder.load(builder.gep(xs[i], [k])), I32)
                 for j in range(C):
                     s = sums[i * C + j]
                     builder.store(builder.add(builder.load(s), builder.mul(xk, wk[j])), s)
-        return context.make_tuple(builder, sig.return_type, [builder.load(s) for s in sums])
+        outs = []
+        for i in range(R):
+            has_tail = builder.icmp_signed("<", kt, K)
+            tail_sc = builder.select(has_tail, builder.load(builder.gep(scs[i], [nfull])), F32(0.0))
+            for j in range(C):
+                total = builder.load(faccs[0][i * C + j])
+                for sets in faccs[1:]:
+                    total = builder.fadd(total, builder.load(sets[i * C + j]), flags=FAST)
+                tail = builder.fmul(builder.sitofp(builder.load(sums[i * C + j]), F32), tail_sc)
+                outs.append(builder.fadd(_hsum(builder, total, half), tail))
+        return context.make_tuple(builder, sig.return_type, outs)
     return codegen
 
 
 def _q8_tile(R: int, C: int):
     @intrinsic
-    def tile(typingctx, xq, r, w, n, n2):
+    def tile(typingctx, xq, xs, r, w, n, n2):
         if not (isinstance(xq, types.Array) and xq.dtype == types.int16 and xq.layout == "C" and xq.ndim == 2
+                and isinstance(xs, types.Array) and xs.dtype == types.float32 and xs.layout == "C" and xs.ndim == 2
                 and isinstance(w, types.Array) and w.dtype == types.int8 and w.layout == "C" and w.ndim == 2):
             return None
-        return types.UniTuple(types.int32, R * C)(xq, r, w, n, n2), _q8_codegen(R, C)
+        return types.UniTuple(types.float32, R * C)(xq, xs, r, w, n, n2), _q8_codegen(R, C)
     return tile
 
 
@@ -193,18 +231,19 @@ def _q4_group(builder, wps, xp, base, GH, width, iaccs):
 
 def _q4_codegen(C: int):
     def codegen(context, builder, sig, args):
-        xq_t, xsum_t, _, w_t, _, _, s_t = sig.args
-        r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (2, 4, 5))
+        xq_t, xsum_t, xs_t, _, w_t, _, _, s_t = sig.args
+        r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (3, 5, 6))
         rows = [n, n2][:C]
-        wps = [_row_ptr(context, builder, w_t, args[3], m, I8) for m in rows]
-        sps = [_row_ptr(context, builder, s_t, args[6], m, F32)[0] for m in rows]
+        wps = [_row_ptr(context, builder, w_t, args[4], m, I8) for m in rows]
+        sps = [_row_ptr(context, builder, s_t, args[7], m, F32)[0] for m in rows]
         xp, _ = _row_ptr(context, builder, xq_t, args[0], r, I16)
         sump, _ = _row_ptr(context, builder, xsum_t, args[1], r, I32)
+        xsp, _ = _row_ptr(context, builder, xs_t, args[2], r, F32)
         G, H = cgutils.unpack_tuple(builder, wps[0][1].shape)[1:]
         wps = [p for p, _ in wps]
         V = lanes()
         half = V // 2
-        fast = ("fast",)
+        fast = FAST
         faccs = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(F32, half), None)) for _ in rows]
         GH = builder.mul(G, H)
         with cgutils.for_range(builder, G) as loop:
@@ -224,8 +263,9 @@ def _q4_codegen(C: int):
                         with full:
                             with cgutils.for_range_slice(builder, I64(0), H, I64(V)) as (j, _):
                                 _q4_group(builder, wps, xp, builder.add(base, j), GH, V, iaccs)
+            xg = builder.load(builder.gep(xsp, [g]))  # x's scale of this group
             for sp, a, f in zip(sps, iaccs, faccs):
-                sv = _splat(builder, builder.load(builder.gep(sp, [g])), F32, half)
+                sv = _splat(builder, builder.fmul(builder.load(builder.gep(sp, [g])), xg), F32, half)
                 fv = builder.sitofp(builder.load(a), ir.VectorType(F32, half))
                 builder.store(builder.fadd(builder.load(f), builder.fmul(fv, sv, flags=fast), flags=fast), f)
         outs = [_hsum(builder, builder.load(f), half) for f in faccs]
@@ -235,14 +275,15 @@ def _q4_codegen(C: int):
 
 def _q4_tile(C: int):
     @intrinsic
-    def tile(typingctx, xq, xsum, r, w, n, n2, s):
+    def tile(typingctx, xq, xsum, xs, r, w, n, n2, s):
         if not (isinstance(xq, types.Array) and xq.dtype == types.int16 and xq.layout == "C" and xq.ndim == 4
                 and isinstance(xsum, types.Array) and xsum.dtype == types.int32 and xsum.layout == "C"
                 and xsum.ndim == 2
+                and isinstance(xs, types.Array) and xs.dtype == types.float32 and xs.layout == "C" and xs.ndim == 2
                 and isinstance(w, types.Array) and w.dtype == types.uint8 and w.layout == "C" and w.ndim == 3
                 and isinstance(s, types.Array) and s.dtype == types.float32 and s.layout == "C" and s.ndim == 2):
             return None
-        return types.UniTuple(types.float32, C)(xq, xsum, r, w, n, n2, s), _q4_codegen(C)
+        return types.UniTuple(types.float32, C)(xq, xsum, xs, r, w, n, n2, s), _q4_codegen(C)
     return tile
 
 

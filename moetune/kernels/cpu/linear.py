@@ -6,11 +6,12 @@ Decode reads every weight once per step, so the rate is the weight bytes over th
 bandwidth; torch's small-M sgemm and its int8 weight-only kernel sit well below that on AVX2.
 Fast for M ≤ ~16 (x rows are reused from cache); correct for any M. Twin: `linear_ref`.
 
-Int8 weights against one row (M = 1, a decode step at batch 1) take the integer path when
-`runtime.INT8_ROW` is on (`_jit_q8`: x quantised to int16 per row, int32 dot products as `_simd`'s
-vector tiles), and against up to `runtime.Q8_ROWS` rows; int4 weights against up to
-`runtime.Q4_ROWS` rows take theirs (x to int16, nibbles unpacked in-register, one fp32 scale per
-group). Twins: `linear_q8_ref`, `linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
+Int8 weights against up to `runtime.Q8_ROWS` rows take the integer path when `runtime.INT8_ROW` is
+on (`_jit_q8`: x quantised to int16 per block of X_BLOCK columns, int32 dot products as `_simd`'s
+vector tiles, one fp32 scale per block); int4 weights against up to `runtime.Q4_ROWS` rows take
+theirs (x to int16 per group, nibbles unpacked in-register, one fp32 scale per group). Per-block
+scales keep tensor-parallel meshes equal to one rank (`x_block_aligned`). Twins: `linear_q8_ref`,
+`linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
 Which is faster at which M is measured in docs/cpu.md.
 """
 
@@ -82,38 +83,71 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | N
     return x @ dequantize(w).t()  # [M, N]
 
 
-def quantize_rows_ref(x: torch.Tensor, qmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] fp32 → (xq [M, K] int16, xs [M]): the integer path's rounding of x (`_jit_q8.quantize_row`;
-    qmax None: the int8 kernels' overflow-safe bound for K, `x_qmax`; the int4 kernels take 32767)."""
-    if qmax is None:
-        qmax = min(32767, (2**31 - 1) // (127 * max(x.shape[1], 1)))
-    top = x.abs().amax(dim=1)  # [M]
-    inv = torch.where(top > 0, qmax / top, torch.zeros_like(top))
-    xq = torch.round(x * inv[:, None]).clamp(-qmax, qmax).to(torch.int16)
-    return xq, top / qmax
+X_BLOCK = 64  # x columns per scale against int8 weights (`_simd.XB`; int4 weights: their group)
+
+
+def rounding_rel(block: int) -> float:
+    """The integer paths' rounding of x as a relative input error: each element moves by at most
+    absmax(its block) / (2·32767), and Σ_b n_b·absmax_b² ≤ block·‖x‖², so the rounded row x̃ has
+    ‖x̃ − x‖ ≤ √block / (2·32767) · ‖x‖ (blocks of `block` columns)."""
+    return block ** 0.5 / (2 * 32767)
+
+
+def x_block(w: PackedWeight) -> int:
+    """Columns of x that share one scale on the integer path of w: its group (int4) or X_BLOCK (int8)."""
+    return w.group_size if w.fmt == WeightFormat.INT4 else X_BLOCK
+
+
+def x_block_aligned(k_slice: int, w: PackedWeight) -> bool:
+    """Whether a slice of k_slice input columns (a rank's share of a row-parallel weight) is whole x
+    blocks, so that the rank rounds x exactly as one rank holding the whole row does."""
+    return w.fmt not in (WeightFormat.INT8, WeightFormat.INT4) or k_slice % x_block(w) == 0
+
+
+def quantize_rows_ref(x: torch.Tensor, block: int = X_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 → (xq [M, K] int16, xs [M, B] with B = ⌈K / block⌉): the integer path's rounding
+    of x (`_jit_q8.quantize_row`: each block of `block` columns, the last maybe short, to ±32767 by
+    its own absmax)."""
+    M, K = x.shape
+    B = -(-K // block)
+    pad = torch.nn.functional.pad(x, (0, B * block - K)).view(M, B, block)  # [M, B, block]
+    top = pad.abs().amax(dim=2)  # [M, B]
+    inv = torch.where(top > 0, 32767 / top, torch.zeros_like(top))
+    xq = torch.round(pad * inv[:, :, None]).clamp(-32767, 32767).to(torch.int16).view(M, B * block)[:, :K]
+    return xq, top / 32767
+
+
+def _per_block(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [..., K] → [..., B, block], zero-padded to whole blocks."""
+    B = -(-x.shape[-1] // block)
+    return torch.nn.functional.pad(x, (0, B * block - x.shape[-1])).unflatten(-1, (B, block))
 
 
 def linear_q8_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """Twin of the integer path: x rounded as it rounds it, the integer sums exact (int64), then scaled."""
+    """Twin of the integer path: x rounded as it rounds it, each block's integer sum exact (int64),
+    times its scale, summed in float64, times the row's scale."""
     xq, xs = quantize_rows_ref(x)
-    acc = xq.to(torch.int64) @ w.data.to(torch.int64).t()  # [M, N] exact
-    return (acc.double() * w.scale.double()[None, :] * xs.double()[:, None]).float()
+    acc = torch.einsum("mbk,nbk->mnb", _per_block(xq.to(torch.int64), X_BLOCK),
+                       _per_block(w.data.to(torch.int64), X_BLOCK))  # [M, N, B] exact
+    return ((acc.double() * xs.double()[:, None, :]).sum(-1) * w.scale.double()[None, :]).float()
 
 
 def linear_q4_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """Twin of the int4 integer path: x rounded to int16 per row (qmax 32767), each group's sum
-    exact (int64), times its scale, summed in float64."""
-    xq, xs = quantize_rows_ref(x, 32767)
+    """Twin of the int4 integer path: x rounded to int16 per group (its own scale), each group's sum
+    exact (int64), times both scales, summed in float64."""
+    xq, xs = quantize_rows_ref(x, w.group_size)  # [M, K], [M, G]
     M, K = x.shape
     G = K // w.group_size
     b = w.data.to(torch.int64)  # [N, K/2]
     q = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(-1, G, w.group_size) - 8  # [N, G, group]
     acc = torch.einsum("mgk,ngk->mng", xq.to(torch.int64).reshape(M, G, w.group_size), q)  # [M, N, G] exact
-    return ((acc.double() * w.scale.double()[None]).sum(-1) * xs.double()[:, None]).float()
+    return (acc.double() * w.scale.double()[None] * xs.double()[:, None, :]).sum(-1).float()
 
 
 def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """[M, N]: how far an integer path may be from `linear_ref` by rounding x: (xs/2)·Σ_k |W[n, k]|
-    (xs: absmax(x row) / qmax, qmax the int8 kernels' (`x_qmax`) or 32767 for int4 weights)."""
-    _, xs = quantize_rows_ref(x, 32767 if w.fmt == WeightFormat.INT4 else None)
-    return (xs[:, None] / 2) * dequantize(w).abs().sum(dim=1)[None, :]
+    """[M, N]: how far an integer path may be from `linear_ref` by rounding x:
+    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / 32767, `x_block` columns)."""
+    block = x_block(w)
+    _, xs = quantize_rows_ref(x, block)  # [M, B]
+    wabs = _per_block(dequantize(w).abs(), block).sum(-1)  # [N, B]
+    return (xs / 2) @ wabs.t()

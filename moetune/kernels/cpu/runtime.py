@@ -14,11 +14,10 @@ from types import ModuleType
 
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 INT8_ROW = True  # int8 weights against a single x row take the integer path (`_jit_q8`; A/B: docs/cpu.md)
-Q8_ROWS = 1  # ... and against up to this many x rows (`linear`, the fused layer; 1: one row only)
-Q4_ROWS = 0  # int4 weights against up to this many x rows take the integer path (`_simd`; 0: never)
-# Both won end to end (Q8_ROWS 16: 1.09x at b=16; Q4_ROWS 1 / 16: 1.80x at b=1, 1.31x at b=16;
-# docs/cpu.md) but stay off: with Q8_ROWS 16, tests/model/test_dense_quant.py's fp32-twin BOUND
-# fails on multi-row prompts (x rounded to int16); the bound must be restated first.
+Q8_ROWS = 16  # ... and against up to this many x rows (`linear`, the fused layer; 1: one row only)
+Q4_ROWS = 16  # int4 weights against up to this many x rows take the integer path (`_simd`; 0: never)
+# Measured end to end (docs/cpu.md): Q8_ROWS 16 1.09x at b=16; Q4_ROWS 1 / 16 1.80x at b=1, 1.31x at
+# b=16. x is rounded per block of columns (`_jit_q8`), so tensor-parallel meshes equal one rank.
 # Scheduling: numba's `omp` layer hands each thread one contiguous share of a prange's items, up
 # front (measured: `numba.parallel_chunksize` changes the share's granularity, not who takes it), so
 # the kernels order their work items such that equal shares are equal work.
