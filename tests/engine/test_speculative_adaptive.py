@@ -67,6 +67,20 @@ class CostClock:
         return self.t0 + self.t1 * rows + self.tv * verified
 
 
+class StallClock(CostClock):
+    """CostClock whose first two steps and every 10th after take 100 ms more (a kernel compiled,
+    the core taken by another process)."""
+
+    def __init__(self, t0: float, t1: float, tv: float):
+        super().__init__(t0, t1, tv)
+        self.steps = 0
+
+    def seconds(self, rows: int, verified: bool) -> float:
+        self.steps += 1
+        stalled = self.steps <= 2 or self.steps % 10 == 0
+        return super().seconds(rows, verified) + 0.1 * stalled
+
+
 def _simulate(p: float, clock: CostClock, batch: int = 1, steps: int = 400) -> AdaptiveK:
     """AdaptiveK (K = 4) driving `steps` decode steps of `batch` sequences whose drafts are each
     accepted with probability p until the first rejection (seeded), timed by `clock`."""
@@ -105,8 +119,16 @@ def test_a_fixed_cost_of_verifying_measured_by_plain_steps_turns_k_to_zero():
     too and keep drafting)."""
     free, dear = _simulate(0.5, CostClock(1e-3, 1e-5, 0.0)), _simulate(0.5, CostClock(1e-3, 1e-5, 3e-3))
     assert free.best(1) >= 2 and dear.best(1) == 0
-    assert dear.step_time(verified=True)[0] - dear.step_time(verified=False)[0] == pytest.approx(3e-3, rel=0.05)
-    assert dear.step_time(verified=False)[0] == pytest.approx(1e-3, rel=0.05)  # a plain step's t0: 1 ms
+    assert dear.verify.at(2) == pytest.approx(4.02e-3, rel=1e-3)  # its probes: one draft per step, 2 rows
+    assert dear.plain.at(1) == pytest.approx(1.01e-3, rel=1e-3)  # a plain step measured: 1 ms + 1 row
+
+
+@pytest.mark.parametrize("p, tv, want", [(1.0, 1e-4, 4), (0.0, 1e-4, 0), (0.5, 3e-3, 0), (0.7, 0.0, 4)])
+def test_stalled_steps_do_not_move_k(p, tv, want):
+    """Steps 100× their cost (the first two, then one in ten) are clipped to CLIP times the fit: the
+    choice stays the unstalled one."""
+    assert _simulate(p, CostClock(1e-3, 1e-5, tv)).best(1) == want
+    assert _simulate(p, StallClock(1e-3, 1e-5, tv)).best(1) == want
 
 
 def test_rows_that_cost_shrink_k_as_the_batch_grows():

@@ -15,6 +15,10 @@ is measured, not charged to plain decoding too: k falls to 0 when nothing is acc
 fixed cost outweighs what the accepted drafts save, rises to K when every draft is and verify rows
 are cheap, and shrinks as the batch grows (t1·B outgrows t0: the step turns compute-bound).
 
+A step timed over CLIP times its kind's fitted time (the other kind's while its own has none)
+counts as CLIP times it: a step the machine stalled (another process took the core, a first call
+compiled a kernel) would otherwise weigh on a rarely timed kind for dozens of its steps.
+
 Both fits need steps of their kind: while k > 0, every PLAIN_EVERY-th step decodes plainly (k = 0),
 which measures a plain step at the current batch; while k = 0, every PROBE_EVERY-th step verifies
 one draft, which keeps p and the verify fit measured (a text that turns repetitive brings k back).
@@ -34,7 +38,8 @@ from collections import Counter
 from moetune.engine.speculative.steptime import PRIOR_KNEE, StepClock, StepFit, WallClock
 
 DECAY = 0.9  # weight of the earlier acceptance counts after each step that verified drafts
-TIME_DECAY = 0.97  # weight of a kind's earlier step timings after each timed step of that kind
+TIME_DECAY = 0.97  # weight of the earlier step timings (both kinds) after each timed decode step
+CLIP = 4.0  # a timed step counts as at most this many times its kind's fitted time
 PRIOR_ACCEPTED, PRIOR_TRIALS = 1.0, 2.0  # acceptance 0.5 before any draft is verified
 PROBE_EVERY = 16  # while k = 0, one step in this many verifies one draft per sequence
 PLAIN_EVERY = 16  # while k > 0, one step in this many decodes plainly (k = 0): the plain step measured
@@ -98,8 +103,14 @@ class AdaptiveK:
         self.timed(rows, self.clock.seconds(rows, verified), verified)
 
     def timed(self, rows: int, seconds: float, verified: bool = True) -> None:
-        """A decode step of `rows` rows took `seconds`."""
-        (self.verify if verified else self.plain).add(rows, seconds)
+        """A decode step of `rows` rows took `seconds` (a stall clipped to CLIP times the fit)."""
+        fit, other = (self.verify, self.plain) if verified else (self.plain, self.verify)
+        ref = fit if not fit.empty else other
+        if not ref.empty:
+            seconds = min(seconds, CLIP * ref.at(rows))
+        self.plain.fade()
+        self.verify.fade()
+        fit.add(rows, seconds)
 
     def step_time(self, verified: bool = True) -> tuple[float, float]:
         """(t0, t1) of a verify step's (or a plain step's) t(R) = t0 + t1·R, in seconds; the other

@@ -1,8 +1,9 @@
 """Step times for adaptive k: a clock that times whole decode steps (the engine's wall clock, or a
 cost model a test injects) and a fitted line t(R) = t0 + t1·R over a step kind's timed steps.
 
-The fit is exponentially weighted least squares (each new sample multiplies the earlier weights by
-`decay`). While the timed steps' rows barely vary (weighted variance < MIN_SPREAD rows²) the slope
+The fit is exponentially weighted least squares: `fade` multiplies the earlier samples' weights by
+`decay` (the owner fades every kind's fit on each timed step, so a kind timed rarely forgets as
+fast, in steps, as one timed on every step), `add` adds a sample of weight 1. While the timed steps' rows barely vary (weighted variance < MIN_SPREAD rows²) the slope
 is not measured: `line` takes a slope handed in (another kind's measured one), else the prior
 t1 = t0 / PRIOR_KNEE through the samples' mean.
 """
@@ -47,11 +48,17 @@ class StepFit:
     def empty(self) -> bool:
         return self._s[0] <= 0 or self._s[2] <= 0
 
+    def fade(self) -> None:
+        self._s = [v * self.decay for v in self._s]
+
     def add(self, rows: int, seconds: float) -> None:
-        s = [v * self.decay for v in self._s]
         for i, v in enumerate((1.0, rows, seconds, rows * rows, rows * seconds)):
-            s[i] += v
-        self._s = s
+            self._s[i] += v
+
+    def at(self, rows: int) -> float:
+        """The fitted seconds of a step of `rows` rows (not `empty`)."""
+        t0, t1 = self.line()
+        return t0 + t1 * rows
 
     def slope(self) -> float | None:
         """t1 measured from the samples' spread of rows, or None (too little spread, no samples)."""
