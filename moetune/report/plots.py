@@ -139,7 +139,7 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
     plots += [("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load, on_gpu))] + extra
     spec = by_batch(summary) if summary is not None else []
     if spec:
-        plots.append((STEM, CAPTION, speculation_plot(spec, summary["speculative"]["method"])))
+        plots.append((STEM, CAPTION, speculation_plot(spec, summary["speculative"]["method"], summary["model"]["E"])))
     if len(tables.rank_moe):
         plots.append(("rank_timeline",
                       "Per-rank timeline: computing, dispatch/combine transfer, waiting, and for whom (measured)",

@@ -19,8 +19,9 @@ def by_batch(summary: dict) -> list[dict]:
     return summary.get("speculative", {}).get("by_batch") or []
 
 
-def speculation_plot(rows: list[dict], method: str) -> bytes:
-    """Left: speed-up vs batch (log2 axis), 1.0 marked; right: distinct experts per MoE layer and step."""
+def speculation_plot(rows: list[dict], method: str, num_experts: int) -> bytes:
+    """Left: speed-up vs batch (log2 axis), 1.0 marked; right: distinct experts per MoE layer and step,
+    out of the layer's `num_experts`."""
     batches = [r["batch"] for r in rows]
     plt, fig = figure(11, 3.6)
     ax = fig.add_subplot(1, 2, 1)
@@ -39,6 +40,8 @@ def speculation_plot(rows: list[dict], method: str) -> bytes:
     ax.plot(batches, [r["experts_per_layer_verify"] for r in rows], marker="o", color="#c44e52", label="verify step")
     ax.plot(batches, [r["experts_per_layer_plain"] for r in rows], marker="s", color="#55a868",
             label="plain decode (same batch)")
+    ax.axhline(num_experts, color="#8c8c8c", linestyle=":", linewidth=1, label=f"all {num_experts} experts")
+    ax.set_ylim(0, num_experts * 1.08)
     ax.set_xlabel("batch size (sequences)")
     ax.set_ylabel("distinct experts per MoE layer")
     ax.set_title("experts woken per step")
