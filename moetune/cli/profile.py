@@ -93,7 +93,8 @@ def _profile(settings, report: bool) -> None:
     from moetune.cli.progress import progress
     from moetune.profile.runner import run_profile
     from moetune.report.ranks.tables import rank_tables
-    from moetune.report.tables import deployment_table, formulas_table, imbalance_table, phase_table, rates_table
+    from moetune.report.tables import (deployment_table, figure_tables, formulas_table, imbalance_table, phase_table,
+                                       rates_table)
     from moetune.report.terminal import rich_table
 
     with progress("profile") as bar:
@@ -121,7 +122,8 @@ def _profile(settings, report: bool) -> None:
 
     deployment = deployment_table(summary)  # offload hit rate, expert formats, capacity drops: when present
     for table in (*([deployment] if deployment else []), phase_table(summary), imbalance_table(summary),
-                  *rank_tables(summary), *tp_tables(summary), rates_table(summary), formulas_table(summary)):
+                  *rank_tables(summary), *tp_tables(summary), *figure_tables(summary).values(), rates_table(summary),
+                  formulas_table(summary)):
         console.print(rich_table(table))
     console.print(f"run directory: {result.path}")
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 
 from moetune.config import EngineConfig, parse_speculative
@@ -166,7 +165,8 @@ class Engine:
         return self._seqs.get(request_id)
 
     def step(self) -> list[RequestOutput]:
-        start = time.perf_counter()  # an adaptive k fits whole decode steps' times (drafting included)
+        if self.adaptive is not None:  # an adaptive k fits whole decode steps' times (drafting included)
+            self.adaptive.step_began()
         if self.speculator is not None:
             self.draft()
         sched = self.scheduler.schedule()
@@ -183,14 +183,15 @@ class Engine:
             self._note_experts(sched)
         self.stats.steps[sched.kind.value] += 1
         self.stats.computed_tokens += sched.num_tokens
-        self.stats.verify_steps += any(e.num_draft for e in sched.entries)
+        verified = any(e.num_draft for e in sched.entries)
+        self.stats.verify_steps += verified
         out = self._postprocess(sched, tokens)
-        if self.adaptive is not None and any(e.num_draft for e in sched.entries):
+        if self.adaptive is not None and verified:
             self.adaptive.step_verified()
         if isinstance(self.speculator, HiddenStateSpeculator):  # MTP: drafts from this step's hidden states
             self.speculator.observe(sched, self.runner.last_batch, self.runner.last_hidden)
         if self.adaptive is not None and sched.kind is StepKind.DECODE:
-            self.adaptive.timed(sched.num_tokens, time.perf_counter() - start)
+            self.adaptive.step_ended(sched.num_tokens, verified)
         return out
 
     def _hint(self, sched: SchedulerOutput) -> None:

@@ -60,7 +60,7 @@ def quant_summary(model) -> dict:
 
 
 def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, layout, nvml, model_dir: Path,
-               kv_bytes: int, speculative: dict | None = None) -> dict:
+               kv_bytes: int, speculative: dict | None = None, by_batch: list[dict] | None = None) -> dict:
     """Write a run dir's contents into `tmp` from a Profiler's records (also used by serve's recording)."""
     from moetune.profile.rates import model_dims
     from moetune.profile.tables import build_tables
@@ -69,14 +69,13 @@ def finish_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, profiler, l
     trace = profiler.trace()
     tables = build_tables(profiler.records, trace, layout, dims["D"] * dims["b_a"], nvml.table())
     return write_run(tmp, settings, cfg, RunParts(profiler.model, tables, trace, layout, nvml.summary(), kv_bytes,
-                                                  speculative=speculative), model_dir)
+                                                  speculative=speculative, speculative_by_batch=by_batch), model_dir)
 
 
 def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunParts, model_dir: Path) -> dict:
     import yaml
 
     from moetune.bench.roofline import expert_bytes
-    from moetune.engine.speculative.experts import speculative_summary
     from moetune.profile.analysis import summarize
     from moetune.profile.env import environment
     from moetune.profile.memory import memory_breakdown
@@ -97,8 +96,7 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
         offload=offload_summary(model.experts),
         quant=quant_summary(model),
         capacity_applied=capacity_applied(model, cfg),
-        speculative=speculative_summary(cfg.engine.speculative, parts.speculative, expert_bytes(model))
-        if parts.speculative is not None else {"enabled": False},
+        speculative=_speculative(cfg, parts, expert_bytes(model)),
         trace_files=["tb/", "trace.json"] if settings.trace else [],
     )
     recipe = yaml.safe_dump(cfg.model_dump(), sort_keys=False)
@@ -108,6 +106,19 @@ def write_run(tmp: Path, settings: ProfileSettings, cfg: RunConfig, parts: RunPa
                       fused=model.fused is not None)
     write_contents(tmp, recipe, env, summary, tables, parts.trace)
     return summary
+
+
+def _speculative(cfg: RunConfig, parts: RunParts, expert_bytes: float) -> dict:
+    """summary.json `speculative`: over the measured steps, and per batch size (`by_batch`, a run on
+    one process: profile/specsweep.py)."""
+    from moetune.engine.speculative.experts import speculative_summary
+
+    if parts.speculative is None:
+        return {"enabled": False}
+    out = speculative_summary(cfg.engine.speculative, parts.speculative, expert_bytes)
+    if parts.speculative_by_batch is not None:
+        out["by_batch"] = parts.speculative_by_batch
+    return out
 
 
 def parallel_summary(layout, ranks: dict | None) -> dict:

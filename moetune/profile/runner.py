@@ -96,7 +96,13 @@ def _profile_into(tmp: Path, settings: ProfileSettings, cfg: RunConfig, generato
             after = speculative_counters(engine.stats, engine.runner.experts)
         finally:
             profiler.detach(generator.engine)
-    spec = {k: after[k] - before[k] for k in after} if engine.speculator is not None else None
-    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, engine.runner.cache.nbytes(), spec)
+    spec, sweep = None, None
+    if engine.speculator is not None:
+        from moetune.bench.roofline import expert_bytes
+        from moetune.profile.specsweep import speculation_sweep
+
+        spec = {k: after[k] - before[k] for k in after}
+        sweep = speculation_sweep(engine, requests, w.output_len, w.batch_size, expert_bytes(model))
+    return finish_run(tmp, settings, cfg, profiler, layout, nvml, model_dir, engine.runner.cache.nbytes(), spec, sweep)
 
 

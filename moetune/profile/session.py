@@ -128,3 +128,4 @@ class RunParts:
     kv_bytes: int
     ranks: dict | None = None  # runs on R ranks: dispatcher counters, wire row bytes, dispatch dtype
     speculative: dict | None = None  # speculative-decoding counters over the measured steps (engine.speculative)
+    speculative_by_batch: list[dict] | None = None  # plain vs speculative decoding per batch size (specsweep.py)

@@ -6,7 +6,7 @@ import base64
 import re
 from html import escape
 
-from moetune.report.tables import Table, all_tables
+from moetune.report.tables import Table, all_tables, figure_tables
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
@@ -15,7 +15,7 @@ table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.88em; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } tr:nth-child(even) td { background: #fafafa; }
 figure { margin: 1em 0; } figcaption { font-weight: 600; margin-bottom: 0.3em; }
-img { max-width: 100%; } .note { color: #666; font-size: 0.85em; } .meta { color: #555; }
+img { max-width: 100%; } .pair { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; } .note { color: #666; font-size: 0.85em; } .meta { color: #555; }
 code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; }
 """
 
@@ -32,10 +32,13 @@ def table_html(table: Table) -> str:
     return f"<h2>{escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
 
 
-def figure_html(caption: str, png: bytes) -> str:
+def figure_html(caption: str, png: bytes, beside: Table | None = None) -> str:
+    """The plot inline (base64); `beside`: a table shown next to it (below on a narrow page)."""
     data = base64.b64encode(png).decode("ascii")
-    return (f'<figure><figcaption>{escape(caption)}</figcaption>'
-            f'<img alt="{escape(caption)}" src="data:image/png;base64,{data}"></figure>')
+    img = f'<img alt="{escape(caption)}" src="data:image/png;base64,{data}">'
+    if beside is not None:
+        img = f'<div class="pair">{img}<div>{table_html(beside)}</div></div>'
+    return f'<figure><figcaption>{escape(caption)}</figcaption>{img}</figure>'
 
 
 def render_html(summary: dict, env: dict, plots: list[tuple[str, str, bytes]]) -> str:
@@ -43,7 +46,8 @@ def render_html(summary: dict, env: dict, plots: list[tuple[str, str, bytes]]) -
     m, dev = summary["model"], env.get("device", {})
     meta = (f"moetune {env.get('moetune_version')} · git {str(env.get('git_commit'))[:10]} · torch {env.get('torch')}"
             f" · device {dev.get('name') or dev.get('type')} · {dev.get('cpu_count')} CPUs")
-    figures = "".join(figure_html(caption, png) for _, caption, png in plots)
+    beside = figure_tables(summary)
+    figures = "".join(figure_html(caption, png, beside.get(stem)) for stem, caption, png in plots)
     every = all_tables(summary)  # the overview (and the deployment), then plots, then the detail tables
     lead = 2 if len(every) > 1 and every[1].title == "Deployment" else 1
     first = "".join(table_html(t) for t in every[:lead])

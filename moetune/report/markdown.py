@@ -5,7 +5,7 @@ Plots are referenced by relative path when the caller saved them (`images`: stem
 
 from __future__ import annotations
 
-from moetune.report.tables import Table, all_tables
+from moetune.report.tables import Table, all_tables, figure_tables
 
 
 def table_markdown(table: Table) -> str:
@@ -30,8 +30,11 @@ def render_markdown(summary: dict, env: dict, captions: list[tuple[str, str]] | 
              f" · {env.get('device', {}).get('cpu_count')} CPUs", ""]
     first, *rest = all_tables(summary)  # the overview, then plots, then the detail tables
     parts.append(table_markdown(first))
+    beside = figure_tables(summary)
     for stem, caption in captions or []:
         if images and stem in images:
             parts += [f"**{caption}**", "", f"![{caption}]({images[stem]})", ""]
+        if stem in beside:
+            parts.append(table_markdown(beside[stem]))
     parts += [table_markdown(t) for t in rest]
     return "\n".join(parts)

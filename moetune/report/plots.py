@@ -8,6 +8,7 @@ import pandas as pd
 from moetune.profile.trace import KINDS
 from moetune.report.figure import figure, png
 from moetune.report.ranks.plots import rank_timeline
+from moetune.report.speculative import CAPTION, STEM, by_batch, speculation_plot
 
 PHASE_COLORS = {"attention": "#4c72b0", "router": "#dd8452", "permute": "#55a868", "dispatch": "#c44e52",
                 "experts": "#8172b3", "combine": "#937860", "shared_expert": "#da8bc3", "unpermute": "#8c8c8c",
@@ -136,6 +137,9 @@ def all_plots(tables, summary: dict | None = None) -> list[tuple[str, str, bytes
         plots.append(("rank_load", "Load per EP rank under the chosen placement", rank_load_bars(tables.ep_ranks)))
     on_gpu = summary is None or str(summary["model"].get("device", "")).startswith("cuda")
     plots += [("gemm_m_shapes", "Expert GEMM m-shape histogram", mshape_histogram(tables.expert_load, on_gpu))] + extra
+    spec = by_batch(summary) if summary is not None else []
+    if spec:
+        plots.append((STEM, CAPTION, speculation_plot(spec, summary["speculative"]["method"], summary["model"]["E"])))
     if len(tables.rank_moe):
         plots.append(("rank_timeline",
                       "Per-rank timeline: computing, dispatch/combine transfer, waiting, and for whom (measured)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from moetune.profile.trace import KINDS
 from moetune.report.ranks.tables import rank_tables
 from moetune.report.ranks.tp import tp_tables
+from moetune.report.speculative import STEM, by_batch, speculation_table
 from moetune.report.table import Table, mb, num
 
 
@@ -224,6 +225,11 @@ def offload_table(summary: dict) -> Table:
             "(those + demand fetches).")
     return Table("Expert offloading", ["layer", "hit rate", "hits/needed", "prefetch precision", "prefetch recall",
                                        "fetched", "offload_wait ms", "resident"], rows, note)
+
+
+def figure_tables(summary: dict) -> dict[str, Table]:
+    """Tables shown beside a plot (its stem → the table), not among `all_tables`."""
+    return {STEM: speculation_table(summary)} if by_batch(summary) else {}
 
 
 def all_tables(summary: dict) -> list[Table]:

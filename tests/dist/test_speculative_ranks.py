@@ -1,7 +1,8 @@
 """Speculative decoding on a mesh of ranks (real gloo process groups): greedy tokens equal one rank
 decoding plainly, under expert parallelism (MTP: its module replicated on every rank) and tensor
 parallelism (n-gram and MTP: every rank of a TP group offers the same drafts, so the group's ranks
-verify the same rows); sampled verification keeps one draw per TP group when each process's RNG differs."""
+verify the same rows) and both on a TP 2 × EP 2 mesh of four ranks; sampled verification keeps one
+draw per TP group when each process's RNG differs, and a seeded request draws what one rank draws."""
 
 import functools
 import json
@@ -77,6 +78,36 @@ def test_speculation_on_a_tp2_group_equals_one_rank_without_it(mtp_checkpoint, d
     assert every[0]["verify_steps"] > 0 and every[0]["draft_tokens"] > 0
     if speculative == "ngram:3" or model == "stdlib-moe":  # the random MTP head guesses at chance
         assert every[0]["accepted"] > 0
+
+
+@pytest.mark.parametrize("speculative", ["ngram:3", "mtp:2"])
+def test_speculation_on_a_tp2_by_ep2_mesh_equals_one_rank_without_it(mtp_checkpoint, speculative):
+    """Four ranks: two DP groups (EP 2, each its own requests and drafts) of two TP ranks (the same
+    drafts, the same rows verified). Greedy tokens equal one rank decoding plainly."""
+    reqs = mixed_requests(4, VOCAB, seed=1)
+    parallel = {"tp_size": 2, "ep_size": 2, "placement": "round_robin"}
+    every = run_speculative(mtp_checkpoint, speculative, parallel, [p for p, _ in reqs], [max(n, 12) for _, n in reqs])
+    assert len(every) == 4 and every[0] == every[1] and every[2] == every[3]  # ranks 2d, 2d + 1: one TP group
+    assert every[0]["drafts"] != every[2]["drafts"]  # each DP group drafted for its own requests
+    drafted = [r["verify_steps"] > 0 and r["draft_tokens"] > 0 for r in every]
+    assert all(drafted) if speculative == "mtp:2" else any(drafted)  # MTP drafts every step; n-grams where they match
+
+
+@pytest.mark.parametrize("seed", [7, None])
+def test_sampled_draft_model_verify_on_a_tp_group(mtp_checkpoint, draft_checkpoint, seed):
+    """Temperature sampling with a draft model (whole on each rank, greedy drafts: the same on both
+    ranks) verified by rejection sampling: both ranks keep the same tokens even when each process's
+    RNG differs (seed None: the group keeps its rank 0's outcome); seeded requests draw what one rank
+    with the same speculator draws (the same per-request generator over the same gathered logits)."""
+    reqs = mixed_requests(3, VOCAB, seed=1)
+    prompts, speculative = [p for p, _ in reqs], f"draft:{draft_checkpoint}:2"
+    cfg = config(mtp_checkpoint, speculative, {"tp_size": 2})
+    every = run_ranks(cfg, functools.partial(jobs.sampled_on_every_rank, prompts, seed))
+    assert every[0] == every[1] and sorted(every[0]) == [0, 1, 2]
+    if seed is not None:
+        one = build_generator(config(mtp_checkpoint, speculative)).generate(
+            prompts, SamplingParams(max_tokens=12, temperature=1.3, seed=seed, ignore_eos=True))
+        assert [every[0][i] for i in range(3)] == [c.token_ids for c in one]
 
 
 def test_sampled_verification_keeps_one_draw_per_tp_group(mtp_checkpoint):
