@@ -41,8 +41,11 @@ def simulate(
     with progress("simulate") as bar:
         bar.phase("reading the trace and calibrating")
 
+        started = []  # the vectorised pricing reports once, with every step done
+
         def on_step(done: int, total) -> None:
-            if done == 1:
+            if not started:
+                started.append(True)
                 bar.phase("pricing lock-steps", total=total)
             bar.update(done=done)
 
