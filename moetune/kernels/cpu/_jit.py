@@ -32,8 +32,9 @@ from types import SimpleNamespace
 import numpy as np
 from numba import njit, prange
 
-from moetune.kernels.cpu._jit_q8 import (dot1_q, dot2_q, q4_rows, q8_rows, quantize_row, quantize_row_split,
-                                         quantize_rows, quantize_single_rows, quantize_split_row, x_blocks)
+from moetune.kernels.cpu._jit_q8 import (dot1_q, dot2_q, q4_cols, q4_rows, q8_rows, quantize_row,
+                                         quantize_row_split, quantize_rows, quantize_single_rows, quantize_split_row,
+                                         x_blocks)
 from moetune.kernels.cpu._simd import q4_tile_1x2
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
@@ -263,6 +264,9 @@ def _q4_block(q, w, scale, y, block, b):
     of `linear_q4`; q = (xq, sums, xs) from `_q4_input`)."""
     xq, sums, xs = q
     n1 = min(w.shape[0], (b + 1) * block)
+    if xq.shape[0] == 1:
+        q4_cols(xq, sums, xs, 0, w, b * block, n1, scale, y, 0)
+        return
     for n in range(b * block, n1, 2):
         n2 = min(n + 1, n1 - 1)
         for m in range(xq.shape[0]):
@@ -566,6 +570,9 @@ def _int4_group_sums(aq, asum, m, q):
 @njit(inline="always", **OPTS)
 def _int4_down_item(aq, asum, offsets, e, w2, s2, y, n0, n1, q):
     we, se = w2[e], s2[e]
+    if offsets[e + 1] - offsets[e] == 1 and q[6] >= 1:
+        q4_cols(q[3], q[4], q[5], offsets[e], we, n0, n1, se, y, offsets[e])
+        return
     if offsets[e + 1] - offsets[e] <= q[6]:
         for n in range(n0, n1, 2):
             n2 = min(n + 1, n1 - 1)

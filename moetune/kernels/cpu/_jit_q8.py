@@ -204,6 +204,14 @@ def q4_rows(xq, sums, xs, m, w, n, n2, s, y, ym, col, col2):
 
 
 @njit(**OPTS)
+def q4_cols(xq, sums, xs, m, w, n0, n1, s, y, ym):
+    """y[ym, n] = Σ_k x[m, k]·W[n, k] for n in [n0, n1): `q4_rows` one weight row at a time (the
+    1 × 1 tile, one stream; at one x row it beats pairs of rows, docs/cpu.md)."""
+    for n in range(n0, n1):
+        y[ym, n] = q4_tile_1x1(xq, sums, xs, m, w, n, n, s)[0]
+
+
+@njit(**OPTS)
 def quantize_single_rows(x, offsets, active, xq, xs):
     """xq[m], xs[m] for the row m of each active expert that has exactly one row (others untouched)."""
     for e in active:
