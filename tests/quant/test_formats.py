@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from moetune.kernels.cpu import fused_experts_cpu
+from moetune.kernels.cpu.linear import X_BLOCK, rounding_rel
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.quant.formats import FORMAT_NAMES, format_of, pack, parse_format, unpack
 from moetune.quant.names import QuantError, check_backend, parse_name
-from moetune.kernels.cpu.linear import X_BLOCK, rounding_rel
 
 # relative Frobenius error of x @ W.T with W ~ N(0, 1) [E, N, K=256] and x ~ N(0, 1): the stated bounds
 BOUNDS = {"fp32": 0.0, "bf16": 5e-3, "fp16": 1e-3, "fp8": 0.06, "int8": 0.012,

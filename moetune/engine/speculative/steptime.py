@@ -3,9 +3,10 @@ cost model a test injects) and a fitted line t(R) = t0 + t1·R over a step kind'
 
 The fit is exponentially weighted least squares: `fade` multiplies the earlier samples' weights by
 `decay` (the owner fades every kind's fit on each timed step, so a kind timed rarely forgets as
-fast, in steps, as one timed on every step), `add` adds a sample of weight 1. While the timed steps' rows barely vary (weighted variance < MIN_SPREAD rows²) the slope
-is not measured: `line` takes a slope handed in (another kind's measured one), else the prior
-t1 = t0 / PRIOR_KNEE through the samples' mean.
+fast, in steps, as one timed on every step), `add` adds a sample of weight 1. While the timed
+steps' rows barely vary (weighted variance < MIN_SPREAD rows²) the slope is not measured: `line`
+takes a slope handed in (another kind's measured one), else the prior t1 = t0 / PRIOR_KNEE through
+the samples' mean.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ class FastOffload:
              copy_bw: float) -> np.ndarray:
         """[Lm, R] stall seconds of one step (active [Lm, P]: the slots with rows; slot_bytes [Lm, P])."""
         return _compiled()(self.resident, self.stamp, self.uses, self.previous, self.counters, self.bytes,
-                                 self.clock, active, slot_bytes, self.capacity, self.lfu, self.depth, host_bw,
-                                 hidden_s, copy_bw)
+                           self.clock, active, slot_bytes, self.capacity, self.lfu, self.depth, host_bw,
+                           hidden_s, copy_bw)
 
 
 def _compiled():
