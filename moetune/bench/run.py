@@ -68,8 +68,10 @@ def _threads(dev) -> str:
         return "GPU"
     from moetune.engine.heap import heap_policy
     from moetune.engine.threads import wait_policy
+    from moetune.kernels.cpu import isa
 
-    return f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()} · freed memory: {heap_policy()}"
+    return (f"threads {torch.get_num_threads()} · OpenMP wait: {wait_policy()} · freed memory: {heap_policy()}"
+            f" · CPU kernels: {isa.describe()}")
 
 
 def run_bench_ranks(cfg, settings: BenchSettings) -> list | None:

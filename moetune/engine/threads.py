@@ -94,6 +94,19 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def check_kernel_isa() -> None:
+    """A MOETUNE_CPU_ISA this CPU cannot run is the user's mistake: one line before the model loads."""
+    if not os.environ.get("MOETUNE_CPU_ISA"):
+        return
+    from moetune.errors import UsageError
+    from moetune.kernels.cpu import isa
+
+    try:
+        isa.requested()
+    except isa.ISAError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def use_threads(threads: int | None = None) -> int:
     """Run torch and the CPU kernels on `threads` threads (None: every available core); returns it.
 
@@ -102,6 +115,7 @@ def use_threads(threads: int | None = None) -> int:
     loaded, the calling thread's count is set instead."""
     import torch
 
+    check_kernel_isa()
     n = threads or available_cores()
     if n < 1:
         raise ValueError(f"threads must be ≥ 1, got {n}")

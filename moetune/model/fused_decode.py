@@ -22,7 +22,7 @@ counts routing and hears it from here), every sequence decodes one token or veri
 (a verify entry's 1 + k rows: each row attends as a query of its own over its sequence's cache up
 to its position, `GQAAttention.row_plan`) and there are at most FUSED_ROWS rows; a layer, when it is grouped-query attention and an MoE block the kernels take:
 `cpu` backend, one rank, no capacity limit, routing without group limits. Its experts run fused
-when the store hands out one fp32 or int8 format and no slot has more rows than the backend's
+when the store hands out one fp32, int8 or int4 format and no slot has more rows than the backend's
 `row_limit`; otherwise the unfused phases take over after the router. Layers not fused (dense MLP,
 MLA) run unfused within the same step. Measured (in-process A/B, unfused ÷ fused step time,
 docs/cpu.md): 1.15-1.21x at batch 1, 1.06-1.08x at 16 and 1.09-1.11x at 32-64 on 340M/Qwen3-style
@@ -223,7 +223,7 @@ class _Step:
 
 def _fusable(layer) -> bool:
     """What does not change after load: GQA + MoE, the rotary the kernel takes, routing without
-    group limits, fp32 CPU weights outside the store (int8 QKV and o projections too)."""
+    group limits, fp32 CPU weights outside the store (int8 and int4 QKV and o projections too)."""
     attn, mlp = layer.attention, layer.mlp
     if not isinstance(attn, GQAAttention) or not isinstance(mlp, MoELayer):
         return False
@@ -237,9 +237,9 @@ def _fusable(layer) -> bool:
 
 
 def _takes_weight(w) -> bool:
-    """A projection the fused kernel reads: fp32, or int8 with a scale per row (int4 runs unfused)."""
+    """A projection the fused kernel reads: fp32, int8 with a scale per row, or int4 with one per group."""
     if isinstance(w, PackedWeight):
-        return w.fmt == WeightFormat.INT8
+        return w.fmt in (WeightFormat.INT8, WeightFormat.INT4)
     return w.dtype == torch.float32
 
 

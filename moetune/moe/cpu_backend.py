@@ -25,7 +25,7 @@ from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu, linear
 from moetune.kernels.cpu.experts import experts_record
 from moetune.kernels.cpu.records import Experts
 from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
-from moetune.kernels.cpu.runtime import fp32_cpu
+from moetune.kernels.cpu.arrays import fp32_cpu
 from moetune.kernels.quant_formats import WeightFormat
 from moetune.moe.torch_backend import TorchBackend
 from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
@@ -55,10 +55,9 @@ class CPUBackend(TorchBackend):
 
     def kernel_experts(self, weights: ExpertWeights) -> Experts | None:
         """These weights as the fused decode layer's experts kernel takes them, with this backend's
-        `row_limit`; None for what it does not take (several formats, int4, not fp32 / int8 on the CPU)."""
+        `row_limit`; None for what it does not take (several formats, not fp32 / int8 / int4 on the CPU)."""
         w13 = weights.w13
-        if weights.mixed or w13.fmt == WeightFormat.INT4 or w13.data.device.type != "cpu" \
-                or not weights_fit(weights):
+        if weights.mixed or w13.data.device.type != "cpu" or not weights_fit(weights):
             return None
         return experts_record(w13, weights.w2, self.row_limit(weights))
 

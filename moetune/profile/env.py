@@ -46,6 +46,10 @@ def _version(package: str) -> str | None:
 def device_info(device: torch.device) -> dict:
     info = {"type": device.type, "cpu_count": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
             "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    if device.type == "cpu":
+        from moetune.kernels.cpu import isa
+
+        info["kernel_isa"] = isa.describe()  # the instruction set the CPU kernels compiled for (kernels/cpu/isa.py)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(name=props.name, total_memory_bytes=props.total_memory,

@@ -4,12 +4,8 @@ each equals its twin (x rounded per block as the kernel rounds it, exact integer
 `linear_q8_ref`, `linear_q4_ref`) to one rounding step of x, and the dequantised fp32 reference
 within the stated bound `q8_bound` (Σ_b xs_b/2 · Σ_{k in b} |W[n, k]|, xs_b = absmax(x block) / 32767),
 on M = 1…16, odd N and K, int4 groups 32 / 64 / 128; a row cut at block edges (a tensor-parallel
-rank's slice) rounds x as the whole row does; and the same numbers from the AVX2 and generic (no
-AVX) code, checked to be what was compiled (the disk cache is keyed on the CPU features)."""
-
-import os
-import subprocess
-import sys
+rank's slice) rounds x as the whole row does. Each instruction-set variant (AVX2, generic, ...)
+against the twins: test_cpu_isa.py."""
 
 import pytest
 import torch
@@ -135,48 +131,3 @@ def test_int4_experts_match_their_twin(rows, group, limit, threads, monkeypatch)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     ref = fused_experts_cpu_ref(x, off, w13, w2)  # rounding x and the activation to int16 costs < 1e-4
     assert ((got - ref).norm() / ref.norm()).item() < 1e-4
-
-
-AVX2 = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,-avx512f,-avx512bw,-avx512vnni,-avxvnni"
-GENERIC = "+sse2,-avx,-avx2,-avx512f,-avx512bw"
-
-SCRIPT = """
-import sys, torch
-from moetune.kernels.cpu import linear, quantize_int4, quantize_int8, runtime
-from moetune.kernels.cpu._simd import lanes
-runtime.Q8_ROWS = runtime.Q4_ROWS = 16
-g = torch.Generator().manual_seed(3)
-w8 = quantize_int8(torch.randn(37, 1029, generator=g)); x8 = torch.randn(5, 1029, generator=g)
-w4 = [quantize_int4(torch.randn(11, 384, generator=g), grp) for grp in (32, 64, 128)]
-x4 = torch.randn(3, 384, generator=g)
-ys = [linear(x8[:1], w8, threads=1), linear(x8, w8, threads=1)] + [linear(x4, w, threads=1) for w in w4]
-k = runtime.jit()
-asm = k.linear_q8_serial.inspect_asm(k.linear_q8_serial.signatures[0])
-asm += k.linear_q4_serial.inspect_asm(k.linear_q4_serial.signatures[0])
-torch.save({"y": ys, "lanes": lanes(), "zmm": "zmm" in asm, "ymm": "ymm" in asm,
-            "madd": "vpmaddwd" in asm or "vpdpwssd" in asm, "vnni": "vpdpwssd" in asm}, sys.argv[1])
-"""
-
-
-def _run_on(features: str, cpu: str, tmp_path) -> dict:
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out.pt")], env=env, check=True, timeout=600)
-    return torch.load(tmp_path / "out.pt")
-
-
-@pytest.mark.parametrize("cpu,features,lanes", [("haswell", AVX2, 16), ("x86-64", GENERIC, 16)])
-def test_other_isas_compute_the_same(cpu, features, lanes, tmp_path, integer_paths):
-    """numba compiles for NUMBA_CPU_NAME with NUMBA_CPU_FEATURES (the name alone keeps the host's
-    features); the code must be that ISA's (no zmm; AVX2: 256-bit vpmaddwd; generic: no ymm) and its
-    numbers equal this machine's."""
-    got = _run_on(features, cpu, tmp_path)
-    assert got["lanes"] == lanes and not got["zmm"] and not got["vnni"]
-    assert got["madd"] == (cpu == "haswell") and got["ymm"] == (cpu == "haswell")
-    g = torch.Generator().manual_seed(3)
-    w8 = quantize_int8(torch.randn(37, 1029, generator=g))
-    x8 = torch.randn(5, 1029, generator=g)
-    w4 = [quantize_int4(torch.randn(11, 384, generator=g), grp) for grp in (32, 64, 128)]
-    x4 = torch.randn(3, 384, generator=g)
-    want = [linear(x8[:1], w8, threads=1), linear(x8, w8, threads=1)] + [linear(x4, w, threads=1) for w in w4]
-    for a, b in zip(got["y"], want):  # exact block / group sums, scaled into fp32 lanes: 8 vs 16 lanes
-        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * b.abs().max().item())

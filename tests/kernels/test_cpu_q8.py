@@ -1,11 +1,7 @@
 """The integer path of int8 weights against one x row (`kernels/cpu/_jit_q8.py`): equal to its twin
 (x rounded the same way, exact integer sums), within its stated bound of the dequantised fp32
-reference, never overflowing, on awkward shapes, in the linear kernel, the experts and on AVX2
-code as well as this machine's."""
-
-import os
-import subprocess
-import sys
+reference, never overflowing, on awkward shapes, in the linear kernel and the experts (the other
+instruction sets' code: test_cpu_isa.py)."""
 
 import pytest
 import torch
@@ -18,7 +14,6 @@ from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.cpu.formats import dequantize  # noqa: E402
 from moetune.kernels.cpu.linear import linear_q8_ref, q8_bound, quantize_rows_ref  # noqa: E402
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
-from tests.kernels.test_cpu_int_simd import AVX2  # noqa: E402
 from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
 
 
@@ -97,23 +92,3 @@ def test_one_row_int8_experts_match_their_twin(schedule, rows, threads, monkeypa
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     ref = fused_experts_cpu_ref(x, off, w13, w2)  # and near the fp32 twin: rounding x costs < 1e-3
     assert ((got - ref).norm() / ref.norm()).item() < 1e-3
-
-
-def test_avx2_code_computes_the_same(tmp_path):
-    """numba compiles for the CPU it runs on; NUMBA_CPU_NAME=haswell with NUMBA_CPU_FEATURES set to
-    Haswell's (the name alone keeps the host's AVX-512 features) makes it emit AVX2 code here, into a
-    cache of its own, and the integer path must give the same numbers (the code's registers are
-    checked in test_cpu_int_simd.py)."""
-    script = (
-        "import torch\n"
-        "from moetune.kernels.cpu import linear, quantize_int8\n"
-        "g = torch.Generator().manual_seed(3)\n"
-        "w = quantize_int8(torch.randn(37, 1029, generator=g)); x = torch.randn(1, 1029, generator=g)\n"
-        "torch.save(linear(x, w, threads=1), r'" + str(tmp_path / "y.pt") + "')\n")
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
-    g = torch.Generator().manual_seed(3)
-    w = quantize_int8(torch.randn(37, 1029, generator=g))
-    x = torch.randn(1, 1029, generator=g)
-    want = linear(x, w, threads=1)  # exact block sums, scaled and summed in fp32 lanes: 8 (AVX2) vs 16 here
-    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), want, rtol=2e-5, atol=2e-5 * want.abs().max().item())

@@ -6,6 +6,7 @@ import torch
 
 from moetune.engine.generate import Generator
 from moetune.engine.sampling import SamplingParams
+from moetune.kernels.cpu import runtime
 from moetune.experts.offload import OffloadingExpertStore, OffloadSettings
 from moetune.model.fused_decode import FusedDecode
 from moetune.model.loader import load_model
@@ -119,22 +120,26 @@ def ck64(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt", ["int8", "int4-g32"])
 def test_quantized_experts(fmt, ck64):
-    """int8 experts run in moe_block; int4 ones (another kernel) take the unfused phases."""
+    """int8 and int4 experts run in moe_block (int4: `experts_int4`, experts of ≤ Q4_ROWS rows in
+    integers), with the same steps as the unfused phases."""
     path = ck64
     spec = load_model(path).spec
     table = PrecisionTable({i: (fmt,) * spec.moe.num_experts for i in spec.moe_layers})
-    _assert_same(load_model(path, precision=table), PROMPTS["three"], unfused_experts=fmt != "int8")
+    _assert_same(load_model(path, precision=table), PROMPTS["three"], unfused_experts=False)
 
 
 @pytest.mark.parametrize("dense", ["int8", "int4-g32"])
-def test_quantized_dense_projections(dense, ck64):
-    """int8 QKV / o projections (and int8 experts) run in attention_block; int4 ones leave the layer
-    to the unfused path (its kernel is not in the fused block), with the same steps either way."""
+def test_quantized_dense_projections(dense, ck64, monkeypatch):
+    """int8 and int4 QKV / o projections (experts in the same format) run in attention_block, with the
+    same steps as the unfused layers; int4 past Q4_ROWS rows takes the fp32 nibble split there too."""
     spec = load_model(ck64).spec
-    table = PrecisionTable({i: ("int8",) * spec.moe.num_experts for i in spec.moe_layers})
+    table = PrecisionTable({i: (dense,) * spec.moe.num_experts for i in spec.moe_layers})
     model = load_model(ck64, precision=table, dense=dense)
-    assert all(model.fused.covers(layer) for layer in model.layers) == (dense == "int8")
-    _assert_same(model, PROMPTS["three"], fused_calls=dense == "int8")
+    assert all(model.fused.covers(layer) for layer in model.layers)
+    _assert_same(model, PROMPTS["three"], unfused_experts=False)
+    if dense.startswith("int4"):  # three rows past a Q4_ROWS of 2: the split path, fused and unfused
+        monkeypatch.setattr(runtime, "Q4_ROWS", 2)
+        _assert_same(model, PROMPTS["three"], unfused_experts=False)
 
 
 def test_more_sequences_than_max_rows_run_unfused(checkpoint):

@@ -13,6 +13,7 @@ Importing this package imports torch only; numba is imported and each kernel com
 first call (then cached on disk, so later processes only load it).
 """
 
+from moetune.kernels.cpu import isa
 from moetune.kernels.cpu.attention import decode_attention, decode_attention_ref
 from moetune.kernels.cpu.experts import fused_experts_cpu, fused_experts_cpu_ref
 from moetune.kernels.cpu.formats import (INT4_GROUPS, dequantize, dequantize_int4, dequantize_int8,
@@ -20,6 +21,6 @@ from moetune.kernels.cpu.formats import (INT4_GROUPS, dequantize, dequantize_int
 from moetune.kernels.cpu.linear import linear, linear_ref
 from moetune.kernels.cpu.runtime import set_threads
 
-__all__ = ["INT4_GROUPS", "decode_attention", "decode_attention_ref", "dequantize", "dequantize_int4",
+__all__ = ["INT4_GROUPS", "isa", "decode_attention", "decode_attention_ref", "dequantize", "dequantize_int4",
            "dequantize_int8", "fused_experts_cpu", "fused_experts_cpu_ref", "linear", "linear_ref", "quantize_int4",
            "quantize_int8", "set_threads"]

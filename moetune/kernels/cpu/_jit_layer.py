@@ -15,32 +15,24 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from moetune.kernels.cpu._jit import (OPTS, decode_attention_serial, linear_dense_serial, active_experts,
-                                      decode_attention, experts_dense, linear_dense, linear_q8, linear_q8_serial,
-                                      permute_rows, rms_norm, rope_rotate_half, select_topk, unpermute_rows)
+from moetune.kernels.cpu._jit_attention import decode_attention, decode_attention_serial
+from moetune.kernels.cpu._jit_dispatch import experts_into, matmul_into
+from moetune.kernels.cpu._jit_experts import active_experts
+from moetune.kernels.cpu._jit_rows import permute_rows, rms_norm, rope_rotate_half, select_topk, unpermute_rows
+from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu.records import QK_FULL, QK_PER_HEAD
-
-BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
-
 
 @njit(**OPTS)
 def _project(x, p, tuning):
     """x [T, K] @ w [N, K].T · scale (+ bias [N], when not empty) → a new [T, N], p a `Projection`:
     on the Tuning's threads, or on this one under serial_bytes of weights (`runtime.launch`'s rule);
-    int8 rows against up to the Tuning's q8 x rows take the integer path (`linear.linear`'s rule)."""
+    int8 rows against up to the Tuning's q8 x rows, int4 against up to q4, take the integer paths
+    (`linear.linear`'s rules; `_jit_dispatch.matmul_into`)."""
     w, scale, bias = p  # Projection
-    threads, serial_bytes, q8 = tuning[0], tuning[1], tuning[5]  # Tuning
+    threads, serial_bytes, q8, q4 = tuning[0], tuning[1], tuning[5], tuning[6]  # Tuning
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     parallel = threads > 1 and w.size * w.itemsize >= serial_bytes
-    if w.itemsize == 1 and x.shape[0] <= q8:
-        if parallel:
-            linear_q8(x, w, scale, y, BLOCK_N)
-        else:
-            linear_q8_serial(x, w, scale, y, BLOCK_N)
-    elif parallel:
-        linear_dense(x, w, scale, y, BLOCK_N)
-    else:
-        linear_dense_serial(x, w, scale, y, BLOCK_N)
+    matmul_into(x, w, scale, y, parallel, q8, q4)
     if bias.shape[0]:
         for t in range(y.shape[0]):
             for n in range(y.shape[1]):
@@ -133,15 +125,16 @@ def attention_block(h, attn_norm, attn, step, pools, plan, mlp_norm, router, tun
 @njit(**OPTS)
 def moe_block(h, x, slots, topk_w, experts, shared, use_shared, tuning):
     """The experts half of a decode layer: permute x [T, D] by `slots` [T, K] (physical), every
-    active expert's w13 → SiLU·mul → w2 over its rows (an `Experts` record; one-row int8 experts in
-    integers when the Tuning's q8 is on, `experts_dense`), unpermute with topk_w
-    [T, K] (+ shared [T, D] when use_shared), and h [T, D] += that. Returns 0, or without touching
+    active expert's w13 → SiLU·mul → w2 over its rows (an `Experts` record, fp32 / int8 / int4:
+    one-row int8 experts in integers when the Tuning's q8 is on, int4 ones of ≤ q4 rows;
+    `_jit_dispatch.experts_into`), unpermute with topk_w [T, K] (+ shared [T, D] when use_shared),
+    and h [T, D] += that. Returns 0, or without touching
     h: 1 when a slot is out of range, 2 when a slot has more than row_limit rows (torch's GEMM is
     faster there: the caller runs the unfused phases)."""
-    w13, s13, w2, s2, nbytes, P, row_limit = experts  # Experts
-    threads, serial_bytes, block13, block2, schedule, q8 = tuning  # Tuning
+    nbytes, P, row_limit = experts[4], experts[5], experts[6]  # Experts
+    threads, serial_bytes = tuning[0], tuning[1]  # Tuning
     T, K = slots.shape
-    D, I = x.shape[1], w2.shape[2]
+    D = x.shape[1]
     counts = np.empty(P, np.int64)
     offsets = np.empty(P + 1, np.int64)
     copy_ids = np.empty(T * K, np.int64)
@@ -153,8 +146,7 @@ def moe_block(h, x, slots, topk_w, experts, shared, use_shared, tuning):
     active = active_experts(offsets, T * K)
     y = np.zeros((T * K, D), np.float32)
     lanes = threads if threads > 1 and nbytes * active.shape[0] // P >= serial_bytes else 1
-    experts_dense(x_sorted, offsets, active, w13, s13, w2, s2, np.empty((T * K, I), np.float32), y,
-                  block13, block2, schedule, lanes, q8)
+    experts_into(x_sorted, offsets, active, experts, tuning, lanes, y)
     out = shared.copy() if use_shared else np.zeros((T, D), np.float32)
     unpermute_rows(y, copy_ids, topk_w, out)
     for t in range(T):

@@ -28,7 +28,8 @@ from numba import njit, types
 from numba.extending import overload
 
 from moetune.kernels.cpu._opts import OPTS
-from moetune.kernels.cpu._simd import XB, q4_tile_1x1, q4_tile_1x2, q8_tile_1x1, q8_tile_1x2, q8_tile_2x2, q8_tile_4x2
+from moetune.kernels.cpu._simd import (XB, q4_tile_1x1, q4_tile_2x1, q4_tile_4x1, q8_tile_1x1, q8_tile_1x2,
+                                      q8_tile_2x2, q8_tile_4x2)
 
 I32, F32 = np.int32, np.float32
 QMAX = F32(32767.0)  # |xq| ≤ this: an int32 block sum of XB ≤ 128 products (≤ 128·32767·127) cannot overflow
@@ -193,19 +194,25 @@ def quantize_split_row(xf, m, out, sums, scales):
 
 
 @njit(**OPTS)
-def q4_rows(xq, sums, xs, m, w, n, n2, s, y, ym, col, col2):
-    """y[ym, col] = Σ_k x[m, k]·W[n, k] (and n2 → col2) for int4 W (w uint8 [N, G, H], s [N, G]),
-    x row m as `quantize_row_split` rounds it (xq, sums, xs [M, G])."""
-    if n2 == n:
-        y[ym, col] = q4_tile_1x1(xq, sums, xs, m, w, n, n, s)[0]
-        return
-    t = q4_tile_1x2(xq, sums, xs, m, w, n, n2, s)
-    y[ym, col], y[ym, col2] = t[0], t[1]
+def q4_col(xq, sums, xs, m0, m1, w, n, s, y, col):
+    """y[m, col] = Σ_k x[m, k]·W[n, k] for the x rows m in [m0, m1) and one int4 weight row n: 4 × 1
+    tiles, then 2 × 1, then 1 × 1 (each weight vector unpacked once per tile, not once per x row)."""
+    m = m0
+    while m + 4 <= m1:
+        t = q4_tile_4x1(xq, sums, xs, m, w, n, n, s)
+        y[m, col], y[m + 1, col], y[m + 2, col], y[m + 3, col] = t[0], t[1], t[2], t[3]
+        m += 4
+    if m + 2 <= m1:
+        t = q4_tile_2x1(xq, sums, xs, m, w, n, n, s)
+        y[m, col], y[m + 1, col] = t[0], t[1]
+        m += 2
+    if m < m1:
+        y[m, col] = q4_tile_1x1(xq, sums, xs, m, w, n, n, s)[0]
 
 
 @njit(**OPTS)
 def q4_cols(xq, sums, xs, m, w, n0, n1, s, y, ym):
-    """y[ym, n] = Σ_k x[m, k]·W[n, k] for n in [n0, n1): `q4_rows` one weight row at a time (the
+    """y[ym, n] = Σ_k x[m, k]·W[n, k] for n in [n0, n1): one weight row at a time (the
     1 × 1 tile, one stream; at one x row it beats pairs of rows, docs/cpu.md)."""
     for n in range(n0, n1):
         y[ym, n] = q4_tile_1x1(xq, sums, xs, m, w, n, n, s)[0]

@@ -16,14 +16,19 @@ keyed on those features, so a cached kernel always matches its CPU.
                                  scales, w int8 [N, K]; C = 2 takes n and n2, C = 1 ignores n2): each
                                  block's sums exact in int32 lanes, converted and scaled once per block
                                  into fp32 lane accumulators → a tuple of R·C fp32, row-major in i
-  q4_tile_1xC(xq, xsum, xs, r, w, n, n2, s)
-                                 Σ_g s[n_j, g]·xs[r, g]·Σ_{k in g} xq[r, k]·(q[n_j, k] − 8) in fp32 for
-                                 C = 1, 2 weight rows: xq int16 [M, 2, G, H] (even / odd columns,
-                                 `linear.split_int4_input`'s order), xsum int32 [M, G] its group sums,
-                                 xs fp32 [M, G] its group scales, w uint8 [N, G, H] (two nibbles a byte),
-                                 s fp32 [N, G]. Nibbles are unpacked in-register (and, shift); a group's
-                                 integer sum is exact (lane 0 starts at −8·xsum[g]), then converted and
-                                 scaled per lane into fp32 lane accumulators: one horizontal sum per row
+  q4_tile_RxC(xq, xsum, xs, r, w, n, n2, s)
+                                 Σ_g s[n_j, g]·xs[r + i, g]·Σ_{k in g} xq[r + i, k]·(q[n_j, k] − 8) in
+                                 fp32 for R ∈ {1, 2, 4} x rows × C ∈ {1, 2} weight rows (1×1, 1×2,
+                                 2×1, 4×1, 2×2; each weight vector unpacked once for the R rows;
+                                 each (row, weight row) sum the same arithmetic whatever the tile):
+                                 xq int16 [M, 2, G, H] (even / odd columns, the order of
+                                 `linear.split_int4_input`), xsum int32 [M, G] its group sums (kept
+                                 in the signature, no longer read), xs fp32 [M, G] its group scales,
+                                 w uint8 [N, G, H] (two nibbles a byte), s fp32 [N, G]. Nibbles are
+                                 unpacked in-register (and / shift, − 8 on the bytes, sign-extended);
+                                 a group's integer sum is exact, then converted and scaled per lane
+                                 into fp32 lane accumulators: one horizontal sum per (row, weight
+                                 row), a tuple of R·C fp32, row-major in i
 
 No bounds checks: the callers pass rows inside the arrays and matching K.
 
@@ -55,11 +60,6 @@ def lanes() -> int:
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None else binding.get_host_cpu_features().flatten()
     have = {f[1:] for f in features.split(",") if f.startswith("+")}
     return 32 if "avx512bw" in have else 16
-
-
-def isa() -> str:
-    """The instruction set the kernels are built for: 'avx512' or 'avx2-or-generic' (`lanes`)."""
-    return "avx512" if lanes() == 32 else "avx2-or-generic"
 
 
 def _has(feature: str) -> bool:
@@ -204,10 +204,14 @@ q8_tile_4x2 = _q8_tile(4, 2)
 
 
 def _nibbles(builder, bytes_, V):
-    """<V x i8> bytes → (low, high) nibbles as unsigned <V x i16> (0..15; the −8 is applied per group)."""
-    v16 = ir.VectorType(I16, V)
-    wide = builder.zext(bytes_, v16)
-    return builder.and_(wide, ir.Constant(v16, [15] * V)), builder.lshr(wide, ir.Constant(v16, [4] * V))
+    """<V x i8> bytes → (low, high) nibbles minus 8 as signed <V x i16> (−8..7): the subtraction on
+    bytes, before the widening, costs one op per V weights (the group's −8·Σ xq, added into lane 0
+    per group and x row before, cost four)."""
+    v8, v16 = ir.VectorType(I8, V), ir.VectorType(I16, V)
+    eight = ir.Constant(v8, [8] * V)
+    lo = builder.sub(builder.and_(bytes_, ir.Constant(v8, [15] * V)), eight)
+    hi = builder.sub(builder.lshr(bytes_, ir.Constant(v8, [4] * V)), eight)
+    return builder.sext(lo, v16), builder.sext(hi, v16)
 
 
 def _splat(builder, value, ty, n):
@@ -215,65 +219,71 @@ def _splat(builder, value, ty, n):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), [0] * n))
 
 
-def _q4_group(builder, wps, xp, base, GH, width, iaccs):
-    """iaccs[j] += the pmaddwd lanes of `width` bytes of weight row j at `base` against x's even / odd columns."""
-    e = _load(builder, xp, base, ir.VectorType(I16, width))
-    o = _load(builder, xp, builder.add(GH, base), ir.VectorType(I16, width))
-    for wp, a in zip(wps, iaccs):
+def _q4_group(builder, wps, xps, base, GH, width, iaccs):
+    """iaccs[i·C + j] += the pmaddwd lanes of `width` bytes of weight row j at `base` against x row
+    i's even / odd columns (each weight vector unpacked once for every x row)."""
+    xv = [(_load(builder, xp, base, ir.VectorType(I16, width)),
+           _load(builder, xp, builder.add(GH, base), ir.VectorType(I16, width))) for xp in xps]
+    C = len(wps)
+    for j, wp in enumerate(wps):
         lo, hi = _nibbles(builder, _load(builder, wp, base, ir.VectorType(I8, width)), width)
-        part = _madd(builder, _madd(builder, ir.Constant(ir.VectorType(I32, width // 2), None), e, lo, width),
-                     o, hi, width)
-        if width // 2 < a.type.pointee.count:  # a 16-byte group into the low half of a wider accumulator
-            n = a.type.pointee.count
-            part = builder.shuffle_vector(part, ir.Constant(part.type, None), ir.Constant(ir.VectorType(I32, n), list(range(n))))
-        builder.store(builder.add(builder.load(a), part), a)
+        for i, (e, o) in enumerate(xv):
+            a = iaccs[i * C + j]
+            part = _madd(builder, _madd(builder, ir.Constant(ir.VectorType(I32, width // 2), None), e, lo, width),
+                         o, hi, width)
+            if width // 2 < a.type.pointee.count:  # a 16-byte group into the low half of a wider accumulator
+                n = a.type.pointee.count
+                part = builder.shuffle_vector(part, ir.Constant(part.type, None),
+                                              ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            builder.store(builder.add(builder.load(a), part), a)
 
 
-def _q4_codegen(C: int):
+def _q4_codegen(R: int, C: int):
     def codegen(context, builder, sig, args):
         xq_t, xsum_t, xs_t, _, w_t, _, _, s_t = sig.args
         r, n, n2 = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (3, 5, 6))
         rows = [n, n2][:C]
+        xrows = [builder.add(r, I64(i)) for i in range(R)]
         wps = [_row_ptr(context, builder, w_t, args[4], m, I8) for m in rows]
         sps = [_row_ptr(context, builder, s_t, args[7], m, F32)[0] for m in rows]
-        xp, _ = _row_ptr(context, builder, xq_t, args[0], r, I16)
-        sump, _ = _row_ptr(context, builder, xsum_t, args[1], r, I32)
-        xsp, _ = _row_ptr(context, builder, xs_t, args[2], r, F32)
+        xps = [_row_ptr(context, builder, xq_t, args[0], m, I16)[0] for m in xrows]
+        xsps = [_row_ptr(context, builder, xs_t, args[2], m, F32)[0] for m in xrows]
         G, H = cgutils.unpack_tuple(builder, wps[0][1].shape)[1:]
         wps = [p for p, _ in wps]
         V = lanes()
         half = V // 2
         fast = FAST
-        faccs = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(F32, half), None)) for _ in rows]
+        faccs = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(F32, half), None))
+                 for _ in range(R * C)]
         GH = builder.mul(G, H)
         with cgutils.for_range(builder, G) as loop:
             g = loop.index
             base = builder.mul(g, H)
-            # lane 0 starts at −8·Σ_{k in g} xq[k]: Σ xq·(q − 8) = Σ xq·q − 8·Σ xq
-            corr = builder.mul(builder.load(builder.gep(sump, [g])), I32(-8))
-            init = builder.insert_element(ir.Constant(ir.VectorType(I32, half), None), corr, I32(0))
-            iaccs = [cgutils.alloca_once_value(builder, init) for _ in rows]
+            iaccs = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(I32, half), None))
+                     for _ in range(R * C)]
             with builder.if_else(builder.icmp_signed("==", H, I64(V))) as (one, other):
                 with one:  # the group is one step: straight-line code (g64 on AVX-512, g32 on AVX2)
-                    _q4_group(builder, wps, xp, base, GH, V, iaccs)
+                    _q4_group(builder, wps, xps, base, GH, V, iaccs)
                 with other:
                     with builder.if_else(builder.icmp_signed("<", H, I64(V))) as (short, full):
                         with short:  # H = 16 < V (a group of 32 on AVX-512): one 16-byte step
-                            _q4_group(builder, wps, xp, base, GH, 16, iaccs)
+                            _q4_group(builder, wps, xps, base, GH, 16, iaccs)
                         with full:
                             with cgutils.for_range_slice(builder, I64(0), H, I64(V)) as (j, _):
-                                _q4_group(builder, wps, xp, builder.add(base, j), GH, V, iaccs)
-            xg = builder.load(builder.gep(xsp, [g]))  # x's scale of this group
-            for sp, a, f in zip(sps, iaccs, faccs):
-                sv = _splat(builder, builder.fmul(builder.load(builder.gep(sp, [g])), xg), F32, half)
-                fv = builder.sitofp(builder.load(a), ir.VectorType(F32, half))
-                builder.store(builder.fadd(builder.load(f), builder.fmul(fv, sv, flags=fast), flags=fast), f)
+                                _q4_group(builder, wps, xps, builder.add(base, j), GH, V, iaccs)
+            for i in range(R):
+                xg = builder.load(builder.gep(xsps[i], [g]))  # x row i's scale of this group
+                for j, sp in enumerate(sps):
+                    a, f = iaccs[i * C + j], faccs[i * C + j]
+                    sv = _splat(builder, builder.fmul(builder.load(builder.gep(sp, [g])), xg), F32, half)
+                    fv = builder.sitofp(builder.load(a), ir.VectorType(F32, half))
+                    builder.store(builder.fadd(builder.load(f), builder.fmul(fv, sv, flags=fast), flags=fast), f)
         outs = [_hsum(builder, builder.load(f), half) for f in faccs]
         return context.make_tuple(builder, sig.return_type, outs)
     return codegen
 
 
-def _q4_tile(C: int):
+def _q4_tile(R: int, C: int):
     @intrinsic
     def tile(typingctx, xq, xsum, xs, r, w, n, n2, s):
         if not (isinstance(xq, types.Array) and xq.dtype == types.int16 and xq.layout == "C" and xq.ndim == 4
@@ -283,9 +293,12 @@ def _q4_tile(C: int):
                 and isinstance(w, types.Array) and w.dtype == types.uint8 and w.layout == "C" and w.ndim == 3
                 and isinstance(s, types.Array) and s.dtype == types.float32 and s.layout == "C" and s.ndim == 2):
             return None
-        return types.UniTuple(types.float32, C)(xq, xsum, xs, r, w, n, n2, s), _q4_codegen(C)
+        return types.UniTuple(types.float32, R * C)(xq, xsum, xs, r, w, n, n2, s), _q4_codegen(R, C)
     return tile
 
 
-q4_tile_1x1 = _q4_tile(1)
-q4_tile_1x2 = _q4_tile(2)
+q4_tile_1x1 = _q4_tile(1, 1)
+q4_tile_1x2 = _q4_tile(1, 2)
+q4_tile_2x1 = _q4_tile(2, 1)
+q4_tile_4x1 = _q4_tile(4, 1)
+q4_tile_2x2 = _q4_tile(2, 2)

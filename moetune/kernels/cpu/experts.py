@@ -37,8 +37,15 @@ SCHEDULE = "auto"  # tests force the other two
 
 
 def experts_record(w13: PackedWeight, w2: PackedWeight, row_limit: int) -> Experts:
-    """One layer's experts (w13 [P, 2I, D], w2 [P, D, I], one fp32 or int8 format) as the fused decode
-    layer takes them (`records.Experts`): views of the weights, their row scales (ones for fp32)."""
+    """One layer's experts (w13 [P, 2I, D], w2 [P, D, I], one fp32, int8 or int4 format) as the fused
+    decode layer takes them (`records.Experts`): views of the weights, their row scales (ones for
+    fp32); int4 weights viewed [P, N, G, group/2] with their group scales, as `experts_int4` takes them."""
+    if w13.fmt == WeightFormat.INT4:
+        (P, two_i), D = w13.data.shape[:2], w2.data.shape[1]
+        w13q = w13.data.contiguous().view(P, two_i, -1, w13.group_size // 2)  # [P, 2I, Gd, Hd]
+        w2q = w2.data.contiguous().view(P, D, -1, w2.group_size // 2)  # [P, D, Gi, Hi]
+        return Experts(numpy_view(w13q), numpy_view(w13.scale.float()), numpy_view(w2q),
+                       numpy_view(w2.scale.float()), weight_bytes(w13, w2), P, int(row_limit))
     P, two_i, D = w13.data.shape
     s13 = ones(P, two_i) if w13.scale is None else w13.scale.float().contiguous()  # [P, 2I]
     s2 = ones(P, D) if w2.scale is None else w2.scale.float().contiguous()  # [P, D]
@@ -48,10 +55,10 @@ def experts_record(w13: PackedWeight, w2: PackedWeight, row_limit: int) -> Exper
 
 def tuning(threads: int) -> Tuning:
     """How a fused decode step's kernels run on `threads` threads (`records.Tuning`): the serial rule of
-    `runtime.launch`, this module's work items and schedule, the int8 one-row path (read now: tests
-    and A/Bs set SCHEDULE, INT8_ROW and Q8_ROWS)."""
+    `runtime.launch`, this module's work items and schedule, the integer paths' row limits (read now:
+    tests and A/Bs set SCHEDULE, INT8_ROW, Q8_ROWS and Q4_ROWS)."""
     return Tuning(int(threads), SERIAL_BYTES, BLOCK_13, BLOCK_2, SCHEDULES[SCHEDULE],
-                  max(1, runtime.Q8_ROWS) if runtime.INT8_ROW else 0)
+                  max(1, runtime.Q8_ROWS) if runtime.INT8_ROW else 0, int(runtime.Q4_ROWS))
 
 
 def _check(x: torch.Tensor, offsets: torch.Tensor, w13: PackedWeight, w2: PackedWeight) -> None:

@@ -14,7 +14,7 @@ per step):
   Router      the gate as a Projection, the top-k settings    `routing.router_record` (`MoELayer.kernel_router`)
   Experts     one layer's expert weights, scales, row limit   `experts.experts_record` (`CPUBackend.kernel_experts`)
   Tuning      threads, the serial rule, the experts' tiling,  `experts.tuning`
-              the int8 one-row path
+              the int8 and int4 integer paths' row limits
 
 The kernels take each record as a plain tuple (`plain`, made where the record is kept: once per
 layer, or once per step) and unpack it in its fields' order: numba types a named-tuple argument
@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from moetune.kernels.cpu.runtime import numpy_view, ones
-from moetune.kernels.quant_formats import PackedWeight
+from moetune.kernels.cpu.arrays import numpy_view, ones
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # Attention.qk_kind
 QK_KINDS = {"none": QK_NONE, "per_head": QK_PER_HEAD, "full": QK_FULL}  # GQASpec.qk_norm → qk_kind
@@ -46,8 +46,8 @@ class Norm(NamedTuple):
 
 class Projection(NamedTuple):
     """x [T, K] @ w [N, K].T · scale (+ bias): a Linear as the decode kernel takes it."""
-    w: np.ndarray  # [N, K] fp32, or int8 rows
-    scale: np.ndarray  # [N] per-row scales (ones for fp32)
+    w: np.ndarray  # [N, K] fp32, or int8 rows; int4: [N, G, group/2] uint8 (two nibbles a byte)
+    scale: np.ndarray  # [N] per-row scales (ones for fp32); int4: [N, G] per group
     bias: np.ndarray  # [N], or EMPTY
 
 
@@ -91,11 +91,11 @@ class Router(NamedTuple):
 
 
 class Experts(NamedTuple):
-    """One layer's routed experts in one fp32 or int8 format, over num_slots physical slots."""
-    w13: np.ndarray  # [P, 2I, D] fp32 | int8
-    s13: np.ndarray  # [P, 2I] fp32 row scales (ones for fp32)
-    w2: np.ndarray  # [P, D, I]
-    s2: np.ndarray  # [P, D]
+    """One layer's routed experts in one fp32, int8 or int4 format, over num_slots physical slots."""
+    w13: np.ndarray  # [P, 2I, D] fp32 | int8; int4: [P, 2I, Gd, group/2] uint8
+    s13: np.ndarray  # [P, 2I] fp32 row scales (ones for fp32); int4: [P, 2I, Gd] group scales
+    w2: np.ndarray  # [P, D, I]; int4: [P, D, Gi, group/2]
+    s2: np.ndarray  # [P, D]; int4: [P, D, Gi]
     nbytes: int  # weight bytes of all P slots (`formats.weight_bytes`: `launch`'s rule)
     num_slots: int  # P
     row_limit: int  # rows of one slot up to which the kernel computes it (`CPUBackend.row_limit`)
@@ -110,6 +110,7 @@ class Tuning(NamedTuple):
     schedule: int
     q8: int  # int8 projections against up to this many x rows (experts: one) in integers (0: never;
     # `runtime.INT8_ROW`, `runtime.Q8_ROWS`)
+    q4: int  # int4 projections and experts against up to this many x rows in integers (`runtime.Q4_ROWS`)
 
 
 def plain(record: tuple) -> tuple:
@@ -118,9 +119,13 @@ def plain(record: tuple) -> tuple:
 
 
 def projection(weight, bias=None) -> Projection:
-    """A projection's record from weight [N, K] (fp32, or an int8 PackedWeight with a scale per row)
-    and bias [N], CPU tensors (views, not copies when contiguous)."""
+    """A projection's record from weight [N, K] (fp32, or a PackedWeight: int8 with a scale per row,
+    int4 with one per group) and bias [N], CPU tensors (views, not copies when contiguous)."""
     b = EMPTY if bias is None else numpy_view(bias)
+    if isinstance(weight, PackedWeight) and weight.fmt == WeightFormat.INT4:
+        N = weight.data.shape[0]
+        data = weight.data.contiguous().view(N, -1, weight.group_size // 2)  # [N, G, group/2]
+        return Projection(numpy_view(data), numpy_view(weight.scale.float()), b)
     if isinstance(weight, PackedWeight):
         return Projection(numpy_view(weight.data), numpy_view(weight.scale.float()), b)
     return Projection(numpy_view(weight), ones(weight.shape[0]).numpy(), b)

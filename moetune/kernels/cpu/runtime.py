@@ -12,6 +12,10 @@ import importlib
 from collections.abc import Iterator
 from types import ModuleType
 
+from moetune.kernels.cpu.arrays import fp32_cpu, numpy_view, ones
+
+__all__ = ["current_threads", "fp32_cpu", "jit", "jit_layer", "launch", "numpy_view", "ones", "set_threads"]
+
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 INT8_ROW = True  # int8 weights against a single x row take the integer path (`_jit_q8`; A/B: docs/cpu.md)
 Q8_ROWS = 16  # ... and against up to this many x rows (`linear`, the fused layer; 1: one row only)
@@ -25,8 +29,12 @@ Q4_ROWS = 16  # int4 weights against up to this many x rows take the integer pat
 
 @functools.cache
 def jit() -> ModuleType:
-    """The `_jit` module (imports numba on first use)."""
+    """The `_jit` module (imports numba on first use), compiled for the instruction set `isa.choose`
+    picks (the host's best, or MOETUNE_CPU_ISA's)."""
     _choose_threading_layer()
+    from moetune.kernels.cpu import isa
+
+    isa.choose()
     return importlib.import_module("moetune.kernels.cpu._jit")
 
 
@@ -100,26 +108,3 @@ def current_threads() -> int:
     import numba
 
     return numba.get_num_threads()
-
-
-@functools.lru_cache(maxsize=64)
-def ones(*shape: int):
-    """A shared, read-only fp32 tensor of ones (the unit scales of fp32 weights), made once per shape."""
-    import torch
-
-    return torch.ones(shape)
-
-
-def fp32_cpu(*tensors) -> bool:
-    """Whether every tensor is fp32 on the CPU (what the numba kernels take)."""
-    import torch
-
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
-
-
-def numpy_view(t):
-    """A CPU tensor as a C-contiguous numpy array: zero-copy when it already is contiguous (one
-    check and one call: each torch call costs µs on a decode step's flushed caches)."""
-    if t.requires_grad:
-        t = t.detach()
-    return t.numpy() if t.is_contiguous() else t.contiguous().numpy()

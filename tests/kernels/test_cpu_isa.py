@@ -1,0 +1,112 @@
+"""The CPU kernels' instruction-set variants (`kernels/cpu/isa.py`): every variant this host can run,
+forced with MOETUNE_CPU_ISA in a process of its own (numba compiles for that target into a cache of
+its own), computes the int8 and int4 paths as their plain twins do on awkward shapes (odd N, K not a
+multiple of the vector width, groups 32 / 64 / 128, 1 and several x rows, one-row int4 experts), its
+assembly is that variant's (zmm only with AVX-512; VNNI's vpdpwssd only with VNNI; no ymm in the
+generic code), and the process reports the variant it ran. A variant the host lacks, or a name that
+is none, is refused with one line by the CLI."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+from moetune.kernels.cpu import fused_experts_cpu_ref, isa, linear_ref  # noqa: E402
+from moetune.kernels.cpu.linear import linear_q4_ref, linear_q8_ref, q8_bound, quantize_rows_ref, x_block  # noqa: E402
+from moetune.kernels.cpu.formats import dequantize  # noqa: E402
+from moetune.kernels.quant_formats import WeightFormat  # noqa: E402
+from tests.cli_run import assert_one_line_error, moetune  # noqa: E402
+
+SCRIPT = """
+import sys, torch
+from moetune.kernels.cpu import fused_experts_cpu, isa, linear, quantize_int4, quantize_int8, runtime
+runtime.Q8_ROWS = runtime.Q4_ROWS = 16
+g = torch.Generator().manual_seed(3)
+cases = [(quantize_int8(torch.randn(37, 1029, generator=g)), torch.randn(5, 1029, generator=g) * 3)]
+cases += [(quantize_int4(torch.randn(11, 384, generator=g), grp), torch.randn(3, 384, generator=g))
+          for grp in (32, 64, 128)]
+ys = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases]
+w13 = quantize_int4(torch.randn(3, 2 * 64, 96, generator=g), 32)
+w2 = quantize_int4(torch.randn(3, 96, 64, generator=g), 32)
+off = torch.tensor([0, 1, 1, 2]); xe = torch.randn(2, 96, generator=g)
+ye = fused_experts_cpu(xe, off, w13, w2, threads=1)
+k = runtime.jit()
+asm = "".join(f.inspect_asm(f.signatures[0]) for f in (k.linear_q8_serial, k.linear_q4_serial))
+torch.save({"cases": cases, "y": ys, "experts": (w13, w2, off, xe, ye), "variant": isa.describe(),
+            "zmm": "zmm" in asm, "ymm": "ymm" in asm, "vnni": "vpdpwssd" in asm, "madd": "vpmaddwd" in asm},
+           sys.argv[1])
+"""
+
+ASM = {  # variant: (zmm registers, ymm registers, VNNI's vpdpwssd, vpmaddwd)
+    "avx512-vnni": (True, None, True, None),
+    "avx512": (True, None, False, True),
+    "avx-vnni": (False, True, True, None),
+    "avx2": (False, True, False, True),
+    "generic": (False, False, False, False),
+}
+
+
+def _run_variant(variant: str, tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")}
+    env.update(MOETUNE_CPU_ISA=variant, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out.pt")], env=env, check=True, timeout=900)
+    return torch.load(tmp_path / "out.pt")
+
+
+def _twin_close(got, x, w) -> None:
+    """got equals the integer twin up to one x element rounding the other way, and the fp32 twin
+    within `q8_bound` (as tests/kernels/test_cpu_int_simd.py states it)."""
+    _, xs = quantize_rows_ref(x, x_block(w))  # [M, blocks]
+    step = xs.amax(dim=1)[:, None] * dequantize(w).abs().amax(dim=1)[None, :]  # [M, N]
+    want = linear_q4_ref(x, w) if w.fmt == WeightFormat.INT4 else linear_q8_ref(x, w)
+    assert ((got - want).abs() <= step + 2e-5 * want.abs().amax() + 1e-30).all()
+    ref = linear_ref(x, w)
+    assert ((got - ref).abs() <= q8_bound(x, w) * (1 + 1e-4) + 2e-6 * ref.abs().amax()).all()
+
+
+@pytest.mark.parametrize("variant", isa.VARIANTS)
+def test_each_variant_matches_the_twins(variant, tmp_path):
+    if variant not in isa.host_variants():
+        pytest.skip(f"this CPU cannot run {variant}")
+    got = _run_variant(variant, tmp_path)
+    assert got["variant"].split(" ")[0] == variant
+    for want, have in zip(ASM[variant], (got["zmm"], got["ymm"], got["vnni"], got["madd"])):
+        assert want is None or want == have, (variant, got)
+    for (w, x), (y1, y) in zip(got["cases"], got["y"]):
+        _twin_close(y1, x[:1], w)
+        _twin_close(y, x, w)
+    w13, w2, off, xe, ye = got["experts"]
+    ref = fused_experts_cpu_ref(xe, off, w13, w2)  # one-row experts in integers: rounding x costs < 1e-4
+    assert ((ye - ref).norm() / ref.norm()).item() < 1e-4
+
+
+def test_describe_names_the_choice(monkeypatch):
+    monkeypatch.delenv("MOETUNE_CPU_ISA", raising=False)
+    assert isa.requested() is None
+    assert isa.variant_of({"avx2", "fma"}) == "avx2"
+    assert isa.variant_of({"avx2", "fma", "avxvnni"}) == "avx-vnni"
+    assert isa.variant_of({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}) == "avx512"
+    assert isa.variant_of({"sse2"}) == "generic"
+    monkeypatch.setenv("MOETUNE_CPU_ISA", "avx3")
+    with pytest.raises(isa.ISAError, match="not a kernel variant"):
+        isa.requested()
+
+
+def test_cli_refuses_an_unknown_variant_in_one_line():
+    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "1",
+                env={"MOETUNE_CPU_ISA": "avx1024"})
+    assert_one_line_error(r, "MOETUNE_CPU_ISA", "avx1024")
+
+
+def test_bench_prints_and_env_records_the_variant():
+    """`moetune bench` names the kernels' variant in its header; a run directory's env.json records it."""
+    from moetune.profile.env import device_info
+
+    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "1", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    assert f"CPU kernels: {isa.host_variants()[0]}" in r.stdout + r.stderr
+    assert device_info(torch.device("cpu"))["kernel_isa"] == isa.describe()
