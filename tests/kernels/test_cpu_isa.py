@@ -54,7 +54,7 @@ def _run_variant(variant: str, tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")}
     env.update(MOETUNE_CPU_ISA=variant, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out.pt")], env=env, check=True, timeout=900)
-    return torch.load(tmp_path / "out.pt")
+    return torch.load(tmp_path / "out.pt", weights_only=False)  # PackedWeights: written by the test itself
 
 
 def _twin_close(got, x, w) -> None:
@@ -97,7 +97,7 @@ def test_describe_names_the_choice(monkeypatch):
 
 
 def test_cli_refuses_an_unknown_variant_in_one_line():
-    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "1",
+    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "3",
                 env={"MOETUNE_CPU_ISA": "avx1024"})
     assert_one_line_error(r, "MOETUNE_CPU_ISA", "avx1024")
 
@@ -106,7 +106,7 @@ def test_bench_prints_and_env_records_the_variant():
     """`moetune bench` names the kernels' variant in its header; a run directory's env.json records it."""
     from moetune.profile.env import device_info
 
-    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "1", "--threads", "1")
+    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "3", "--threads", "1")
     assert r.returncode == 0, r.stderr
     assert f"CPU kernels: {isa.host_variants()[0]}" in r.stdout + r.stderr
     assert device_info(torch.device("cpu"))["kernel_isa"] == isa.describe()
