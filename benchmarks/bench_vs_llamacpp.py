@@ -199,9 +199,18 @@ def rounds(ours: dict, worker: Worker, s, sampler, n_rounds: int, lock: str | No
     return times
 
 
-def table(ours: dict, times: dict) -> list[str]:
-    from moetune.bench.timing import Timing
+def bytes_per_run(plan, s) -> float:
+    """Weight bytes one decode run of `plan` reads: its counters cleared, one more untimed run, read.
+    (The plans of one model share the expert counter, and the rounds interleave them, so the counts
+    of the timed runs cannot be told apart; every run decodes the same tokens, so one run tells.)"""
+    from moetune.bench.throughput import WARMUP
 
+    plan.bytes_read()  # clears the step count and the routed experts so far
+    _moetune_run(plan)
+    return plan.bytes_read() * (s.runs + WARMUP)  # read() divides by the bench's runs + warm-up
+
+
+def table(ours: dict, times: dict, s) -> list[str]:
     lines = ["| precision | workload | moetune tok/s | llama.cpp tok/s | moetune ÷ llama.cpp (per round) "
              "| moetune GB/s · % of read probe |", "|---|---|---|---|---|---|"]
     for name, plans in ours.items():
@@ -212,9 +221,11 @@ def table(ours: dict, times: dict) -> list[str]:
             lrate = [plan.tokens / t for t in ll]
             ratios = sorted(b / a for a, b in zip(m, ll))
             probe = statistics.median(rec["read"])
-            row = plan.row(Timing(statistics.median(m), min(m), max(m), len(m)), probe)
-            read = (f"{row.gbytes_per_s:.1f} GB/s · {row.gbytes_per_s / probe:.0%} of {probe:.1f}"
-                    if plan.bytes_read is not None else f"probe {probe:.1f} GB/s")
+            if plan.bytes_read is not None:
+                gbs = bytes_per_run(plan, s) / statistics.median(m) / 1e9
+                read = f"{gbs:.1f} GB/s · {gbs / probe:.0%} of {probe:.1f}"
+            else:
+                read = f"probe {probe:.1f} GB/s"
             lines.append(f"| {name} | {plan.workload} | {statistics.median(rate):.1f} ({min(rate):.1f}–{max(rate):.1f}) "
                          f"| {statistics.median(lrate):.1f} ({min(lrate):.1f}–{max(lrate):.1f}) "
                          f"| {statistics.median(ratios):.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f}) | {read} |")
@@ -269,7 +280,7 @@ def main() -> None:
         worker = Worker(Path(args.run_venv) / "bin" / "python", work / "worker.log", llama_env)
     info = worker(op="info")
     names = [n for n in args.precisions.split(",") if n]
-    s = BenchSettings(decode_batches=(1, 16))
+    s = BenchSettings(decode_batches=(1, 16), runs=args.rounds)
     ours, finish, vocab = {}, [], 0
     for name in names:
         model = build_model(parse_config({"model": {"path": str(paths[name][0])}}, source="bench_vs_llamacpp"))
@@ -281,6 +292,7 @@ def main() -> None:
     load0 = os.getloadavg()
     times = rounds(ours, worker, s, sampler, args.rounds, args.lock, vocab)
     load1 = os.getloadavg()
+    lines = table(ours, times, s)  # (runs each decode plan once more, untimed, to count its bytes)
     for done in finish:
         done()
     worker.close()
@@ -295,7 +307,7 @@ def main() -> None:
           f"{torch.backends.cpu.get_cpu_capability()}{' (' + emulate + ')' if emulate else ''}")
     built = args.run_venv or f"{args.venv}, CMAKE_ARGS {args.cmake_args}"
     print(f"llama-cpp-python {info['version']} ({built}): {info['system_info'].strip()}")
-    print("\n".join(table(ours, times)))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
