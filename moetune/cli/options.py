@@ -63,6 +63,7 @@ InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: th
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
                               "cached per machine) | trace (the trace's own phase times).")
+EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine `--evaluator engine` and `--remeasure-on` run.")
 SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                  help="Speculation priced without a measured acceptance (the trace not profiled "
                                       "with that speculator): per-token acceptance 0..1, labelled assumed.")

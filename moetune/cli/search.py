@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import typer
 
-from moetune.cli.options import ReferenceTrialsOpt, TraceArgs, flag, trace_options
+from moetune.cli.options import EngineOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Base recipe (default: the run's model).")
 def search(
-    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here)."),
+    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here) | "
+                                  "engine (each trial's launch file run on --engine, measured with bench-serve)."),
+    engine: Optional[str] = EngineOpt,
+    engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="The engine's executable (default: vllm on "
+                                             "PATH; for sglang, a python with SGLang installed)."),
+    engine_port: int = typer.Option(0, "--engine-port", help="Port the engine serves on (default: a free one per "
+                                                            "trial)."),
+    engine_timeout_s: float = typer.Option(900.0, "--engine-timeout-s", help="Seconds the engine may take to "
+                                                                             "become healthy."),
+    remeasure_on: Optional[Tuple[str, int]] = typer.Option(None, "--remeasure-on", metavar="ENGINE K",
+                                                 help="After a simulated search, measure the top K on ENGINE "
+                                                      "(vllm | sglang), estimate beside measurement; the ranking "
+                                                      "then puts measured values first."),
     study: str = typer.Option("moetune-search", "--study", help="Study name; the same name continues the study."),
     storage: Optional[str] = typer.Option(None, "--storage", help="RDB URL (default: sqlite:///OUT/study.db; "
                                                                   "postgresql://... for several workers)."),
@@ -63,6 +75,7 @@ def search(
     checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
     checks.number("--remeasure", remeasure, 0)
     checks.number("--grace-s", grace_s, 2)
+    choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
     objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
@@ -80,8 +93,35 @@ def search(
     from moetune.search.study.run import SearchSettings
 
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
-                              quality=quality)
+                              quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
     _run(settings)
+
+
+def _engine_choice(evaluator: str, engine, cmd, port: int, timeout_s: float, remeasure_on: tuple):
+    """--engine and its options, or --remeasure-on ENGINE K, as one EngineChoice (None: no engine asked for)."""
+    from moetune.cli import checks
+    from moetune.errors import UsageError
+    from moetune.search.study.engine_server import ENGINES, EngineChoice
+
+    on, k = remeasure_on or (None, None)
+    if on is not None:
+        if on not in ENGINES:
+            raise UsageError(f"--remeasure-on {on!r}: the engine is one of {', '.join(ENGINES)}")
+        checks.number("--remeasure-on K", k, 1)
+        if evaluator != "simulate":
+            raise UsageError("--remeasure-on re-measures a simulated search's top trials: use --evaluator simulate")
+        if engine is not None and engine != on:
+            raise UsageError(f"--engine {engine} and --remeasure-on {on}: two engines; give one")
+        engine = on
+    if engine is not None and engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if evaluator == "engine" and engine is None:
+        raise UsageError("--evaluator engine needs --engine vllm | sglang")
+    if engine is None:
+        return None
+    checks.number("--engine-port", port, 0, 65535)
+    checks.number("--engine-timeout-s", timeout_s, 0, low_open=True)
+    return EngineChoice(engine, cmd, port, timeout_s)
 
 
 def _run(settings) -> None:
@@ -96,6 +136,8 @@ def _run(settings) -> None:
     objective = settings.study.objectives[0]
     best: dict = {}
     tag = "estimated" if settings.evaluator == "simulate" else "measured"
+    if settings.evaluator == "engine":
+        tag = f"measured on {settings.engine.engine}"
     with progress("search") as bar:
         bar.phase("trials", total=settings.study.n_trials)
 

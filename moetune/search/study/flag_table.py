@@ -17,7 +17,8 @@ from functools import lru_cache
 from importlib import resources
 
 # The placeholders an emitted multi-node file leaves to the user, and sample values to parse it with.
-PLACEHOLDERS = {"$HEAD_IP": "10.0.0.1", "$MODEL_DIR": "/models/m", "$DRAFT_DIR": "/models/draft"}
+PLACEHOLDERS = {"$HEAD_IP": "10.0.0.1", "$MODEL_DIR": "/models/m", "$DRAFT_DIR": "/models/draft", "$HOST": "0.0.0.0",
+                "$PORT": "8000"}
 LAUNCHERS = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server"}
 NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 

@@ -24,6 +24,7 @@ class ServeTarget:
     gpu: str = "GPU"  # the hardware's name, for the file's header
     # the recipe's engine.speculative, its draft model resolved like model_id (else $DRAFT_DIR); None: off
     speculative: SpeculativeSpec | None = None
+    device: str = "cuda"  # "cpu": this machine without a GPU (launch_env.py: what the engines' CPU builds need)
 
 
 @dataclass
