@@ -8,6 +8,7 @@ SGLang: `--device cpu`, which serves on Intel Xeon CPUs with AMX only).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 DEFAULT_HOST, DEFAULT_PORT = "0.0.0.0", 8000
 CPU_KV_GIB = 1  # vLLM CPU's KV cache in GiB (the bundled model needs ~2 KiB per token); raise it for larger models
@@ -47,3 +48,23 @@ def cpu_refusal(engine: str) -> str | None:
     except OSError:
         amx = False
     return None if amx else "--engine sglang: SGLang's CPU backend needs Intel AMX, which this CPU lacks"
+
+
+MTP_FILE = "mtp.safetensors"  # moetune's MTP layer beside the checkpoint (model/registry.py layout)
+
+
+def served_model_dir(model_dir: str, out: Path) -> str:
+    """The directory the emitted launches load: `model_dir` itself, or, when it holds moetune's separate
+    MTP file, `out/served-model` with links to everything else. vLLM loads every *.safetensors of a
+    local directory and refuses the MTP layer's tensors (no `layers.N` for N = num_hidden_layers in its
+    model); speculation from that layer is moetune's own (its `mtp:K`), not served by the engines."""
+    src = Path(model_dir)
+    if not (src / MTP_FILE).is_file():
+        return model_dir
+    view = out / "served-model"
+    view.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        link = view / f.name
+        if f.name != MTP_FILE and f.is_file() and not link.exists():
+            link.symlink_to(f.resolve())
+    return str(view.resolve())

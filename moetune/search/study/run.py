@@ -233,7 +233,9 @@ def serve_target(settings: SearchSettings, setup: Setup, winner=None):
     if model_id is None and src.scaled_from is None and src.model_path:
         from moetune.model.registry import resolve_model
 
-        model_id = str(resolve_model(src.model_path))
+        from moetune.search.study.launch_env import served_model_dir
+
+        model_id = served_model_dir(str(resolve_model(src.model_path)), settings.out)
     spec = setup.base.engine.speculative if winner is None else (
         None if winner.speculative == "none" else winner.speculative)
     return ServeTarget(model_id or "$MODEL_DIR", m.model_type, m.expert_groups, setup.hardware.ranks_per_node,
