@@ -62,7 +62,8 @@ NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: t
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
-                              "cached per machine) | trace (the trace's own phase times).")
+                              "cached per machine) | trace (the trace's own phase times) | engine (search: the "
+                              "estimates corrected per phase class by the trials measured on an engine in --out).")
 EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine `--evaluator engine` and `--remeasure-on` run.")
 SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                  help="Speculation priced without a measured acceptance (the trace not profiled "

@@ -167,3 +167,30 @@ def test_sigkill_mid_trial_leaves_no_engine_and_the_resume_measures_it_again(run
     assert interrupted[0]["max_num_seqs"] in {r["max_num_seqs"] for r in done}  # measured again
     assert len(list(logs.glob("run-*"))) == 3  # the interrupted run, then both trials measured
     assert not _alive(_pids(pids))
+
+
+def test_calibrate_on_engine_corrects_later_estimates_by_what_the_engine_measured(run_dir, tmp_path, fake_vllm):
+    import json
+    import math
+    from dataclasses import replace
+
+    from moetune.search.study.engine_calibration import fit
+
+    run_search(_settings(run_dir, tmp_path, EngineChoice("vllm", fake_vllm, health_timeout_s=60)))
+    out = tmp_path / "out"
+    points = [json.loads(x) for x in (out / "engine" / "measured.jsonl").read_text().splitlines()]
+    assert len(points) == 2 and {p["engine"] for p in points} == {"vllm"}
+    correction = fit(out / "engine", "this-machine")
+    expected = math.exp(sum(math.log(p["measured"]["tpot_ms"] / p["estimate"]["tpot_ms"]) for p in points) / 2)
+    assert correction.decode == pytest.approx(expected) and correction.points == 2
+    base = _settings(run_dir, tmp_path, None, n=1)
+    plain = run_search(replace(base, evaluator="simulate", study=replace(base.study, study="plain")))
+    inputs = replace(base.inputs, calibrate_on="engine")
+    fixed = run_search(replace(base, evaluator="simulate", inputs=inputs, study=replace(base.study, study="fixed")))
+    assert "corrected on 2 trial(s) measured on vllm" in fixed.calibrated_on
+    p, f = plain.rows[0].metrics, fixed.rows[0].metrics
+    assert f["estimated"] is True and f["tpot_ms"] == pytest.approx(p["tpot_ms"] * correction.decode)
+    assert f["ttft_ms"] == pytest.approx(p["ttft_ms"] * correction.prefill)
+    assert "corrected on 2 trial(s)" in (out / "report.md").read_text()
+    with pytest.raises(Exception, match="no trial measured on an engine"):
+        fit(tmp_path / "nowhere", "this-machine")

@@ -25,6 +25,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator, unpriced_reason
 from moetune.search.study.emit import ESTIMATE_BESIDE as COMPARED, launch_text
+from moetune.search.study.engine_calibration import record
 from moetune.search.study.engine_server import ENGINES, EngineChoice, EngineCommand, EngineFailed, EngineServer
 from moetune.search.study.launch import ServeTarget, world
 from moetune.search.study.repair import MemoryRule
@@ -65,7 +66,8 @@ def make_engine_evaluator(choice: EngineChoice | None, sim: Simulator, workload:
         raise MoetuneError(why)
     cmd = EngineCommand(choice.engine, resolve_engine(choice.engine, choice.cmd), choice.health_timeout_s,
                         port=choice.port)
-    return EngineEvaluator(sim, workload, prompts, cmd, target_of, work_dir, name=f"engine {choice.engine}")
+    return EngineEvaluator(sim, workload, prompts, cmd, target_of, work_dir, sim.hw.name,
+                           name=f"engine {choice.engine}")
 
 
 @dataclass
@@ -75,7 +77,8 @@ class EngineEvaluator:
     prompts: tuple  # token ids of each request (measure.request_prompts)
     cmd: EngineCommand
     target_of: Callable[[Deployment], ServeTarget]  # run.serve_target: what a winner d's launch serves
-    work_dir: Path  # OUT/engine: one directory per run (launch file, engine log)
+    work_dir: Path  # OUT/engine: one directory per run (launch file, engine log), measured.jsonl
+    hardware: str = "this-machine"
     name: str = "engine"
     runs: list = field(default_factory=list)  # the run directories, in order
 
@@ -113,9 +116,11 @@ class EngineEvaluator:
             server.stop()
             raise EngineFailed(f"{exc} [log: {run / 'engine.log'}]") from None
         server.stop()
-        return measured_metrics(results, duration, self.workload, estimate, d,
-                                {"engine": self.cmd.engine, "launch_file": str(launch_file),
-                                 "engine_log": str(run / "engine.log")})
+        m = measured_metrics(results, duration, self.workload, estimate, d,
+                             {"engine": self.cmd.engine, "launch_file": str(launch_file),
+                              "engine_log": str(run / "engine.log")})
+        record(self.work_dir, self.cmd.engine, self.hardware, d.label(), estimate, m)  # --calibrate-on engine's points
+        return m
 
     def _run_dir(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)

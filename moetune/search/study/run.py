@@ -54,7 +54,14 @@ class SearchResult:
 
 def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluator:
     if kind == "simulate":
-        return SimulateEvaluator(setup.sim, setup.workload)
+        sim = SimulateEvaluator(setup.sim, setup.workload)
+        if settings.inputs.calibrate_on != "engine":
+            return sim
+        from moetune.search.study.engine_calibration import CorrectedEvaluator, fit
+
+        correction = fit(settings.out / "engine", setup.hardware.name)
+        setup.engine_correction = correction.label()
+        return CorrectedEvaluator(sim, correction, setup.workload.output_len)
     if kind not in EVALUATORS:
         raise MoetuneError(f"--evaluator {kind!r} is not one of {', '.join(EVALUATORS)}")
     if kind == "engine":
