@@ -71,18 +71,13 @@ def search(
     for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
         checks.number(name, value, 0, low_open=True)
-    checks.number("--max-kl", max_kl, 0)
-    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
-    checks.number("--remeasure", remeasure, 0)
-    checks.number("--grace-s", grace_s, 2)
+    for name, value, low, high in (("--max-kl", max_kl, 0, None), ("--max-dropped-fraction", max_dropped_fraction, 0, 1),
+                                   ("--remeasure", remeasure, 0, None), ("--grace-s", grace_s, 2, None)):
+        checks.number(name, value, low, high)
     choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
-    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
-    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
-        from moetune.errors import UsageError
-
-        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
+    objectives = _objectives(objective, w)
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
@@ -95,6 +90,15 @@ def search(
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
                               quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
     _run(settings)
+
+
+def _objectives(objective: str, w) -> tuple[str, ...]:
+    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
+    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
+        from moetune.errors import UsageError
+
+        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
+    return objectives
 
 
 def _engine_choice(evaluator: str, engine, cmd, port: int, timeout_s: float, remeasure_on: tuple):

@@ -194,3 +194,29 @@ def test_calibrate_on_engine_corrects_later_estimates_by_what_the_engine_measure
     assert "corrected on 2 trial(s)" in (out / "report.md").read_text()
     with pytest.raises(Exception, match="no trial measured on an engine"):
         fit(tmp_path / "nowhere", "this-machine")
+
+
+def test_remeasure_on_measures_the_top_simulated_trials_and_ranks_them_first(run_dir, tmp_path, fake_vllm):
+    from dataclasses import replace
+
+    base = _settings(run_dir, tmp_path, EngineChoice("vllm", fake_vllm, health_timeout_s=60))
+    result = run_search(replace(base, evaluator="simulate", remeasure_on=2))
+    engine_pairs = [(row, m) for row, m, err in result.remeasured if m is not None and "estimate" in m.detail]
+    assert len(engine_pairs) == 2 and all(row.metrics["estimated"] for row, _ in engine_pairs)
+    assert result.winner.metrics["estimated"] is False  # the ranking by measured values where they exist
+    best = max(m.output_tok_s for _, m in engine_pairs)
+    assert result.winner.values[0] == pytest.approx(best)
+    out = tmp_path / "out"
+    md = (out / "report.md").read_text()
+    assert "Estimated vs measured on vllm" in md and "| yes |" in md.split("is the one measured")[1]
+    assert (out / "estimate_vs_measured.png").is_file()
+    ran = Path(result.winner.metrics["detail"]["launch_file"]).read_bytes()
+    assert ran == (out / "winner.vllm.sh").read_bytes()
+
+
+def test_remeasure_on_mistakes_are_one_line(run_dir, tmp_path):
+    r = moetune("search", "--trace", str(run_dir), "--remeasure-on", "tgi", "2", "--out", str(tmp_path / "o"))
+    assert_one_line_error(r, "--remeasure-on 'tgi'")
+    r = moetune("search", "--trace", str(run_dir), "--remeasure-on", "vllm", "2", "--evaluator", "measure",
+                "--out", str(tmp_path / "o"))
+    assert_one_line_error(r, "use --evaluator simulate")
