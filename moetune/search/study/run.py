@@ -65,10 +65,15 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
     if kind not in EVALUATORS:
         raise MoetuneError(f"--evaluator {kind!r} is not one of {', '.join(EVALUATORS)}")
     if kind == "engine":
-        from moetune.search.study.engine_eval import make_engine_evaluator
-
         import functools
 
+        from moetune.search.study.engine_eval import make_engine_evaluator
+
+        if setup.source.scaled_from is not None:
+            raise MoetuneError("--evaluator engine / --remeasure-on serve the trace's own model: drop --scale-model")
+        if serve_device(setup) == "cuda" and setup.hardware.name != "this-machine" and not _has_cuda():
+            raise MoetuneError(f"--evaluator engine / --remeasure-on run the engine here, and this machine has no GPU "
+                               f"for --hardware {setup.hardware.name}: use --hardware this-machine")
         return make_engine_evaluator(settings.engine, setup.sim, setup.workload,
                                      functools.partial(serve_target, settings, setup), serve_device(setup),
                                      measured_prompts(setup, settings), settings.out / "engine")
@@ -79,6 +84,12 @@ def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluat
                            "--request-rate, or use --evaluator simulate")
     return MeasureEvaluator(setup.base, setup.sim, setup.workload, measured_prompts(setup, settings),
                             settings.out / "placements")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def measured_prompts(setup: Setup, settings: SearchSettings) -> tuple:
