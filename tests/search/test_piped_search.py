@@ -49,7 +49,7 @@ def test_piped_search_prints_each_trial_on_one_line(run_dir, tmp_path):
     header, rows = lines[title + 1], lines[title + 2:title + 2 + n]
     assert header.split()[:2] == ["trial", "deployment"] and n >= 3
     for row in rows:  # one line a trial: its number, the deployment in words, the figures, the label at the end
-        assert re.match(r"^\d+", row) and "EP " in row and "batched tokens" in row, row
+        assert re.match(r"^\s*\d+", row) and "EP " in row and "batched tokens" in row, row
         assert row.rstrip().endswith("estimated"), row
     assert lines[title + 2 + n] == ""  # the table ends after its n rows: nothing wrapped onto a further line
     winner = (tmp_path / "out" / "winner.yaml").read_text()
