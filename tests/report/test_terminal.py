@@ -55,3 +55,15 @@ def test_on_a_terminal_the_table_is_rich_folded_to_its_width():
 def test_an_unknown_format_is_a_usage_error():
     with pytest.raises(UsageError, match="--format 'csv' is not one of text, tsv"):
         Printer("csv")
+
+
+def test_through_the_cli_piped_tsv_and_a_bad_format():
+    from tests.cli_run import assert_one_line_error, moetune
+
+    piped = moetune("models")
+    assert piped.returncode == 0 and piped.stdout.splitlines()[0].split() == ["name", "path", "description"]
+    assert piped.stdout.splitlines()[1].startswith("stdlib-moe (default)")  # one line a model, not a drawn box
+    tsv = moetune("models", "--format", "tsv")
+    rows = list(csv.reader(io.StringIO(tsv.stdout), delimiter="\t"))
+    assert rows[0] == ["name", "path", "description"] and all(len(r) == 3 for r in rows) and len(rows) >= 2
+    assert_one_line_error(moetune("models", "--format", "csv"), "--format 'csv'", "text, tsv")
