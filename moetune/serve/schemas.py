@@ -149,7 +149,10 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "draining", "unhealthy"]
+    """`unhealthy` (503) once the engine failed, with the reason; never `draining`: SIGTERM closes the
+    listening socket first (routes.health)."""
+
+    status: Literal["ok", "unhealthy"]
     reason: str | None = None
 
 
