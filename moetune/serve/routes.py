@@ -90,19 +90,19 @@ async def chat(request: Request):
 
 
 @router.post("/v1/expert_distribution/start",
-             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409)})
+             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409, 415)})
 async def record_start(request: Request):
     return await _serve(request).recorder.start()
 
 
 @router.post("/v1/expert_distribution/stop",
-             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409)})
+             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409, 415)})
 async def record_stop(request: Request):
     return await _serve(request).recorder.stop()
 
 
 @router.post("/v1/expert_distribution/dump", responses={200: {"model": schemas.RecordingDump},
-                                                       **schemas.errors(400, 401, 409, 413)},
+                                                       **schemas.errors(400, 401, 409, 413, 415)},
              openapi_extra=schemas.request_body(RecordRequest))
 async def record_dump(request: Request):
     body = await parse(request, RecordRequest, optional=True)

@@ -153,7 +153,8 @@ CHAT = [{"role": "user", "content": "import os"}]
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "expected a string or an array, got null"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content",
+     "expected a string or an array, got null"),
     ({"messages": [{"role": "user"}]}, "messages.0.content", "is required"),
     ({"messages": [*CHAT, {"role": "assistant"}]}, "messages.1.content", "is required"),
     ({"messages": [{"role": "system", "content": None}, *CHAT]}, "messages.0.content", "got null"),
