@@ -9,7 +9,8 @@ belongs (`"max_tokens": "4"`, `true`, `4.5`, `"seed": "7"`) is a 400, and so is 
 true/false where a boolean belongs; a float field takes an integer. A whole number written with a
 fraction (`4.0`, `1e3`) is that integer (`Integer`): JSON has one number type, the JSON Schema of
 /openapi.json counts 4.0 as an integer (so a client checked against it may send one), and vLLM
-reads it the same way.
+reads it the same way. `null` is the default wherever OpenAI documents a field as nullable
+(`max_tokens`, `n`, `temperature`, `stream`, chat's `logprobs`, ...).
 """
 
 from __future__ import annotations
@@ -34,7 +35,21 @@ def _whole(value):
 
 
 Integer = Annotated[int, BeforeValidator(_whole)]
+# bounds inside the type, before the validator, so that `| None` keeps them as minimum/maximum in the schema
+TokenCount = Annotated[int, Field(ge=1), BeforeValidator(_whole)]
+LogprobCount = Annotated[int, Field(ge=0, le=20), BeforeValidator(_whole)]
 STRICT = ConfigDict(strict=True, extra="ignore")
+# OpenAI documents these as nullable, null meaning the default (as `max_tokens`, `seed`, `stop`, ... are Optional)
+NULL_IS_DEFAULT = ("n", "temperature", "top_p", "top_k", "stream", "ignore_eos", "logprobs")
+
+
+def _nullable_in_schema(schema: dict) -> None:
+    """/openapi.json: the NULL_IS_DEFAULT fields also take null (the model drops a null before checking)."""
+    for name in NULL_IS_DEFAULT:
+        prop = schema.get("properties", {}).get(name)
+        if prop is not None and "anyOf" not in prop:
+            kept = {k: prop.pop(k) for k in ("default", "title") if k in prop}
+            schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **kept}
 
 
 class APIError(Exception):
@@ -61,7 +76,7 @@ _UNSUPPORTED = {"echo": False, "suffix": None, "logit_bias": None, "presence_pen
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra=_nullable_in_schema)
 
     model: str | None = None
     n: Integer = Field(1, ge=1, le=MAX_N)
@@ -74,6 +89,13 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in NULL_IS_DEFAULT)}
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -111,8 +133,8 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[Integer] | list[list[Integer]]
-    max_tokens: Integer | None = Field(None, ge=1)  # null or omitted: DEFAULT_MAX_TOKENS (OpenAI's default)
-    logprobs: Integer | None = Field(None, ge=0, le=20)
+    max_tokens: TokenCount | None = None  # null or omitted: DEFAULT_MAX_TOKENS (OpenAI's default)
+    logprobs: LogprobCount | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -164,10 +186,10 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Integer | None = Field(None, ge=1)  # neither set (or null): DEFAULT_MAX_TOKENS, as for completions
-    max_completion_tokens: Integer | None = Field(None, ge=1)
+    max_tokens: TokenCount | None = None  # neither set (or null): DEFAULT_MAX_TOKENS, as for completions
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
-    top_logprobs: Integer | None = Field(None, ge=0, le=20)
+    top_logprobs: LogprobCount | None = None
 
     @field_validator("top_logprobs")
     @classmethod

@@ -3,7 +3,6 @@ tokenizer cannot take (a lone surrogate, ED A0 80) in any string field, bodies t
 `application/json` (a browser's simple cross-origin POST), loose types, chat messages without
 content, `max_tokens: null`, and /health's two states."""
 
-import json
 import logging
 
 import httpx
@@ -192,6 +191,17 @@ def test_max_tokens_null_means_omitted_the_default_of_16(server, path, body):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, (limit, r.text)
 
 
+def test_null_is_the_default_for_every_nullable_parameter(server):
+    nulls = {"n": None, "temperature": None, "top_p": None, "top_k": None, "stream": None, "ignore_eos": None,
+             "seed": None, "stop": None, "stream_options": None, "user": None, "model": None}
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "logprobs": None, **nulls},
+                   headers=JSON, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1 and r.json()["choices"][0]["logprobs"] is None
+    chat = {"messages": CHAT, "max_tokens": 2, "logprobs": None, "top_logprobs": None, **nulls}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers=JSON, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
+
+
 def test_the_default_over_the_room_the_prompt_leaves_is_400_saying_so(server):
     ids = [5] * (server.state.max_len - 8)  # leaves 8 tokens: fewer than the default 16
     err = _error(httpx.post(f"{server.url}/v1/completions", json={"prompt": ids, "max_tokens": None}, headers=JSON),
@@ -220,4 +230,9 @@ def test_the_request_models_are_strict_in_the_document_too(server):
     assert schemas["ChatMessage"]["required"] == ["role", "content"]
     content = schemas["ChatMessage"]["properties"]["content"]["anyOf"]
     assert {"type": "null"} not in content
-    assert json.dumps(schemas["CompletionRequest"]["properties"]["max_tokens"]).count('"integer"') == 1
+    completion = schemas["CompletionRequest"]["properties"]
+    assert completion["max_tokens"]["anyOf"] == [{"minimum": 1, "type": "integer"}, {"type": "null"}]
+    assert completion["logprobs"]["anyOf"][0] == {"maximum": 20, "minimum": 0, "type": "integer"}
+    for name in ("n", "temperature", "top_p", "stream"):  # null is the default: nullable, as OpenAI's
+        assert {"type": "null"} in completion[name]["anyOf"], name
+    assert schemas["ChatRequest"]["properties"]["logprobs"]["anyOf"] == [{"type": "boolean"}, {"type": "null"}]
