@@ -42,7 +42,7 @@ def refusal(headers: list[tuple[bytes, bytes]]) -> str | None:
     if types:
         return _not_json(types[0])
     named = {k.lower(): v.decode("latin-1") for k, v in headers}
-    if named.get(b"content-length", "0").strip() != "0" or b"transfer-encoding" in named:
+    if named.get(b"content-length", "0").strip().strip("0") or b"transfer-encoding" in named:  # "0", "00": none
         return f"the request has a body but no Content-Type; send 'Content-Type: {JSON}'"
     origin = named.get(b"origin")
     if origin is not None and urlsplit(origin).netloc.lower() != named.get(b"host", "").lower():
