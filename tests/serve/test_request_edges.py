@@ -55,6 +55,13 @@ def test_raw_surrogate_bytes_anywhere_are_400_without_a_traceback(server, logged
     assert not [r for r in logged if r.exc_info or r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize("field", [b'"stop": "a\\udc00"', b'"stop": ["\\ud800"]', b'"user": "\\ud800"'])
+def test_an_escaped_surrogate_in_any_field_is_400_too(server, field):
+    raw = b'{"prompt": "x", "max_tokens": 2, ' + field + b"}"
+    err = _error(httpx.post(f"{server.url}/v1/completions", content=raw, headers=JSON), 400)
+    assert "lone UTF-16 surrogate" in err["message"], err
+
+
 def test_other_invalid_utf8_is_400_and_valid_text_passes(server):
     bad = b'{"prompt": "caf\xe9", "max_tokens": 2}'  # Latin-1, not UTF-8
     err = _error(httpx.post(f"{server.url}/v1/completions", content=bad, headers=JSON), 400)
