@@ -2,8 +2,8 @@
 
 Every mistake is answered with an OpenAI error object (the handlers below); auth, body size and
 per-status counting are ASGI middlewares (middleware.py), and so is the 415 for a POST body that is
-not JSON (content_type.py). `/openapi.json` and `/docs` describe
-every route with its request and response models (schemas.py).
+not JSON (content_type.py). `/openapi.json` and `/docs` describe every route with its request and
+response models (schemas.py).
 """
 
 from __future__ import annotations
