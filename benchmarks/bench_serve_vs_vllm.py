@@ -124,7 +124,9 @@ def main() -> None:
     p.add_argument("--lock", default=None, help="flock file: shared while a server starts, exclusive while timed")
     p.add_argument("--out", default="bench-vs-vllm.json")
     p.add_argument("--work", default="bench-vs-vllm-work")
+    p.add_argument("--write-doc", action="store_true", help="write the table into docs/benchmarks.md")
     args = p.parse_args()
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     from moetune.model.registry import resolve_model
     from moetune.search.study.launch_env import served_model_dir
@@ -147,6 +149,20 @@ def main() -> None:
                                           "cpu": _cpu(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                                          indent=2))
     print(text)
+    if args.write_doc:
+        write_doc(text, " ".join(load_before), results)
+
+
+def write_doc(text: str, load_before: str, results: dict) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from doc_section import loadavg, section, write_section
+
+    held = "; ".join(f"{name} round {i + 1}: {' '.join(r['loadavg'])}" for name, rs in results.items()
+                     for i, r in enumerate(rs))
+    table = [text, "", f"Load at the start of each timed (exclusive-lock) load: {held}. Median over rounds; ratio = "
+                       "moetune / vLLM (out tok/s: higher is better for moetune; TTFT, TPOT: lower)."]
+    write_section("serve-vs-vllm", section("serve-vs-vllm", "moetune serve vs vLLM's CPU build (bench-serve, "
+                                           "stdlib-moe)", table, load_before, loadavg()))
 
 
 def _cpu() -> str:
