@@ -248,7 +248,7 @@ def serve_target(settings: SearchSettings, setup: Setup, winner=None):
 
     m, src = setup.source.model, setup.source
     model_id = settings.hf_id
-    if model_id is None and src.scaled_from is None and src.model_path:
+    if model_id is None and src.scaled_from is None:  # model.path null: the bundled default model
         from moetune.model.registry import resolve_model
 
         from moetune.search.study.launch_env import served_model_dir
