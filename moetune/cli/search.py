@@ -71,12 +71,8 @@ def search(
     from moetune.search.study.optuna_study import Constraints, StudySettings
 
     printer = Printer(fmt)
-    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
-                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
-        checks.number(name, value, 0, low_open=True)
-    for name, value, low, high in (("--max-kl", max_kl, 0, None), ("--max-dropped-fraction", max_dropped_fraction, 0, 1),
-                                   ("--remeasure", remeasure, 0, None), ("--grace-s", grace_s, 2, None)):
-        checks.number(name, value, low, high)
+    _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
+                   grace_s)
     choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
@@ -93,6 +89,19 @@ def search(
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
                               quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
     _run(settings, printer)
+
+
+def _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
+                   grace_s) -> None:
+    from moetune.cli import checks
+
+    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
+                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
+        checks.number(name, value, 0, low_open=True)
+    checks.number("--max-kl", max_kl, 0)
+    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
+    checks.number("--remeasure", remeasure, 0)
+    checks.number("--grace-s", grace_s, 2)
 
 
 def _objectives(objective: str, w) -> tuple[str, ...]:
