@@ -76,8 +76,12 @@ def test_a_healthy_engine_measures_every_trial_beside_its_estimate(run_dir, tmp_
         err = m["detail"]["estimate_error"]["output_tok_s"]
         assert err == pytest.approx((m["detail"]["estimate"]["output_tok_s"] - m["output_tok_s"]) / m["output_tok_s"])
         ran = Path(m["detail"]["launch_file"]).read_text()
-        assert '--max-num-seqs "$PORT"' not in ran and f"--max-num-seqs {r.deployment.max_num_seqs}" in ran
+        assert f"--max-num-seqs {r.deployment.max_num_seqs}" in ran and '--port "$PORT"' in ran
+        # this machine has no GPU: the CPU build's settings, and the checkpoint without moetune's MTP file
+        assert 'VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"' in ran and "VLLM_CPU_OMP_THREADS_BIND" in ran
+        assert str(tmp_path / "out" / "served-model") in ran
     out = tmp_path / "out"
+    assert (out / "served-model" / "model.safetensors").is_file() and not (out / "served-model" / "mtp.safetensors").exists()
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert all(float(x["output_tok_s_estimated"]) > 0 and x["output_tok_s_error"] for x in rows)
     winner = result.winner.metrics["detail"]["launch_file"]
