@@ -204,6 +204,27 @@ class OffloadConfig(_Section):
         return self
 
 
+class DeployConfig(_Section):
+    """How the serving engines (vLLM, SGLang) deploy the model on GPUs: knobs `moetune simulate` and
+    `moetune search` price on GPU hardware and the emitted launch files say. moetune's own engine does
+    not run them (it serves the `parallel` mesh); a search winner's recipe carries them so that
+    `moetune simulate --recipe winner.yaml` prices the same deployment (docs/search.md)."""
+
+    replicas: int = Field(1, ge=1)  # copies of the deployment across the hardware's GPUs
+    dense_format: Literal["none", "fp8"] = "none"  # attention / dense / shared-expert weights (--quantization fp8)
+    kv_format: Literal["none", "fp8"] = "none"  # the KV cache (--kv-cache-dtype fp8)
+    overlap: bool = False  # two-batch overlap (SGLang --enable-two-batch-overlap, vLLM --enable-dbo)
+    cuda_graph_max_bs: int = Field(-1, ge=-1)  # largest decode batch per rank in a CUDA graph; 0 eager; -1 not priced
+    attn_dp: int = Field(0, ge=0)  # attention DP groups over ep_size × expert_tp_size GPUs (TP = tp_size); 0: parallel's mesh
+    moe_a2a: bool = True  # under attn_dp > 0: all-to-all dispatch (DeepEP) rather than all-gather + reduce-scatter
+    prefill_workers: int = Field(0, ge=0)  # disaggregated prefill/decode: P prefill workers (0: aggregated)
+    decode_workers: int = Field(1, ge=1)  # ... D decode workers, each the `parallel` mesh above
+    prefill_ep_size: int = Field(1, ge=1)  # ... a prefill worker's expert parallelism
+    prefill_tp_size: int = Field(1, ge=1)  # ... its attention tensor parallelism
+    prefill_expert_tp_size: int = Field(1, ge=1)  # ... its expert tensor parallelism
+    prefill_max_num_batched_tokens: int = Field(8192, ge=1)  # ... its tokens per step (per attention-DP rank)
+
+
 # Sections the recipe format reserves for features not built yet: setting one is an error, not a no-op.
 NOT_YET: dict[str, str] = {}
 
@@ -216,6 +237,7 @@ class RunConfig(_Section):
     serve: ServeConfig = ServeConfig()
     quant: QuantConfig | None = None
     offload: OffloadConfig | None = None
+    deploy: DeployConfig | None = None  # the serving engines' knobs (priced on GPUs; moetune's engine ignores it)
 
     @model_validator(mode="before")
     @classmethod

@@ -55,7 +55,7 @@ def workers(d: Deployment) -> tuple[Deployment, Deployment]:
     """(a prefill worker, a decode worker) of a disaggregated deployment, each an aggregated Deployment."""
     one = dict(prefill_workers=0, decode_workers=1, replicas=1)
     pre = replace(d, **one, **prefill_mesh(d), max_num_batched_tokens=d.prefill_tokens,
-                  max_num_seqs=max(1, d.prefill_tokens), cuda_graph_max_bs=min(d.cuda_graph_max_bs, 0))
+                  max_num_seqs=d.max_num_seqs, cuda_graph_max_bs=min(d.cuda_graph_max_bs, 0))
     return pre, replace(d, **one)
 
 
@@ -117,7 +117,7 @@ class Pricer:
 
     @property
     def k_max(self) -> int:
-        return max(1, int(self.pre.max_num_batched_tokens // max(self.L, 1)))
+        return max(1, min(self.pre.max_num_seqs, int(self.pre.max_num_batched_tokens // max(self.L, 1))))
 
     def prefill_s(self, k: int) -> float:
         """Seconds of a prefill step with k whole prompts per DP rank (a prompt over the budget: its chunks)."""

@@ -64,8 +64,9 @@ def a2a_used(d: Deployment) -> bool:
     return bool(d.moe_a2a) and d.ep_size > 1
 
 
-def mesh_reason(m, d: Deployment, hw, w=None) -> str | None:
-    """Why this general mesh cannot run or cannot be priced here, or None. m: the SimModel."""
+def mesh_reason(m, d: Deployment, hw=None, w=None) -> str | None:
+    """Why this general mesh cannot run (or, given the hardware and workload, cannot be priced there), or
+    None. m: the SimModel."""
     if not d.attn_dp:
         return None
     N = d.ep_size * d.expert_tp_size
@@ -80,7 +81,7 @@ def mesh_reason(m, d: Deployment, hw, w=None) -> str | None:
                       if d.expert_tp_size > 1 else None)
     if split:
         return split
-    if hw.name == "this-machine":
+    if hw is not None and hw.name == "this-machine":
         return "a general mesh (attn_dp > 0) is priced for GPU serving engines; moetune's CPU engine runs attn_dp 0"
     if d.capacity_policy != "none" or d.offload_resident_fraction < 1 or d.speculative != "none":
         return "a general mesh is priced without capacity limits, offloading and speculation"
