@@ -20,6 +20,8 @@ def simulate(
     eviction: Optional[str] = typer.Option(None, "--offload-eviction", help="What-if: lru | lfu."),
     explain: bool = flag(False, "--explain", help="Also print the cost model's terms per step kind and "
                                                           "phase (FLOPs, bytes, calls, multipliers)."),
+    as_json: bool = flag(False, "--json", help="Print every figure of the tables as one JSON object on stdout "
+                                                "(nothing else on stdout)."),
     w: TraceArgs = TraceArgs(""),
 ) -> None:
     """Estimate one deployment from a routing trace (every figure is an estimate)."""
@@ -51,6 +53,13 @@ def simulate(
 
         setup, d, m = simulate_recipe(w.inputs(), as_profile=not serve, what_if=what_if, explain=explain,
                                       on_step=on_step)
+    if as_json:  # one object: the deployment, the hardware and every figure (Metrics), all estimated
+        import json
+
+        print(json.dumps({"model": setup.source.model.name, "hardware": setup.hardware.name,
+                          "deployment": d.as_dict(), "label": d.label(), "not_priced": list(setup.not_priced),
+                          **m.as_dict()}, default=float))
+        return
     console = Console()
     console.print(f"[bold]{setup.source.model.name}[/] on {setup.hardware.name} "
                   f"({setup.hardware.max_ranks} ranks available): {d.label()}, {m.workload} — all figures estimated")

@@ -56,7 +56,8 @@ from typing import Any
 
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
-from moetune.search.cost.deployment import Deployment, dp_ranks, gpus, resident_slots
+from moetune.search.cost.deployment import Deployment, dp_ranks, resident_slots
+from moetune.search.cost.deployment import gpus as replica_gpus
 from moetune.search.cost.disagg import total_gpus
 from moetune.search.cost.precision import DENSE_QUANT, dense_knob, dense_quant
 from moetune.search.cost.simmodel import SimModel
@@ -258,7 +259,7 @@ def prune(d: Deployment, lim: Limits) -> str | None:
         None if d.attn_dp else _prune_tp(d, lim))
     if split is not None:
         return split
-    ranks, mesh = (total_gpus(d) if d.prefill_workers else gpus(d)), _mesh(d)
+    ranks, mesh = (total_gpus(d) if d.prefill_workers else replica_gpus(d)), _mesh(d)
     G, used = lim.max_ranks, d.replicas * ranks
     if used > G:
         return f"{d.replicas} replicas × {mesh} need {used} GPUs; the hardware has {G}"
