@@ -175,9 +175,35 @@ def test_search_winner_recipe_reprices_to_the_same_figures(run_dir, tmp_path):
     sim = moetune("simulate", "--trace", str(run_dir), "--recipe", str(out / "winner.yaml"), "--json", *load)
     assert sim.returncode == 0, sim.stderr[-2000:]
     figures = json.loads(sim.stdout)  # the whole of stdout is one object
+    label = recipe.splitlines()[0].split("): ", 1)[1]  # "# moetune search winner (how): LABEL"
+    assert figures["label"] == label
     with (out / "trials.csv").open() as f:
-        rows = [row for row in csv.DictReader(f) if row["state"] == "COMPLETE" and row["output_tok_s"]]
-    best = max(rows, key=lambda row: float(row["output_tok_s_per_gpu"] or row["output_tok_s"]))
-    assert figures["label"] == best["deployment"]
+        best = next(row for row in csv.DictReader(f) if row["state"] == "COMPLETE" and row["deployment"] == label)
     for k in ("output_tok_s", "ttft_ms", "tpot_ms"):
         assert math.isclose(figures[k], float(best[k]), rel_tol=1e-5), (k, figures[k], best[k])
+
+
+def test_the_disaggregated_form_is_searched_unnamed_on_two_nodes_and_the_meshes_when_named():
+    from moetune.search.study.space import build_space
+
+    one_node = {k.name for k in build_space(256, 8).knobs}
+    two_nodes = {k.name: k.values for k in build_space(256, 16).knobs}
+    assert not one_node & {"prefill_workers", "attn_dp", "moe_a2a"}  # the base recipe's (neutral): out of the grid
+    assert two_nodes["prefill_workers"] == (0, 1, 2, 4) and "attn_dp" not in two_nodes
+    named = {k.name: k.values for k in build_space(256, 8, overrides={"attn_dp": [0, 1, 8], "moe_a2a": [0, 1]}).knobs}
+    assert named["attn_dp"] == (0, 1, 8) and named["moe_a2a"] == (0, 1)
+
+
+def test_a_recipe_deploy_section_round_trips_every_priced_knob():
+    from moetune.config import parse_config
+    from moetune.search.study.space import from_config, to_config
+
+    d = Deployment(ep_size=4, expert_tp_size=2, tp_size=1, attn_dp=8, moe_a2a=0, dense_format="fp8", kv_format="fp8",
+                   overlap=1, cuda_graph_max_bs=128, replicas=2, prefill_workers=1, decode_workers=2, prefill_ep=2,
+                   prefill_tp=2, prefill_expert_tp=1, prefill_tokens=4096)
+    cfg = to_config(parse_config({"model": {"path": "stdlib-moe", "device": "cpu"}}), d)
+    again = from_config(parse_config(cfg.model_dump()))
+    for name in ("attn_dp", "moe_a2a", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs", "replicas",
+                 "prefill_workers", "decode_workers", "prefill_ep", "prefill_tp", "prefill_expert_tp", "prefill_tokens",
+                 "ep_size", "tp_size", "expert_tp_size"):
+        assert getattr(again, name) == getattr(d, name), name

@@ -57,8 +57,7 @@ def test_space_file_narrows_and_fixes_knobs():
     space = build_space(16, 8, overrides={"ep_size": [1, 2], "placement": "eplb", "max_num_seqs": 8})
     grid = space.grid()
     assert grid["ep_size"] == [1, 2] and grid["placement"] == ["eplb"] and grid["max_num_seqs"] == [8]
-    mesh = (5 * 2) * (4 * 3 * 4 * 4)  # attn_dp 0..8 × moe_a2a; prefill / decode workers × prefill EP × TP
-    assert space.size() == 2 * 4 * 9 * 1 * 1 * 7 * (4 * 4) * (4 * 4 * 2) * (2 * 2 * 2) * mesh  # replicas: 1, 2, 4, 8
+    assert space.size() == 2 * 4 * 9 * 1 * 1 * 7 * (4 * 4) * (4 * 4 * 2) * (2 * 2 * 2)  # replicas: 1, 2, 4, 8
     # of 8 GPUs; the serving engines' knobs (dense, KV, overlap: priced, build_space's default; CUDA graphs one value)
     assert grid["cuda_graph_max_bs"] == [512]
     with pytest.raises(SpaceError, match="unknown knob 'ep'"):

@@ -24,7 +24,8 @@ At a request rate λ (whole deployment, requests/s):
   decode:  b = min(max_num_seqs, λ·(O − 1)·TPOT(b) / (D·a_d))  (Little's law, fixed point); TPOT = TPOT(b)
 A closed loop of C requests in flight (`--concurrency`, a burst of n as a closed loop of n) finds λ by
 bisection on C = λ · (TTFT(λ) + (O − 1)·TPOT(λ)); beyond the capacity of either side the extra requests
-wait (TTFT grows by C/λ_max − the loop's time). Output tok/s = λ·O, per GPU over every GPU of the hardware.
+wait (TTFT grows by C/λ_max − the loop's time). Output tok/s = λ·O. A replica is the P + D workers;
+`replicas` copies of it each carry their share (replicas.py), per GPU over every GPU of the hardware.
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ def disagg_reason(d: Deployment, max_ranks: int) -> str | None:
     if (d.prefill_ep * d.prefill_expert_tp) % d.prefill_tp:
         return (f"prefill attention TP {d.prefill_tp} does not divide the prefill worker's "
                 f"{d.prefill_ep * d.prefill_expert_tp} GPUs")
-    need = total_gpus(d)
+    need = total_gpus(d) * d.replicas
     if need > max_ranks:
-        return (f"{d.prefill_workers} prefill × {gpus(pre)} + {d.decode_workers} decode × {gpus(replace(d, prefill_workers=0))}"
-                f" GPUs = {need}; the hardware has {max_ranks}")
+        return (f"{d.replicas} × ({d.prefill_workers} prefill × {gpus(pre)} + {d.decode_workers} decode × "
+                f"{gpus(replace(d, prefill_workers=0))}) GPUs = {need}; the hardware has {max_ranks}")
     if d.speculative != "none" or d.offload_resident_fraction < 1 or d.capacity_policy != "none":
         return "disaggregated serving is priced without speculation, offloading and capacity limits"
     return None

@@ -136,6 +136,7 @@ def price(sim, d: Deployment, s, prep, empty):
     pieces = {p: np.zeros(st.T.shape) for p in costs.RANK_PHASES}
     expert_s, dense, other = np.zeros(slots.rows_q.shape), np.zeros(st.T.shape), np.zeros(st.T.shape)
     shared_rows = st.T.max(1) / t if a2a_used(d) else st.T.sum(1)  # [S] the shared expert's rows per GPU
+    step_lat = costs.Links.of(hw, a).latency_s  # the lock-step's "anything left?" among the attention groups
     for kind in ("prefill", "decode"):
         for lau in np.unique(launch[kinds == kind]):
             idx = np.nonzero((kinds == kind) & (launch == lau))[0]
@@ -149,7 +150,7 @@ def price(sim, d: Deployment, s, prep, empty):
             none = np.zeros_like(rows)
             pieces["shared_expert"][idx] = costs.shared_expert(moe, costs.StepRows(rows, none, none, none, none, N))
             expert_s[idx] = costs.experts(moe, sg, take(slots, idx))
-            dense[idx], other[idx] = costs.dense_mlp(att, wg), costs.other(att, wg, hw.intra_latency_s)
+            dense[idx], other[idx] = costs.dense_mlp(att, wg), costs.other(att, wg, step_lat)
     a2a = _moe_exchange(moe, d, st, win, prep, halves)
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves

@@ -57,6 +57,7 @@ without the profiler's clocks) over the probed phases they were fitted on: each 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -192,10 +193,8 @@ class Simulator:
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
         total, d = workload or self.src.workload, self.stored(d)
-        if d.prefill_workers:  # disaggregated prefill/decode: P prefill × D decode workers (disagg.py)
-            return disagg.evaluate(self, d, total)
-        return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
-                             self.hw.max_ranks)
+        one = self._evaluate_replica if not d.prefill_workers else partial(disagg.evaluate, self)  # P/D: disagg.py
+        return over_replicas(one(d, replica_workload(total, d.replicas)), total, d.replicas, self.hw.max_ranks)
 
     def _evaluate_replica(self, d: Deployment, w: SimWorkload) -> Metrics:
         if w.mode == "rate" and not d.attn_dp:  # arrivals by the clock: scheduled and priced step by step

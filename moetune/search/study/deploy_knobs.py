@@ -6,15 +6,18 @@ runs, and their place in a recipe (the `deploy` section, config.DeployConfig).
 |---|---|---|---|
 | attn_dp | deploy.attn_dp | 0 (the `parallel` mesh), 1, 2, 4, … up to the GPUs | attention TP = ep_size · expert_tp_size / attn_dp (tp_size follows it); a mesh the `parallel` one prices (DP = EP groups of TP = expert TP ranks, all-to-all) → 0; pruned when attn_dp does not divide the GPUs, or a TP split does not divide the heads / intermediate sizes |
 | moe_a2a | deploy.moe_a2a | 0 (all-gather + reduce-scatter), 1 (all-to-all) | moot at attn_dp 0 (→ 1) and at ep_size 1 (→ 0); pruned: all-to-all with expert TP > 1 (the engines' all-to-all backends run pure EP) |
-| prefill_workers | deploy.prefill_workers | 0 (aggregated), 1, 2, 4 | 0: every prefill_* knob and decode_workers moot (→ neutral); > 0: replicas moot (→ 1: the workers fill the GPUs); pruned when P·N_p + D·N_d exceeds the GPUs |
+| prefill_workers | deploy.prefill_workers | 0 (aggregated), 1, 2, 4 | 0: every prefill_* knob and decode_workers moot (→ neutral); pruned when replicas × (P·N_p + D·N_d) exceeds the GPUs (a replica: P prefill + D decode workers) |
 | decode_workers | deploy.decode_workers | 1, 2, 4 | — |
 | prefill_ep | deploy.prefill_ep_size | 1, 2, 4, … up to the GPUs | — |
 | prefill_tp | deploy.prefill_tp_size | 1, 2, 4, 8 | pruned when it does not divide the prefill worker's GPUs |
-| prefill_expert_tp | deploy.prefill_expert_tp_size | 1, 2, 4, 8 (one value, 1, unless --space names it) | — |
-| prefill_tokens | deploy.prefill_max_num_batched_tokens | 4096, 8192, 16384 (one value, 8192, unless --space names it) | — |
+| prefill_expert_tp | deploy.prefill_expert_tp_size | 1, 2, 4, 8 | — |
+| prefill_tokens | deploy.prefill_max_num_batched_tokens | 4096, 8192, 16384 | — |
 
-Searched by default on priced (simulated GPU) searches, never on this-machine (moetune's CPU engine
-runs neither: `deploy_reason`).
+Searched on priced (simulated GPU) searches, never on this-machine (moetune's CPU engine runs
+neither: `deploy_reason`): the mesh knobs (with the parallel section's tp_size / expert_tp_size) and
+prefill_expert_tp / prefill_tokens when --space names them; prefill_workers, decode_workers, prefill_ep
+and prefill_tp also unnamed on 16 GPUs or more (`default_searched`). Not searched: the base recipe's
+value (its `deploy` section), left out of the grid where that is the neutral one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from moetune.search.cost.mesh import mesh_reason
 
 DEPLOY_KNOBS = ("attn_dp", "moe_a2a", "prefill_workers", "decode_workers", "prefill_ep", "prefill_tp",
                 "prefill_expert_tp", "prefill_tokens")
-ONE_VALUE = {"prefill_expert_tp": 1, "prefill_tokens": 8192}  # one value unless --space names the knob
+DISAGG_DEFAULT = ("prefill_workers", "decode_workers", "prefill_ep", "prefill_tp")  # searched unnamed on 2+ nodes
+MULTI_NODE_GPUS = 16  # two nodes of 8 GPUs (every built-in hardware's node)
 DISAGG_NEUTRAL = dict(decode_workers=1, prefill_ep=1, prefill_tp=1, prefill_expert_tp=1, prefill_tokens=8192)
 
 
@@ -50,6 +54,13 @@ def deploy_rows(max_ranks: int) -> list[tuple[str, str, tuple, str]]:
     ]
 
 
+def default_searched(name: str, max_ranks: int) -> bool:
+    """Whether a knob of this table is searched when --space does not name it: the disaggregated form's
+    main knobs on two nodes or more (where the engines serve it); else, like the parallel section's TP
+    sizes, only when named (the base recipe's value otherwise), so that a small budget is not spread thin."""
+    return name in DISAGG_DEFAULT and max_ranks >= MULTI_NODE_GPUS
+
+
 def canonical_deploy(d: Deployment, notes: list[str]) -> tuple[Deployment, list[str]]:
     """d with its moot mesh / disaggregation knobs at one value (module doc), and why."""
     out = d
@@ -70,9 +81,6 @@ def canonical_deploy(d: Deployment, notes: list[str]) -> tuple[Deployment, list[
     if not d.prefill_workers and any(getattr(d, k) != v for k, v in DISAGG_NEUTRAL.items()):
         out = replace(out, **DISAGG_NEUTRAL)
         notes.append("aggregated serving: the prefill / decode worker knobs are moot")
-    if d.prefill_workers and d.replicas != 1:
-        out = replace(out, replicas=1)
-        notes.append("disaggregated: the workers fill the GPUs (replicas moot)")
     return out, notes
 
 

@@ -73,6 +73,8 @@ def disagg_text(engine: str, d: Deployment, t: ServeTarget, label: str, figures:
              f"# {d.prefill_workers} prefill worker(s) × {gpus(pre)} {t.gpu} ({pre.label()}) + {d.decode_workers} "
              f"decode worker(s) × {gpus(dec)} {t.gpu} ({dec.label()})",
              "# every command parses with its program's own argument parser (moetune/search/study/flag_tables/)",
+             *([f"# run the whole set {d.replicas} times (one per replica, each on its own GPUs) behind a load balancer"]
+               if d.replicas > 1 else []),
              "# run once per worker: ROLE=prefill-0 | ... | decode-0 | ..." + (" | router" if engine == "sglang" else "")]
     if figures:
         lines.append("# estimated: " + ", ".join(f"{k} {figures[k]:.4g}" for k in ("output_tok_s", "output_tok_s_per_gpu",

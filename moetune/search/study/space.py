@@ -62,8 +62,8 @@ from moetune.search.cost.disagg import total_gpus
 from moetune.search.cost.precision import DENSE_QUANT, dense_knob, dense_quant
 from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
-from moetune.search.study.deploy_knobs import (DEPLOY_KNOBS, ONE_VALUE, canonical_deploy, deploy_rows, deploy_section,
-                                               deploy_values, prune_deploy)
+from moetune.search.study.deploy_knobs import (DEPLOY_KNOBS, canonical_deploy, default_searched, deploy_rows,
+                                               deploy_section, deploy_values, prune_deploy)
 
 
 PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs", *DEPLOY_KNOBS)  # searched by default on
@@ -183,11 +183,11 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             if not values:
                 raise SpaceError(f"--space: knob '{knob.name}' has no values")
             knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
-        elif knob.name in DOMINATED or knob.name in ONE_VALUE:
-            knob = replace(knob, values=({**DOMINATED, **ONE_VALUE}[knob.name],))
+        elif knob.name in DOMINATED:
+            knob = replace(knob, values=(DOMINATED[knob.name],))
         elif knob.name in OPT_IN:
             knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
-        elif knob.name in NAMED_ONLY:
+        elif knob.name in NAMED_ONLY or (knob.name in DEPLOY_KNOBS and not default_searched(knob.name, max_ranks)):
             value = (fixed or {}).get(knob.name, NEUTRAL[knob.name])
             if value == NEUTRAL[knob.name]:
                 continue
