@@ -161,7 +161,7 @@ def test_disaggregated_launch_files_parse_with_the_engines_and_the_router():
 
 def test_search_winner_recipe_reprices_to_the_same_figures(run_dir, tmp_path):
     """search → winner.yaml (its deploy section: mesh, disaggregation, formats) → simulate --recipe --json
-    gives the winner's figures; --json prints one JSON object and nothing else on stdout."""
+    gives the winner's figures; --json - prints one JSON object and nothing else on stdout."""
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2, 4]\nattn_dp: [0, 1, 2]\nprefill_workers: [0, 1]\nkv_format: [none, fp8]\n"
                      "dense_format: fp8\nreplicas: 1\n")
@@ -172,7 +172,7 @@ def test_search_winner_recipe_reprices_to_the_same_figures(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     recipe = (out / "winner.yaml").read_text()
     assert "deploy:" in recipe and "dense_format: fp8" in recipe
-    sim = moetune("simulate", "--trace", str(run_dir), "--recipe", str(out / "winner.yaml"), "--json", *load)
+    sim = moetune("simulate", "--trace", str(run_dir), "--recipe", str(out / "winner.yaml"), "--json", "-", *load)
     assert sim.returncode == 0, sim.stderr[-2000:]
     figures = json.loads(sim.stdout)  # the whole of stdout is one object
     label = recipe.splitlines()[0].split("): ", 1)[1]  # "# moetune search winner (how): LABEL"
@@ -207,3 +207,16 @@ def test_a_recipe_deploy_section_round_trips_every_priced_knob():
                  "prefill_workers", "decode_workers", "prefill_ep", "prefill_tp", "prefill_expert_tp", "prefill_tokens",
                  "ep_size", "tp_size", "expert_tp_size"):
         assert getattr(again, name) == getattr(d, name), name
+
+
+def test_the_report_says_which_form_wins_and_by_how_much():
+    from moetune.search.study.forms import form_sentence
+    from moetune.search.study.optuna_study import TrialRow
+
+    def row(n, tok, **knobs):
+        return TrialRow(n, "COMPLETE", knobs, [tok], {"output_tok_s": tok})
+
+    rows = [row(0, 100.0), row(1, 150.0, prefill_workers=1), row(2, 120.0, ep_size=2)]
+    said = form_sentence(rows, "throughput")
+    assert said.startswith("Disaggregated prefill/decode wins") and "150 vs 120 (1.25×" in said
+    assert form_sentence(rows[:1] + rows[2:], "throughput") is None  # one form tried: nothing to say
