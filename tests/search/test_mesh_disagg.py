@@ -65,7 +65,20 @@ def test_gather_mode_collectives_match_the_hand_formula():
     assert moe_out[0] == pytest.approx(3 / 4 * 8 * 10 * 2 / 100 + 1)
     tp = Deployment(ep_size=1, expert_tp_size=4, tp_size=4, attn_dp=1, moe_a2a=0)  # TP attention: an all-reduce
     moe_in, moe_out = mesh_costs.gather_seconds(tp, hw, D=10, b=2, T=T, T_max=T)
-    assert moe_in[0] == 0 and moe_out[0] == pytest.approx(3 / 4 * 8 * 10 * 2 / 100 + 1)
+    assert moe_in[0] == 0 and moe_out[0] == pytest.approx(2 * 3 / 4 * 8 * 10 * 2 / 100 + 1)
+    two = Deployment(ep_size=1, expert_tp_size=4, tp_size=2, attn_dp=2, moe_a2a=0)  # DP 2 × TP 2: + gather over 2
+    moe_in, moe_out = mesh_costs.gather_seconds(two, hw, D=10, b=2, T=T, T_max=np.array([5.0]))
+    assert moe_in[0] == pytest.approx(1 / 2 * 8 * 10 * 2 / 100 + 1)
+    assert moe_out[0] == pytest.approx(3 / 4 * 8 * 10 * 2 / 100 + 1 + 1 / 2 * 5 * 10 * 2 / 100 + 1)
+
+
+def test_a_tp_mesh_as_a_general_mesh_is_priced_as_the_tp_mesh():
+    """TP-4 attention with TP-4 experts said both ways (legacy tp group; attn_dp 1, all-gather): the same step."""
+    sim = Simulator(source(), H200)
+    legacy = sim.evaluate(Deployment(tp_size=4, expert_tp_size=4, max_num_seqs=16), CLOSED)
+    mesh = sim.evaluate(Deployment(tp_size=4, expert_tp_size=4, attn_dp=1, moe_a2a=0, max_num_seqs=16), CLOSED)
+    assert mesh.ttft_ms == pytest.approx(legacy.ttft_ms, rel=1e-9) and mesh.tpot_ms == pytest.approx(legacy.tpot_ms, rel=1e-9)
+    assert canonical_deploy(Deployment(tp_size=4, expert_tp_size=4, attn_dp=1, moe_a2a=0), [])[0].attn_dp == 0
 
 
 def test_ep_and_tp_experts_move_different_bytes():

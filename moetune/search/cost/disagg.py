@@ -2,6 +2,8 @@
 and batch limits (Deployment.prefill_workers > 0; the Deployment's own mesh and max_num_seqs are a
 decode worker's, prefill_ep / prefill_tp / prefill_expert_tp / prefill_tokens a prefill worker's).
 A request is prefilled on a prefill worker, its KV cache sent to a decode worker, and decoded there.
+A prefill worker places the experts by the decode worker's policy without redundant slots (its EP
+size differs; a placement file is the decode worker's: contiguous there).
 
 Per worker, steps are priced by the simulator itself (Simulator.price_schedule, so every op keeps
 its pricing: mesh.py for a general mesh, the measured tables where they apply):
@@ -55,7 +57,9 @@ def prefill_mesh(d: Deployment) -> dict:
 def workers(d: Deployment) -> tuple[Deployment, Deployment]:
     """(a prefill worker, a decode worker) of a disaggregated deployment, each an aggregated Deployment."""
     one = dict(prefill_workers=0, decode_workers=1, replicas=1)
-    pre = replace(d, **one, **prefill_mesh(d), max_num_batched_tokens=d.prefill_tokens,
+    placed = d.placement if d.placement in ("contiguous", "round_robin", "eplb") else "contiguous"
+    pre = replace(d, **one, **prefill_mesh(d), redundant_experts=0, placement=placed,  # its own EP: no replicas
+                  max_num_batched_tokens=d.prefill_tokens,
                   max_num_seqs=d.max_num_seqs, cuda_graph_max_bs=min(d.cuda_graph_max_bs, 0))
     return pre, replace(d, **one)
 

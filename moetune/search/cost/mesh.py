@@ -26,7 +26,8 @@ the a attention groups (the schedule runs on a ranks); each MoE layer of a step 
     moe_in  = (a−1)/a · T·D·b / bw + α                       (every GPU gathers all T = Σ_i T_i rows; a > 1)
     moe_out = (N−1)/N · T·D·b / bw + α  [+ (t−1)/t · max_i T_i·D·b / bw_t + α  when t > 1]
             (the partial sums of every expert shard reduce-scattered over N, then each group's rows
-             gathered over its t ranks: at a = 1 exactly the all-reduce of [T, D] the TP mesh prices)
+             gathered over its t ranks); at a = 1 (every GPU holds all rows) the one all-reduce of
+             [T, D] the TP mesh prices: 2·(N−1)/N · T·D·b / bw + α, no moe_in
     and the shared expert runs on all T rows at I_shared / f (under all-to-all: on the GPU's T_i / t rows, whole)
 - bw: the node's NVLink figure per GPU when the collective's ranks share a node, else the inter-node one.
 
@@ -103,9 +104,13 @@ def gather_seconds(d: Deployment, hw, D: int, b: int, T: np.ndarray, T_max: np.n
     a, t, N = d.attn_dp, d.tp_size, d.ep_size * d.expert_tp_size
     bw, lat = link(hw, N)
     row = D * b
-    moe_in = ((a - 1) / a * T * row / bw + lat) if a > 1 else np.zeros_like(T)
-    moe_out = ((N - 1) / N * T * row / bw + lat) if N > 1 else np.zeros_like(T)
-    if t > 1 and N > 1 and a > 1:
+    if N == 1:
+        return np.zeros_like(T), np.zeros_like(T)
+    if a == 1:  # every GPU holds all T rows: the all-reduce of [T, D] (one ring: reduce-scatter + all-gather)
+        return np.zeros_like(T), 2 * (N - 1) / N * T * row / bw + lat
+    moe_in = (a - 1) / a * T * row / bw + lat
+    moe_out = (N - 1) / N * T * row / bw + lat
+    if t > 1:
         bw_t, lat_t = link(hw, t)
         moe_out = moe_out + (t - 1) / t * T_max * row / bw_t + lat_t
     return moe_in, moe_out

@@ -22,10 +22,11 @@ value (its `deploy` section), left out of the grid where that is the neutral one
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from moetune.search.cost.deployment import Deployment, gpus
-from moetune.search.cost.disagg import disagg_reason, workers
+from moetune.search.cost.disagg import disagg_reason, total_gpus, workers
 from moetune.search.cost.mesh import mesh_reason
 
 DEPLOY_KNOBS = ("attn_dp", "moe_a2a", "prefill_workers", "decode_workers", "prefill_ep", "prefill_tp",
@@ -84,16 +85,48 @@ def canonical_deploy(d: Deployment, notes: list[str]) -> tuple[Deployment, list[
     return out, notes
 
 
+def repair_workers(d: Deployment, gpus: int, notes: list[str]) -> tuple[Deployment, list[str]]:
+    """A disaggregated point as the nearest one that runs: the prefill attention TP dividing the prefill
+    worker's GPUs, then fewer prefill workers, decode workers and prefill EP ranks (halved in that order)
+    until one replica's workers fit the GPUs. Other points unchanged."""
+    if not d.prefill_workers:
+        return d, notes
+    out, N_p = d, d.prefill_ep * d.prefill_expert_tp
+    if N_p % d.prefill_tp:
+        out = replace(out, prefill_tp=math.gcd(d.prefill_tp, N_p))
+        notes.append(f"prefill_tp {d.prefill_tp} → {out.prefill_tp} (it divides the prefill worker's {N_p} GPUs)")
+    before = (out.prefill_workers, out.decode_workers, out.prefill_ep)
+    while total_gpus(out) > gpus:
+        for knob in ("prefill_workers", "decode_workers", "prefill_ep"):
+            if getattr(out, knob) > 1:
+                out = replace(out, **{knob: getattr(out, knob) // 2})
+                break
+        else:
+            break  # one of each does not fit: pruned
+        if out.prefill_tp > out.prefill_ep * out.prefill_expert_tp:
+            out = replace(out, prefill_tp=out.prefill_ep * out.prefill_expert_tp)
+    after = (out.prefill_workers, out.decode_workers, out.prefill_ep)
+    if after != before:
+        notes.append(f"prefill workers, decode workers, prefill EP {before} → {after} (they fit the {gpus} GPUs)")
+    return out, notes
+
+
 def prune_deploy(d: Deployment, model, max_ranks: int) -> str | None:
     """Why no engine runs this mesh / disaggregated form (module doc), or None. model: the SimModel or None."""
     if d.prefill_workers:
-        reason = disagg_reason(d, max_ranks)
+        reason = disagg_reason(d, max_ranks) or _prefill_tiles(model, d)
         if reason:
             return reason
         return next((r for r in (_mesh_split(model, w) for w in workers(d)) if r), None)
     if d.attn_dp and gpus(d) > max_ranks:
         return f"{gpus(d)} GPUs for experts EP {d.ep_size} × TP {d.expert_tp_size}; the hardware has {max_ranks}"
     return _mesh_split(model, d)
+
+
+def _prefill_tiles(model, d: Deployment) -> str | None:
+    if model is not None and model.E % d.prefill_ep:
+        return f"prefill_ep {d.prefill_ep} does not divide the {model.E} experts (a prefill worker has no redundant slots)"
+    return None
 
 
 def _mesh_split(model, d: Deployment) -> str | None:
@@ -108,8 +141,8 @@ def deploy_reason(sim, d: Deployment, w) -> str | None:
     if d.prefill_workers:
         if hw.name == "this-machine":
             return "disaggregated prefill/decode is priced for GPU serving engines (moetune's CPU engine runs neither)"
-        return disagg_reason(d, hw.max_ranks) or next((r for r in (mesh_reason(m, x, hw) for x in workers(d)) if r),
-                                                      None)
+        return disagg_reason(d, hw.max_ranks) or _prefill_tiles(m, d) or next(
+            (r for r in (mesh_reason(m, x, hw) for x in workers(d)) if r), None)
     return mesh_reason(m, d, hw, w)
 
 
