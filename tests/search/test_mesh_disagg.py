@@ -169,6 +169,8 @@ def test_disaggregated_launch_files_parse_with_the_engines_and_the_router():
     assert roles == ["kv_producer", "kv_producer", "kv_consumer"] and all(check("vllm", c) is None for c in vl)
     assert "is not one of" in kv_transfer_reason('{"kv_connector": "NixlConnector", "kv_role": "prefill"}')
     assert "connector" in kv_transfer_reason('{"kv_connector": "NoSuch", "kv_role": "kv_both"}')
+    assert "without kv_role" in kv_transfer_reason('{"kv_connector": "NixlConnector"}')
+    assert "no field" in kv_transfer_reason('{"kv_connector": "NixlConnector", "kv_role": "kv_both", "role": 1}')
     assert check("sglang", ["--disaggregation-mode", "both"]) is not None  # the parser's choices hold
 
 

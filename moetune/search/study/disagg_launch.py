@@ -1,7 +1,8 @@
 """Launch files of a disaggregated winner (cost/disagg.py): one command per prefill and decode worker
 (each the aggregated launch of its own mesh, vllm_launch.py / sglang_launch.py, plus the engine's
 disaggregation flags) and the request router, every command checked with the engine's parser
-(flag_tables/: sglang.json, vllm.json with vllm_kv_transfer.json for the JSON, sglang_router.json).
+(flag_tables/: sglang.json, vllm.json with vllm_kv_transfer.json for the JSON, sglang_router.json:
+sglang-router 0.3.2's RouterArgs, dumped by tools/engine_flag_tables.py).
 
 | | SGLang | vLLM |
 |---|---|---|

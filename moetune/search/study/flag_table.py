@@ -98,6 +98,8 @@ def kv_transfer_reason(text: str) -> str | None:
             return f"--kv-transfer-config: {name} {data[name]!r} is not one of {choices}"
     if data.get("kv_connector") not in spec["connectors"]:
         return f"--kv-transfer-config: connector {data.get('kv_connector')!r} is not one vLLM registers"
+    if data.get("kv_role") is None:  # KVTransferConfig.__post_init__: a connector needs a role
+        return "--kv-transfer-config: kv_connector set without kv_role"
     return None
 
 
