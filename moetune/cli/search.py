@@ -123,6 +123,11 @@ def _run(settings) -> None:
         console.print("no feasible trial finished; see trials.csv for the reasons")
         return
     console.print(rich_table(trials_table(result.ranked, settings.study.objectives)))
+    from moetune.search.study.forms import form_sentence
+
+    form = form_sentence(result.rows, settings.study.objectives[0])  # aggregated vs disaggregated, both tried
+    if form:
+        console.print(form, highlight=False, soft_wrap=True)
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 
