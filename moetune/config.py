@@ -239,6 +239,16 @@ class RunConfig(_Section):
     offload: OffloadConfig | None = None
     deploy: DeployConfig | None = None  # the serving engines' knobs (priced on GPUs; moetune's engine ignores it)
 
+    def engine_refusal(self) -> str | None:
+        """Why moetune's own engine cannot serve this recipe as written: its `deploy` section names a mesh
+        or a disaggregated form only the serving engines run (the winner's launch files), or None."""
+        d = self.deploy
+        if d is None or not (d.attn_dp or d.prefill_workers):
+            return None
+        what = f"deploy.attn_dp {d.attn_dp}" if d.attn_dp else f"deploy.prefill_workers {d.prefill_workers}"
+        return (f"{what} is a vLLM / SGLang deployment (run the winner's launch files); moetune's engine serves "
+                "the parallel mesh only: remove it from the deploy section to run this recipe here")
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_unbuilt(cls, data):

@@ -163,6 +163,8 @@ class DPGenerator:
 
 def check_parallel(cfg: RunConfig) -> None:
     """Every user mistake in `parallel` raised before any rank starts (placement, sizes, files)."""
+    if cfg.engine_refusal():  # a serving engine's mesh / disaggregation (config.DeployConfig)
+        raise MoetuneError(cfg.engine_refusal())
     model_dir = resolve_model(cfg.model.path)
     spec = read_spec(model_dir)
     resolve_placement(cfg.parallel, spec)

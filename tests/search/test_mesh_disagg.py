@@ -235,3 +235,12 @@ def test_the_report_says_which_form_wins_and_by_how_much():
     said = form_sentence(rows, "throughput")
     assert said.startswith("Disaggregated prefill/decode wins") and "150 vs 120 (1.25×" in said
     assert form_sentence(rows[:1] + rows[2:], "throughput") is None  # one form tried: nothing to say
+
+
+def test_moetunes_engine_refuses_a_recipe_whose_deploy_section_only_the_serving_engines_run(tmp_path):
+    from tests.cli_run import assert_one_line_error
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {path: stdlib-moe, device: cpu}\nparallel: {ep_size: 2}\ndeploy: {attn_dp: 1}\n")
+    assert_one_line_error(moetune("generate", "--recipe", str(recipe), "--prompt", "hi", "--max-tokens", "2"),
+                          "deploy.attn_dp 1", "launch files")
