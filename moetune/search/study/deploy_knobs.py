@@ -76,6 +76,9 @@ def canonical_deploy(d: Deployment, notes: list[str]) -> tuple[Deployment, list[
         if out.ep_size == 1 and out.moe_a2a:
             out = replace(out, moe_a2a=0)
             notes.append("ep_size 1: no all-to-all (moe_a2a moot)")
+        if out.overlap and not (out.moe_a2a and out.ep_size > 1):
+            out = replace(out, overlap=0)
+            notes.append("two-batch overlap hides an all-to-all: none under all-gather (overlap moot)")
         if out.attn_dp == out.ep_size and out.tp_size == out.expert_tp_size and (out.ep_size == 1 or out.moe_a2a):
             out = replace(out, attn_dp=0, moe_a2a=1)
             notes.append("attention DP = EP groups of TP = expert-TP ranks: the parallel mesh (attn_dp 0)")
