@@ -244,3 +244,19 @@ def test_moetunes_engine_refuses_a_recipe_whose_deploy_section_only_the_serving_
     recipe.write_text("model: {path: stdlib-moe, device: cpu}\nparallel: {ep_size: 2}\ndeploy: {attn_dp: 1}\n")
     assert_one_line_error(moetune("generate", "--recipe", str(recipe), "--prompt", "hi", "--max-tokens", "2"),
                           "deploy.attn_dp 1", "launch files")
+
+
+def test_attention_reads_all_its_weights_per_gpu_under_dp_and_a_quarter_under_tp4():
+    """Memory-bound pricing (seconds = bytes): a GPU of a DP-4 group reads W_attn·b + context·kv·b + 2·T·D·b
+    for its own rows; a GPU of TP-4 reads W_attn/4·b + context·kv/4·b (4 KV heads: one each) + 2·T·D·b."""
+    from moetune.search.cost import phase_costs as costs
+
+    hw = replace(H200, flops=1e30, mem_bw=1.0, mem_eff=1.0, op_overhead_s=0.0)
+    sim = Simulator(source(), hw)
+    m, b = source().model, hw.act_bytes
+    T, ctx = np.array([3.0]), np.array([50.0])
+    st = costs.StepRows(T, np.zeros(1), ctx, ctx, T, 1)
+    dp = sim.rank_view(mesh_costs.attention_view(Deployment(ep_size=1, expert_tp_size=4, attn_dp=4)))
+    tp = sim.rank_view(mesh_costs.attention_view(Deployment(ep_size=1, expert_tp_size=4, tp_size=4, attn_dp=1)))
+    assert costs.attention(dp, st)[0] == pytest.approx(m.attn_weights * b + 50 * m.kv_elems * b + 2 * 3 * m.D * b)
+    assert costs.attention(tp, st)[0] == pytest.approx(m.attn_weights / 4 * b + 50 * m.kv_elems / 4 * b + 2 * 3 * m.D * b)
