@@ -71,7 +71,7 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     host, port = sock.getsockname()[:2]
     print(f"moetune serve: {state.model_name} on http://{host}:{port} over {describe_ranks(cfg)} "
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
-    server = live["server"] = CleanExitServer(uvicorn_config(built.app, log_level="info"), state,
+    server = live["server"] = CleanExitServer(uvicorn_config(built.app, "info", cfg.serve), state,
                                               cfg.serve.drain_timeout_s)
     server.run(sockets=[sock])
     if worker.error is not None:
