@@ -1,6 +1,7 @@
 """Request heads through a real server: the 16 KiB limit holds however the head is split (431, an
-OpenAI error object), a head not completed within serve.head_timeout_s gets 408, and one address
-holding hundreds of slow heads is capped at serve.slow_heads_per_client while others are answered."""
+OpenAI error object), a head not completed within serve.head_timeout_s gets 408, one address
+holding hundreds of slow heads is capped at serve.slow_heads_per_client while others are answered,
+and two Authorization headers are 400 (never one of them picked)."""
 
 import json
 import socket
@@ -9,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import ServeProcess, start_server
+from tests.serve.conftest import API_KEY, ServeProcess, start_server
 
 
 def _port(url: str) -> int:
@@ -148,3 +149,15 @@ def _answered(socks: list[socket.socket], seen: dict[int, bytes]) -> dict[int, b
             got = b"(reset)"
         seen[i] = got or b"(closed)"
     return seen
+
+
+@pytest.mark.parametrize("values", [(f"Bearer {API_KEY}", f"Bearer {API_KEY}"), (f"Bearer {API_KEY}", "Bearer sk-other"),
+                                    ("Bearer sk-other", f"Bearer {API_KEY}")], ids=["same", "good-first", "good-last"])
+def test_two_authorization_headers_are_400_whichever_holds_the_key(server, values):
+    headers = [("Authorization", v) for v in values]
+    r = httpx.get(f"{server.url}/v1/models", headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "duplicate_authorization" and "exactly one" in err["message"]
+    assert httpx.get(f"{server.url}/v1/models", headers=[("Authorization", values[0])]).status_code in (200, 401)
+    assert httpx.get(f"{server.url}/health", headers=headers).status_code == 200  # open paths read no key
