@@ -2,7 +2,8 @@
 
 SIGTERM (or Ctrl-C): the server stops accepting, gives in-flight requests serve.drain_timeout_s to
 finish, aborts the rest with 503 / a final SSE error event (shutdown.py), then uvicorn shuts down
-with nothing left to cancel; exit status 0. A second SIGTERM or Ctrl-C aborts at once; exit status 0. An engine that failed and could not be reset stops the
+with nothing left to cancel; exit status 0. A second SIGTERM or Ctrl-C aborts what still runs at
+once (the same 503s and final events); exit status 0 too. An engine that failed and could not be reset stops the
 server the same way and exits 1 with one line, for a supervisor to restart it.
 """
 

@@ -151,8 +151,10 @@ def _answered(socks: list[socket.socket], seen: dict[int, bytes]) -> dict[int, b
     return seen
 
 
-@pytest.mark.parametrize("values", [(f"Bearer {API_KEY}", f"Bearer {API_KEY}"), (f"Bearer {API_KEY}", "Bearer sk-other"),
-                                    ("Bearer sk-other", f"Bearer {API_KEY}")], ids=["same", "good-first", "good-last"])
+KEY, OTHER = f"Bearer {API_KEY}", "Bearer sk-other"
+
+
+@pytest.mark.parametrize("values", [(KEY, KEY), (KEY, OTHER), (OTHER, KEY)], ids=["same", "good-first", "good-last"])
 def test_two_authorization_headers_are_400_whichever_holds_the_key(server, values):
     headers = [("Authorization", v) for v in values]
     r = httpx.get(f"{server.url}/v1/models", headers=headers, timeout=30)
