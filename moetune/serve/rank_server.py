@@ -45,6 +45,7 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     from moetune.engine.target import resolve_placement
     from moetune.serve.rank_metrics import RankCollector, RanksLoad
     from moetune.serve.rank_recording import RankRecorder
+    from moetune.serve.fairness import SlotGate
     from moetune.serve.rank_worker import RanksWorker
     from moetune.serve.server import CleanExitServer, assemble_server, uvicorn_config
     from moetune.serve.shutdown import stop_after_grace
@@ -57,7 +58,7 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
         else:
             live["state"].draining = True
 
-    worker = RanksWorker(side, on_failure)
+    worker = RanksWorker(side, on_failure, SlotGate.of(cfg.serve, cfg.engine.max_num_seqs * side.dp_size))
     spec = side.dp.model.spec
     placement = resolve_placement(cfg.parallel, spec)  # None at ep_size 1 (every expert on every group)
     load = RanksLoad(worker, list(spec.moe_layers), spec.moe.num_experts)

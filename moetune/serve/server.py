@@ -34,13 +34,15 @@ class Server:
 def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     from moetune.engine.build import build_generator
     from moetune.engine.target import resolve_target
+    from moetune.serve.fairness import SlotGate
     from moetune.serve.worker import EngineWorker
 
     generator = build_generator(resolve_target(cfg))  # once: the checkpoint checked, device and dtype
 
     def worker(window, qos):
         return EngineWorker(generator.engine, before_step=window.begin_step,
-                            after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos)
+                            after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos,
+                            gate=SlotGate.of(cfg.serve, cfg.engine.max_num_seqs))
 
     return assemble_server(cfg, api_key, generator, worker)
 
