@@ -29,6 +29,10 @@ request, and none leaves a traceback in the log.
 | H14 | body over serve.max_body_bytes | 70 KiB prompt on a 64 KiB limit | 413 | the request body is over the server's limit of 65536 bytes | test_errors |
 | H15 | missing or wrong API key | no `Authorization`, `Basic …` | 401 | missing or invalid API key; send 'Authorization: Bearer <key>' | test_errors |
 | H16 | request head over 16 KiB | a 1 MB header | 431 | the request line and headers are over the server's limit of 16384 bytes (answered, then the connection lingers: no reset) | test_bad_http |
+| H16b | a head over 16 KiB in any shape | 10,000 small headers (~120 KB), a 100 KB request line, either in one write or in 1 KB pieces | 431 | the request line and headers are over the server's limit of 16384 bytes (431, not 414: the limit is on the whole head) | test_heads |
+| H16c | a request head not completed in time | half a head, then nothing (or a connection that sends nothing) | 408, closed | the request head was not completed within 10 s (serve.head_timeout_s) | test_heads |
+| H16d | many slow heads from one address | 600 sockets each holding half a head | 408 at once beyond serve.slow_heads_per_client (128) heads incomplete for over 1 s; the rest at the timeout | too many slow request heads from 127.0.0.1 (at most 128 may take over 1 s); send the head at once — other requests, from that address too, are answered meanwhile | test_heads |
+| H16e | two Authorization headers | `Authorization: Bearer <key>` twice, or a good and a bad one | 400 | 2 Authorization headers; send exactly one ('Authorization: Bearer <key>') | test_heads |
 | H17 | more sequences than the server holds / at capacity | `"n": 3` × 2 prompts on capacity 4; a burst | 400 / 429 + Retry-After | the request asks for 6 sequences but the server holds at most 4 … / the server is at capacity … | test_overload |
 | H18 | client leaves during its upload | `Content-Length: 100000`, 500 bytes sent | — | nothing answered, nothing logged (no ClientDisconnect traceback) | test_bad_http |
 | H19 | non-streaming client resets mid-generation | two 1,500-token requests, RST | — | aborted within ≤ 3 engine steps; KV blocks back to the baseline; `moetune_aborted_sequences_total{reason="client_gone"}` | test_bad_http |
@@ -37,5 +41,6 @@ request, and none leaves a traceback in the log.
 | H22 | an engine step that fails | (an injected scheduler error) | 500 | internal error in the engine step (RuntimeError); the engine was reset — the next request succeeds | test_fault_isolation |
 | H23 | an engine that cannot step any more | (the KV pool removed) | 500, then 503 | `/health` 503 `{"status": "unhealthy", "reason": …}`, `moetune_engine_healthy 0`, later requests 503 at once; `moetune serve` exits 1 | test_fault_isolation |
 | H24 | SIGTERM past serve.drain_timeout_s | four 1,500-token requests, drain 1 s | 503 / SSE error event + `[DONE]` | the server is shutting down (serve.drain_timeout_s=1s ran out); exit 0, no traceback | test_sigterm |
+| H24b | a second SIGTERM or Ctrl-C while draining | three 1,500-token requests, the default 30 s drain | 503 / SSE error event + `[DONE]` | the server is shutting down at once (a second stop signal); exit 0 within seconds, no traceback | test_sigterm |
 | H25 | any request the OpenAPI document allows | schemathesis, 546 cases | never 5xx | every answer matches `/openapi.json` | test_openapi |
 """
