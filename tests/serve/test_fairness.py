@@ -4,7 +4,8 @@ Alone: a request and a tenant never hold more than their caps, choices go out on
 order, a blocked request does not block those behind it, and the gate is work-conserving within
 the caps (random runs checked against those invariants). Through the server: while a request with
 n=64 runs, an 8-token request's time to first token stays near what it is alone, and it finishes
-while the fan-out still runs (it no longer waits for one of the 64 to finish).
+while the fan-out still runs (it no longer waits for one of the 64 to finish); a tenant's requests
+together hold at most its slot_share, and another tenant's request passes them.
 """
 
 import random
@@ -145,3 +146,38 @@ def _wait(predicate, timeout: float = 60) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_a_tenant_holds_at_most_its_slot_share_over_all_its_requests():
+    """8 running slots, tenant "batch" slot_share 0.25: its three n=2 requests run two sequences at a
+    time between them, and a request of another tenant sent meanwhile starts at once and ends first."""
+    running, stop = start_server({"engine": {"max_num_seqs": 8},
+                                  "serve": {"max_request_share": 1.0, "tenants": {"batch": {"slot_share": 0.25}}}},
+                                 api_key=None)
+    peak, ends, answers = [], {}, []
+    body = {"prompt": "import os\n", "n": 2, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+    def batch(i):
+        answers.append(httpx.post(f"{running.url}/v1/completions", json=body, headers={"X-Tenant": "batch"},
+                                  timeout=300))
+        ends[i] = time.monotonic()
+
+    try:
+        threads = [threading.Thread(target=batch, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        assert _wait(lambda: running.state.worker.snapshot.running >= 2)
+        while len(peak) < 20:
+            peak.append(running.state.worker.snapshot.running)
+            time.sleep(0.01)
+        assert max(peak) == 2 and running.state.worker.snapshot.waiting >= 2, peak
+        _first_token_s(running.url)  # another tenant: not held back by batch's share
+        other_end = time.monotonic()
+        for t in threads:
+            t.join(300)
+        assert [a.status_code for a in answers] == [200] * 3
+        assert other_end < max(ends.values())
+        texts = {c["text"] for a in answers for c in a.json()["choices"]}
+        assert len(texts) == 1  # greedy: held back or not, the same tokens
+    finally:
+        stop()
