@@ -150,7 +150,7 @@ class ServeConfig(_Section):
     expert_capacity_factor: float = Field(1.0, gt=0)  # an expert's capacity per step: ceil(cf · decodes · K / E)
     max_request_share: float = Field(0.5, gt=0, le=1)  # of the running slots one request's sequences may hold
     head_timeout_s: float = Field(10.0, gt=0, le=600)  # a request head not complete by then gets 408
-    slow_heads_per_client: int = Field(128, ge=1)  # heads one address may keep incomplete over 1 s; more get 408
+    slow_heads_per_client: int = Field(256, ge=1)  # heads one address may keep incomplete over 1 s; more get 408
 
 
 class QuantConfig(_Section):

@@ -39,7 +39,7 @@ REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 class HeadLimits:
     max_bytes: int = MAX_HEADER_BYTES
     timeout_s: float = 10.0  # serve.head_timeout_s
-    per_client: int = 128  # serve.slow_heads_per_client
+    per_client: int = 256  # serve.slow_heads_per_client
 
     @property
     def grace_s(self) -> float:
