@@ -155,7 +155,7 @@ def test_a_tenant_holds_at_most_its_slot_share_over_all_its_requests():
                                   "serve": {"max_request_share": 1.0, "tenants": {"batch": {"slot_share": 0.25}}}},
                                  api_key=None)
     peak, ends, answers = [], {}, []
-    body = {"prompt": "import os\n", "n": 2, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    body = {"prompt": "import os\n", "n": 2, "max_tokens": 120, "temperature": 0, "ignore_eos": True}
 
     def batch(i):
         answers.append(httpx.post(f"{running.url}/v1/completions", json=body, headers={"X-Tenant": "batch"},
@@ -166,11 +166,11 @@ def test_a_tenant_holds_at_most_its_slot_share_over_all_its_requests():
         threads = [threading.Thread(target=batch, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
-        assert _wait(lambda: running.state.worker.snapshot.running >= 2)
+        assert _wait(lambda: running.state.inflight == 6)  # all three in (the first still running)
         while len(peak) < 20:
             peak.append(running.state.worker.snapshot.running)
             time.sleep(0.01)
-        assert max(peak) == 2 and running.state.worker.snapshot.waiting >= 2, peak
+        assert max(peak) == 2 and running.state.worker.snapshot.waiting >= 2, peak  # the rest at the gate
         _first_token_s(running.url)  # another tenant: not held back by batch's share
         other_end = time.monotonic()
         for t in threads:

@@ -95,11 +95,12 @@ def test_a_head_not_completed_in_time_gets_408_and_a_slow_but_timely_one_is_serv
 
 
 def test_slow_heads_from_one_address_are_capped_and_timed_out_while_others_are_answered(tmp_path):
-    """600 sockets each holding half a head, through `moetune serve` (timeout 3 s, at most 100 slow
+    """600 sockets each holding half a head, through `moetune serve` (timeout 5 s, at most 100 slow
     heads per address): past the 1 s grace 500 of them get 408 at once, the other 100 at the timeout;
-    requests from the same address keep being answered throughout."""
+    requests from the same address keep being answered throughout. (Polled with deadlines: nothing
+    here depends on the machine's speed but the 5 s window.)"""
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("serve:\n  head_timeout_s: 3\n  slow_heads_per_client: 100\n")
+    recipe.write_text("serve:\n  head_timeout_s: 5\n  slow_heads_per_client: 100\n")
     srv = ServeProcess("--recipe", str(recipe), api_key=None)
     socks: list[socket.socket] = []
     seen: dict[int, bytes] = {}
@@ -109,22 +110,22 @@ def test_slow_heads_from_one_address_are_capped_and_timed_out_while_others_are_a
             sock = socket.create_connection(("127.0.0.1", _port(srv.url)), timeout=10)
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Slow: ")
             socks.append(sock)
-        opened = time.monotonic()
         health = httpx.get(f"{srv.url}/health", timeout=10)
         assert health.status_code == 200 and health.elapsed.total_seconds() < 2
-        time.sleep(max(began + 2.2 - time.monotonic(), 0.0) + (opened - began))  # every head past its grace
-        done = dict(_answered(socks, seen))
-        assert len(done) == 500, len(done)
-        early = set(done)
-        assert all(a.startswith(b"HTTP/1.1 408") and b"too many slow request heads" in a for a in done.values())
+        # the first heads time out at began + 5 s: until then only the cap answers
+        while len(_answered(socks, seen)) < 500 and time.monotonic() < began + 4.6:
+            time.sleep(0.1)
+        early = dict(seen)
+        assert len(early) == 500, len(early)
+        assert all(a.startswith(b"HTTP/1.1 408") and b"too many slow request heads" in a for a in early.values())
         r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "def f(x):\n", "max_tokens": 4}, timeout=30)
         assert r.status_code == 200, r.text
-        time.sleep(max(opened + 3.8 - time.monotonic(), 0.0))  # past the timeout
-        done = _answered(socks, seen)
-        assert len(done) == 600, len(done)
-        late = [a for i, a in done.items() if i not in early]
-        assert len(late) == 100 and all(a.startswith(b"HTTP/1.1 408") and b"not completed within 3 s" in a
-                                        for a in late)
+        while len(_answered(socks, seen)) < 600 and time.monotonic() < began + 30:
+            time.sleep(0.1)
+        late = [a for i, a in seen.items() if i not in early]
+        assert len(late) == 100 and all(a.startswith(b"HTTP/1.1 408") and b"not completed within 5 s" in a
+                                        for a in late), len(late)
+        assert time.monotonic() - began > 5  # the survivors held on until the timeout
         assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
         assert srv.stop() == 0
         assert "Traceback" not in srv.output()
