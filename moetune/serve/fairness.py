@@ -29,6 +29,8 @@ def share_cap(share: float, slots: int) -> int:
 
 
 class SlotGate:
+    """The streams' sequences not yet in the engine, and how many each stream and tenant has there."""
+
     def __init__(self, request_cap: int | None = None, tenant_caps: dict[str, int] | None = None):
         self.request_cap = request_cap  # None: no cap
         self.tenant_caps = tenant_caps or {}
