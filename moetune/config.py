@@ -126,11 +126,12 @@ def parse_speculative(text: str) -> SpeculativeSpec:
 
 
 class TenantConfig(_Section):
-    """One tenant of `moetune serve` (chosen by the X-Tenant header): a token-rate limit."""
+    """One tenant of `moetune serve` (chosen by the X-Tenant header): a token-rate limit, shares."""
 
     tokens_per_s: float | None = Field(None, gt=0)  # prompt + completion tokens per second; None = no limit
     burst_tokens: int | None = Field(None, ge=1)  # bucket size; None = one second of tokens_per_s
     expert_share: float | None = Field(None, gt=0, le=1)  # of each expert's capacity per step; None = no cap
+    slot_share: float | None = Field(None, gt=0, le=1)  # of the running slots its sequences may hold; None = no cap
 
 
 class ServeConfig(_Section):
@@ -147,6 +148,9 @@ class ServeConfig(_Section):
     record_dir: str = "runs"  # where /v1/expert_distribution/dump writes run directories
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)  # by X-Tenant value; others: no limit
     expert_capacity_factor: float = Field(1.0, gt=0)  # an expert's capacity per step: ceil(cf · decodes · K / E)
+    max_request_share: float = Field(0.5, gt=0, le=1)  # of the running slots one request's sequences may hold
+    head_timeout_s: float = Field(10.0, gt=0, le=600)  # a request head not complete by then gets 408
+    slow_heads_per_client: int = Field(256, ge=1)  # heads one address may keep incomplete over 1 s; more get 408
 
 
 class QuantConfig(_Section):
