@@ -177,6 +177,11 @@ def _run(settings, printer) -> None:
         printer.line("no feasible trial finished; see trials.csv for the reasons")
         return
     printer.table(trials_table(result.ranked, settings.study.objectives))
+    from moetune.search.study.forms import form_sentence
+
+    form = form_sentence(result.rows, settings.study.objectives[0])  # aggregated vs disaggregated, both tried
+    if form:
+        printer.line(form)
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 

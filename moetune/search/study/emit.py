@@ -6,7 +6,6 @@ expert-location JSON, the Pareto front and every trial as CSV.
 from __future__ import annotations
 
 import csv
-import shlex
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -15,8 +14,9 @@ import yaml
 
 from moetune.config import RunConfig
 from moetune.search.cost.describe import describe
+from moetune.search.study.disagg_launch import disagg_text
 from moetune.search.study.flag_table import LAUNCHERS, PLACEHOLDERS, check, flag_table
-from moetune.search.study.launch import Launch, ServeTarget, world
+from moetune.search.study.launch import Launch, ServeTarget, shell_args, world
 from moetune.search.study.launch_env import launch_env
 from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.quality import QUALITY_DETAIL
@@ -88,7 +88,7 @@ def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | 
                   f'NODE_RANK="${{NODE_RANK:?this node: 0..{n - 1}}}"']
     lines += env.lines
     for k, argv in enumerate(nodes):
-        cmd = LAUNCHERS[launch.engine] + " " + _shell_args(argv)
+        cmd = LAUNCHERS[launch.engine] + " " + shell_args(argv)
         lines += ["", f'if [ "$NODE_RANK" = {k} ]; then', cmd, "fi"] if n > 1 else ["", cmd]
     return "\n".join(lines) + "\n"
 
@@ -103,21 +103,6 @@ def _as_run_line(title: str, launch: Launch, as_run: dict | None) -> str:
     tag = "estimated" if as_run.get("estimated") else "measured"
     figs = ", ".join(f"{k} {as_run[k]:.4g}" for k in ("output_tok_s", "ttft_ms", "tpot_ms", "peak_mem_gb") if k in as_run)
     return f"# as {title} will run it ({tag}, re-priced without them: {launch.as_run.label()}): {figs}"
-
-
-def _shell_args(argv: list[str]) -> str:
-    """argv as shell words, flag and value on one line each; $PLACEHOLDERS expand."""
-    def word(a: str) -> str:  # a $PLACEHOLDER inside JSON: double quotes, its own quotes escaped
-        if "$" not in a:
-            return shlex.quote(a)
-        return '"' + a.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
-
-    groups, i = [], 0
-    while i < len(argv):
-        take = 2 if argv[i].startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
-        groups.append(" ".join(word(a) for a in argv[i:i + take]))
-        i += take
-    return " \\\n  ".join(groups)
 
 
 def write_placement_files(d: Deployment, model, loads, path: Path) -> tuple[Path, Path] | None:
@@ -183,6 +168,11 @@ def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None
     cfg = to_config(base, d, placement_file, loads=str(Path(run_dir).resolve()) if run_dir else None)
     (out / "winner.yaml").write_text(recipe_text(cfg, d, metrics, how))
     files["recipe"] = out / "winner.yaml"
+    if d.prefill_workers:  # disaggregated prefill/decode: worker and router commands (disagg_launch.py)
+        for engine in ("vllm", "sglang"):
+            files[engine] = out / f"winner.{engine}.sh"
+            files[engine].write_text(disagg_text(engine, d, target, d.label(), metrics))
+        return files
     for launch in (vllm_launch(d, target), sglang_launch(d, target, str(placed[1]) if placed else None)):
         as_run = price(launch.as_run) if launch.unsupported else None
         path = out / f"winner.{launch.engine}.sh"
