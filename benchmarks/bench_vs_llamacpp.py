@@ -255,6 +255,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--precisions", default=",".join(PAIRS))
     p.add_argument("--lock", default=None, help="hold an exclusive flock of this file during each round")
+    p.add_argument("--write-doc", action="store_true",
+                   help="also write the table into its section of docs/benchmarks.md (benchmarks/doc_section.py), "
+                        "one section per kernel variant")
     args = p.parse_args()
     work = Path(args.work) / Path(args.model).resolve().name
     work.mkdir(parents=True, exist_ok=True)
@@ -308,6 +311,14 @@ def main() -> None:
     built = args.run_venv or f"{args.venv}, CMAKE_ARGS {args.cmake_args}"
     print(f"llama-cpp-python {info['version']} ({built}): {info['system_info'].strip()}")
     print("\n".join(lines))
+    if args.write_doc:
+        from doc_section import section, write_section  # benchmarks/doc_section.py, beside this script
+
+        key = f"vs-llamacpp-{isa.choose()}"
+        header = [f"CPU flags: {cpu_flags()} · moetune kernels: {isa.describe()} · llama.cpp: {built}", ""]
+        write_section(key, section(key, f"moetune vs llama.cpp, kernels {isa.choose()} (tok/s median (min–max) "
+                                   "of rounds taken in turn)", header + lines, f"{load0[0]:.2f}", f"{load1[0]:.2f}"))
+        print("wrote its section of docs/benchmarks.md")
 
 
 if __name__ == "__main__":
