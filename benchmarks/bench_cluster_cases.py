@@ -63,8 +63,10 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
         times.append(now - last[0])
         last[0] = now
 
+    load = (dict(num_requests=4 * concurrency, concurrency=concurrency) if concurrency
+            else dict(slo_ttft_ms=1000.0, slo_tpot_ms=50.0))  # 0: the load the SLOs allow, found per trial (P90)
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
-                    num_requests=4 * concurrency, concurrency=concurrency, scale_routing=scale_routing)
+                    scale_routing=scale_routing, **load)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
     result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
@@ -92,6 +94,7 @@ def row(name: str, hw: str, c: int, result, times) -> str:
     phases = m.get("phases_ms", {}).get("decode", {})
     ranked = sorted(((k, v) for k, v in phases.items() if k not in ("step", "steps")), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {v:.1f}" for k, v in ranked[:3])
+    c = c or (m.get("detail", {}).get("load") or {}).get("concurrency", "")  # the load found (P90 SLOs)
     return (f"| {name} | {hw} | {c} | {w.deployment.label()} | {w.seeded or 'sampled'} | "
             f"{m['output_tok_s_per_gpu']:,.0f} | {p('ttft', 'p50'):.0f} / {p('ttft', 'p99'):.0f} | "
             f"{p('tpot', 'p50'):.1f} / {p('tpot', 'p99'):.1f} | {m['peak_mem_gb']:.1f} | {top} | {tail}")
@@ -144,7 +147,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
     ap.add_argument("--trials", type=int, default=30)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[0],
+                    help="closed-loop concurrency per replica; 0 (default): the highest meeting TTFT/TPOT P90")
     ap.add_argument("--scale-routing", default=None, help="stats (default) | blocks | loads:FILE")
     ap.add_argument("--no-reference-trials", action="store_true", help="the study without its seeded trials")
     ap.add_argument("--cases", default="0,1,2,3", help="which CASES (indices)")

@@ -28,8 +28,10 @@ def search(
     what_if: bool = flag(False, "--what-if", help="Also search knobs a recipe cannot say yet "
                                  "(simulate only; none at present: every knob is a recipe key)."),
     max_mem_gb: Optional[float] = typer.Option(None, "--max-mem-gb", help="Constraint: peak GB per rank."),
-    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT."),
-    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT."),
+    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT (ms); on GPU "
+                                           "hardware also the SLO the load is found by (unless --slo-ttft-ms)."),
+    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT (ms); on GPU "
+                                           "hardware also the SLO the load is found by (unless --slo-tpot-ms)."),
     max_low_share: Optional[float] = typer.Option(None, "--max-low-share", help="Constraint (quality stand-in): "
                                                                                 "share of copies on low-bit experts."),
     max_kl: Optional[float] = typer.Option(None, "--max-kl", help="Constraint: KL (nats) of the low-bit expert mix "
@@ -70,6 +72,12 @@ def search(
         from moetune.errors import UsageError
 
         raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
+    from dataclasses import replace
+
+    # the steady state the SLOs allow (search/cost/slo_load.py): --max-ttft-ms / --max-tpot-ms are its SLOs too
+    if w.hardware != "this-machine":
+        w = replace(w, slo_ttft_ms=w.slo_ttft_ms if w.slo_ttft_ms is not None else max_ttft_ms,
+                    slo_tpot_ms=w.slo_tpot_ms if w.slo_tpot_ms is not None else max_tpot_ms)
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),

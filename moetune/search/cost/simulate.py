@@ -74,6 +74,7 @@ from moetune.search.cost.precision import Precision, precision
 from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.schedule_fast import compiled_schedule
+from moetune.search.cost.slo_load import evaluate_at_slo, load_cap
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
 from moetune.search.cost.vector import vector_reason
@@ -187,6 +188,8 @@ class Simulator:
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
         total, d = workload or self.src.workload, self.stored(d)
+        if total.find_load:  # the highest concurrency meeting the SLOs, each probe priced as below
+            return evaluate_at_slo(lambda w: self.evaluate(d, w), total, load_cap(d.max_num_seqs, d.ep_size))
         return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
                              self.hw.max_ranks)
 

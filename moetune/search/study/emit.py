@@ -20,6 +20,7 @@ from moetune.search.study.quality import QUALITY_DETAIL
 from moetune.search.study.sglang_launch import sglang_launch
 from moetune.search.study.space import NEUTRAL, Deployment, to_config, what_if_values
 from moetune.search.study.vllm_launch import vllm_launch
+from moetune.search.study.tables import trial_concurrency
 
 
 def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -> str:
@@ -133,7 +134,8 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
                if any(k in ((r.metrics or {}).get("detail") or {}) for r in rows)]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
+        load = any(((r.metrics or {}).get("detail") or {}).get("load") for r in rows)  # the load found (slo_load.py)
+        w.writerow(["trial", "state", *keys, "deployment", *(["concurrency"] if load else []), *objectives, *metric_keys,
                     *(f"{t}_p99_ms" for t in tails), *details, "workload", "figures", "feasible", "seeded",
                     "reason"])
         for r in rows:
@@ -141,6 +143,7 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
             lat, detail = m.get("latency_ms") or {}, m.get("detail") or {}
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
+                        *([trial_concurrency(m)] if load else []),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
                         *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), *(_fmt(detail.get(k)) for k in details),
                         m.get("workload", ""), tag, r.feasible, r.seeded or "", r.reason or ""])

@@ -73,6 +73,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
     check_settings(settings.study)
     setup = prepare(settings.inputs)
+    if setup.workload.find_load:  # each trial's load is the highest meeting the SLOs: none meets → infeasible
+        settings = replace(settings, study=replace(settings.study, constraints=replace(
+            settings.study.constraints, slo_load=True)))
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     here = setup.hardware.name == "this-machine"

@@ -32,6 +32,9 @@ def metrics_table(title: str, m: Metrics) -> Table:
     if steady:
         rows.append(["steady state", f"{steady['measured_requests']} requests measured, {steady['excluded_each_end']} "
                                      f"excluded at each end (warm-up, drain)", ""])
+    load = m.detail.get("load")
+    if load:  # the steady state the SLOs allow (cost/slo_load.py)
+        rows.append(["concurrency per replica (found)", load_words(load), tag])
     spec = m.detail.get("speculative")
     if spec:  # cost/speculative.py: the plan priced, its acceptance measured or assumed
         rows.append(["speculative", f"{spec['method']}:{spec['k']}, {spec['tokens_per_verify']:.2f} tokens per verify; "
@@ -70,19 +73,35 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
     def has(key: str) -> bool:
         return any(key in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
 
-    dropped, kl = has("dropped_fraction"), has("kl")
-    cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", *(["dropped"] if dropped else []),
+    dropped, kl, load = has("dropped_fraction"), has("kl"), has("load")
+    cols = ["trial", "deployment", *(["concurrency / replica"] if load else []), *objectives, "TTFT ms", "TPOT ms",
+            "GB/rank", *(["dropped"] if dropped else []),
             *(["KL nats (measured)", "top-1 (measured)"] if kl else []), "figures"]
     out = []
     for r in rows[:top]:
         m = r.metrics or {}
         detail = m.get("detail") or {}
         share = detail.get("dropped_fraction")
-        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
+        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), r.deployment.label(),
+                    *([str(trial_concurrency(m))] if load else []), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
                     *([f"{share:.2%}" if share is not None else ""] if dropped else []),
                     *(_quality_cells(detail) if kl else []), _tag(m)])
     return Table(title or f"Best {min(top, len(rows))} trials", cols, out, quality_note if kl else "")
+
+
+def trial_concurrency(m: dict) -> int | str:
+    """The closed-loop concurrency per replica a trial ran: found by its load search, else the workload's ('')."""
+    load = (m.get("detail") or {}).get("load")
+    return load["concurrency"] if load else ""
+
+
+def load_words(load: dict) -> str:
+    """The load search's outcome in words (cost/slo_load.py)."""
+    probes = ", ".join(f"{c}{'✓' if ok else '✗'}" for c, ok in load["probes"])
+    if not load["met"]:
+        return f"none: SLOs at P{load['slo_percentile']:g} not met even at 1 ({'; '.join(load['missed'])}); probes {probes}"
+    return f"{load['concurrency']} ({load['ended']}, cap {load['cap']}); probes {probes}"
 
 
 def _quality_cells(detail: dict) -> list[str]:
