@@ -126,7 +126,7 @@ def _below(seen: dict[int, float], hi: int) -> int:
     slope = 1.0
     if len(missed) > 1 and seen[missed[1]] > s_hi:
         slope = max(0.25, (seen[missed[1]] - s_hi) / math.log(missed[1] / hi))
-    ratio = min(16.0, max(1.5, math.exp(s_hi / slope)))
+    ratio = max(1.5, math.exp(min(s_hi / slope, math.log(16.0))))
     return max(1, min(hi - 1, int(hi / ratio)))
 
 

@@ -107,15 +107,16 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
             shutil.rmtree(settings.out, ignore_errors=True)
         raise
-    return finish(settings, setup, study, evaluator, lookup)
+    return finish(settings, setup, study, evaluator, lookup or winner_quality(settings, setup, space, study))
 
 
-def quality_lookup(settings: SearchSettings, setup: Setup, space):
+def quality_lookup(settings: SearchSettings, setup: Setup, space, winner_only: bool = False):
     """The quality lookup of a search that asks for it (--quality or --max-kl) over a space with a low-bit
-    format; None otherwise (nothing measured: the default search stays as cheap as before)."""
+    format; None otherwise (each trial measures nothing). `winner_only`: the lookup `winner_quality` prices
+    a winner below fp8 with, asked or not."""
     from moetune.search.study.quality import QualityLookup, has_low_bit
 
-    asked = settings.quality or settings.study.constraints.max_kl is not None
+    asked = settings.quality or settings.study.constraints.max_kl is not None or winner_only
     if not asked or not has_low_bit(space):
         return None
     src = setup.source
@@ -128,6 +129,42 @@ def quality_lookup(settings: SearchSettings, setup: Setup, space):
                          settings.out / "quality.json", kernel_backend(setup.base), stand_in=stand_in)
 
 
+BELOW_FP8 = ("int8", "int4")  # expert formats whose quality the search measures for its winner by default
+
+
+def winner_quality(settings: SearchSettings, setup: Setup, space, study):
+    """Quality priced by default: when the winner's experts are in a format below fp8 and no trial measured
+    its quality (neither --quality nor --max-kl), its KL / top-1 are measured now (moetune eval's function,
+    cached in OUT/quality.json) and shown beside it (`with_quality`: its rows, trials.csv, the report).
+    Returns the lookup, or None where nothing was measured."""
+    best = ranked(study)
+    if not best or best[0].deployment.quant_low_format not in BELOW_FP8:
+        return None
+    lookup = quality_lookup(settings, setup, space, winner_only=True)
+    if lookup is None:
+        return None
+    lookup.quality(best[0].deployment)  # measured once, cached: `with_quality` reads it
+    return lookup
+
+
+def with_quality(lookup, rows: list[TrialRow]) -> list[TrialRow]:
+    """Rows whose metrics lack KL / top-1 given them where the lookup's cache holds their mix (no measuring)."""
+    from moetune.search.study.quality import read_cache
+
+    if lookup is None:
+        return rows
+    cache = read_cache(lookup.path)
+    for r in rows:
+        d, m = r.deployment, r.metrics or {}
+        detail = m.get("detail") or {}
+        if "kl" in detail or d.quant_low_format == "none":
+            continue
+        entry = cache.get(lookup.key(d.quant_low_format, d.quant_hot_fraction))
+        if entry is not None:
+            r.metrics = {**m, "detail": {**detail, "kl": entry["kl"], "top1_agreement": entry["top1_agreement"]}}
+    return rows
+
+
 def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, lookup=None) -> SearchResult:
     from moetune.report.table import Table
     from moetune.search.study.emit import write_csv, write_winner
@@ -135,7 +172,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     from moetune.search.study.report import render, write_report
     from moetune.search.study.tables import remeasure_table
 
-    all_rows, best, front = rows(study), ranked(study), pareto(study)
+    all_rows, best, front = (with_quality(lookup, r) for r in (rows(study), ranked(study), pareto(study)))
     objectives = settings.study.objectives
     out = settings.out
     write_csv(all_rows, out / "trials.csv", objectives)
