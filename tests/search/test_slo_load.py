@@ -36,7 +36,8 @@ def test_the_search_brackets_and_converges_to_the_true_boundary(kind):
         boundary = rng.uniform(1.0, cap - 0.5)
         score = latency_model(boundary, kind, rng.uniform(0.3, 3.0))
         calls = []
-        found = max_load(lambda c: calls.append(c) or score(c), cap)
+        guess = rng.choice([None, rng.randint(1, 2 * cap), max(1, round(boundary * rng.uniform(0.7, 1.3)))])
+        found = max_load(lambda c: calls.append(c) or score(c), cap, guess=guess)  # a start anywhere
         truth = math.floor(boundary)  # the highest integer load meeting the SLO
         assert found.ended == "boundary"
         assert 1 <= found.concurrency <= truth and score(found.concurrency) <= 0  # met, never above the boundary
@@ -47,9 +48,12 @@ def test_the_search_brackets_and_converges_to_the_true_boundary(kind):
         assert len(calls) <= 14
 
 
-def test_a_smooth_latency_needs_few_probes():
+def test_a_smooth_latency_needs_few_probes_and_a_good_guess_two():
     probes = [len(max_load(latency_model(b, "power", 1.0), 8192).probes) for b in (17.3, 240.5, 1999.9, 6000.2)]
     assert max(probes) <= 6, probes
+    guessed = [max_load(latency_model(b, "power", 1.0), 8192, guess=round(b * 1.03)) for b in (240.5, 1999.9, 5000.3)]
+    assert [len(g.probes) for g in guessed] == [2, 2, 2]  # missed just above the boundary, then met just under
+    assert all(g.ended == "boundary" and g.concurrency >= b / 1.1 for g, b in zip(guessed, (240.5, 1999.9, 5000.3)))
 
 
 def test_infeasible_even_at_concurrency_one_and_feasible_at_the_cap():

@@ -156,6 +156,7 @@ class Simulator:
         self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
         self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
+        self.load_hints: dict = {}  # ranks per replica → the load last found meeting the SLOs (slo_load.py)
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -189,7 +190,8 @@ class Simulator:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
         total, d = workload or self.src.workload, self.stored(d)
         if total.find_load:  # the highest concurrency meeting the SLOs, each probe priced as below
-            return evaluate_at_slo(lambda w: self.evaluate(d, w), total, load_cap(d.max_num_seqs, d.ep_size))
+            return evaluate_at_slo(lambda w: self.evaluate(d, w), total, load_cap(d.max_num_seqs, d.ep_size),
+                                   self.load_hints, d.ep_size * tp_costs.group_size(d))
         return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
                              self.hw.max_ranks)
 

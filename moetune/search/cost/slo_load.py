@@ -86,42 +86,58 @@ class LoadBound:
         return min(missed) if missed else None
 
 
-def max_load(score: Callable[[int], float], cap: int, rel_tol: float = REL_TOL) -> LoadBound:
+def max_load(score: Callable[[int], float], cap: int, rel_tol: float = REL_TOL, guess: int | None = None) -> LoadBound:
     """The highest c in [1, cap] with score(c) ≤ 0, for a score that grows with c (module docstring;
-    `Slo.score`: the log of the worst latency / SLO ratio). Probes the cap first; then, while no c is
-    met, a guess below the lowest missed (`_below`); then, between the highest met and the lowest
+    `slo_score`: the log of the worst latency / SLO ratio). Probes `guess` first (the load found for a
+    similar deployment), else the cap; then, while every probe is met, above the highest met (`_above`);
+    while none is, below the lowest missed (`_below`); then, between the highest met and the lowest
     missed, the boundary interpolated on log c (`_between`), until they are within rel_tol."""
     cap = max(1, int(cap))
     probes: list[tuple[int, bool]] = []
     seen: dict[int, float] = {}
-
-    def probe(c: int) -> float:
+    lo, hi, sides = 0, 0, []  # the highest met and the lowest missed so far (0: none); met / missed of each probe
+    c = cap if guess is None else min(cap, max(1, int(guess)))
+    while True:
         seen[c] = float(score(c))
         probes.append((c, seen[c] <= 0))
-        return seen[c]
-
-    if probe(cap) <= 0:
-        return LoadBound(cap, tuple(probes), "at the cap")
-    lo, hi, sides = 0, cap, []  # met / missed of each probe after the cap
-    while True:
-        if lo == 0:  # nothing met yet: step down from the lowest missed
+        sides.append(seen[c] <= 0)
+        lo, hi = (c, hi) if sides[-1] else (lo, c)
+        if not hi:  # every probe met
+            if lo == cap:
+                return LoadBound(cap, tuple(probes), "at the cap")
+            c = _above(seen, lo, cap, rel_tol)
+        elif not lo:  # none met
             if hi == 1:
                 return LoadBound(0, tuple(probes), "not met at concurrency 1")
-            c = _below(seen, hi)
+            c = _below(seen, hi, rel_tol)
+        elif hi - lo <= 1 or hi <= lo * (1 + rel_tol):
+            return LoadBound(lo, tuple(probes), "boundary")
         else:
-            if hi - lo <= 1 or hi <= lo * (1 + rel_tol):
-                return LoadBound(lo, tuple(probes), "boundary")
-            c = _between(seen, lo, hi, rel_tol, bisect=len(sides) > 2 and sides[-1] == sides[-2] == sides[-3],
-                         above=bool(sides) and sides[-1])
-        met = probe(c) <= 0
-        sides.append(met)
-        lo, hi = (c, hi) if met else (lo, c)
+            c = _between(seen, lo, hi, rel_tol, bisect=len(sides) > 3 and sides[-1] == sides[-2] == sides[-3],
+                         above=sides[-1])
 
 
-def _below(seen: dict[int, float], hi: int) -> int:
-    """A guess of the boundary under the lowest missed c = hi: latency taken as proportional to c (the
-    slope between the two lowest missed where there are two), the step held within ÷1.5 .. ÷16."""
+def _above(seen: dict[int, float], lo: int, cap: int, rel_tol: float) -> int:
+    """The next probe above the highest met c = lo (none missed yet): just above it when the first probe
+    met close to the boundary (a good guess is then bracketed at once), else the boundary extrapolated on
+    log c from the two highest met (slope 1 without two), the step held within ×1.5 .. ×16, at most the cap."""
+    met = sorted(c for c, v in seen.items() if v <= 0)
+    if len(seen) == 1 and -seen[lo] < math.log(1 + rel_tol):  # the guess met, and close to the boundary
+        return min(cap, max(lo + 1, math.ceil(lo * (1 + rel_tol * 0.9))))
+    slope = 1.0
+    if len(met) > 1 and seen[lo] > seen[met[-2]]:
+        slope = max(0.25, (seen[lo] - seen[met[-2]]) / math.log(lo / met[-2]))
+    ratio = min(16.0, max(1.5, math.exp(min(-seen[lo] / slope, math.log(16.0)))))
+    return min(cap, max(lo + 1, int(lo * ratio)))
+
+
+def _below(seen: dict[int, float], hi: int, rel_tol: float = REL_TOL) -> int:
+    """A guess of the boundary under the lowest missed c = hi: just under it when the first probe missed
+    close to the boundary, else latency taken as proportional to c (the slope between the two lowest
+    missed where there are two), the step held within ÷1.5 .. ÷16."""
     s_hi = seen[hi]
+    if len(seen) == 1 and s_hi < math.log(1 + rel_tol):  # the first probe missed, close to the boundary
+        return max(1, min(hi - 1, int(hi / (1 + rel_tol * 0.9))))
     missed = sorted(c for c, v in seen.items() if v > 0)
     slope = 1.0
     if len(missed) > 1 and seen[missed[1]] > s_hi:
@@ -164,10 +180,12 @@ def load_cap(max_num_seqs: int, dp_ranks: int) -> int:
     return max(1, max_num_seqs * dp_ranks)
 
 
-def evaluate_at_slo(price: Callable[[SimWorkload], "Metrics"], w: SimWorkload, cap: int) -> "Metrics":
+def evaluate_at_slo(price: Callable[[SimWorkload], "Metrics"], w: SimWorkload, cap: int,
+                    hints: dict | None = None, key=None) -> "Metrics":
     """The figures at the highest concurrency meeting w's SLOs (`max_load`; price(workload) → Metrics of
     one probe), with detail `load`: the concurrency, whether the SLOs are met there, the probes and
-    how the bisection ended. Not met even at concurrency 1: the figures at 1, `met` False."""
+    how the bisection ended. Not met even at concurrency 1: the figures at 1, `met` False. `hints`: the
+    load last found per `key` (the simulator's, by ranks per replica), where the search starts."""
     slo = Slo(w.slo_ttft_ms, w.slo_tpot_ms, w.slo_percentile)
     seen: dict[int, "Metrics"] = {}
 
@@ -175,7 +193,9 @@ def evaluate_at_slo(price: Callable[[SimWorkload], "Metrics"], w: SimWorkload, c
         seen[c] = price(at_concurrency(w, c))
         return slo_score(slo, seen[c].latency_ms)
 
-    bound = max_load(score, cap)
+    bound = max_load(score, cap, guess=None if hints is None else hints.get(key))
+    if hints is not None and bound.concurrency:
+        hints[key] = bound.concurrency  # where the search of the next deployment of this shape starts
     c = bound.concurrency or 1
     m = seen[c]
     load = {"concurrency": bound.concurrency, "met": bound.concurrency > 0, "cap": cap, "ended": bound.ended,
