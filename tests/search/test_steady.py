@@ -113,8 +113,17 @@ def test_simulate_cli_labels_the_workload_and_prints_percentiles(run_dir):
     assert "concurrency 4 per replica" in text and "all figures estimated" in text
     assert "TTFT ms P50 / P90 / P99" in text and "E2E ms P50 / P90 / P99" in text
     assert "16 requests measured" in text and "goodput SLOs: none set" in text
-    burst = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200")
+    burst = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--burst")
     assert burst.returncode == 0 and "burst (every request" in burst.stdout
+    plain = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200")  # GPU hardware: a steady state
+    assert plain.returncode == 0 and "concurrency 256 per replica" in " ".join(plain.stdout.split())
+    found = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--slo-ttft-ms", "1.2",
+                    "--slo-tpot-ms", "1", "--input-len", "64", "--output-len", "16")
+    text = " ".join(found.stdout.split())
+    assert found.returncode == 0 and "the highest concurrency meeting TTFT P90 ≤ 1.2 ms and TPOT P90 ≤ 1 ms" in text
+    assert "concurrency per replica (found)" in text and "probes" in text
+    both = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--burst", "--concurrency", "4")
+    assert both.returncode != 0 and "--burst" in both.stderr and "Traceback" not in both.stderr
 
 
 def test_search_with_goodput_objective_at_a_rate(run_dir, tmp_path):

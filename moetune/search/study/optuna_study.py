@@ -106,6 +106,7 @@ class TrialRow:
     feasible: bool = True
     canonical: dict | None = None  # the deployment the trial ran (its moot knobs at their twin's values)
     seeded: str | None = None  # the reference deployment (seeds.py) the study queued as this trial, or None
+    twin: bool = False  # a twin of a point priced before: its result reused, no trial of the budget spent
 
     @property
     def deployment(self) -> Deployment:
@@ -474,7 +475,8 @@ def to_row(t) -> TrialRow:
     reason = "; ".join([*([reason] if reason else []), *twin]) or None
     cons = a.get("constraints") or []
     return TrialRow(t.number, t.state.name, dict(t.params), list(t.values) if t.values else None,
-                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical, a.get("seeded"))
+                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical, a.get("seeded"),
+                    bool(a.get("twin")))
 
 
 def rows(study) -> list[TrialRow]:
