@@ -300,9 +300,11 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         return values[0] if len(values) == 1 else values
 
     def after(study_, frozen):
+        trials = study_.get_trials(deepcopy=False)
+        done = _counted_done(study_, trials)
         if on_trial is not None and not frozen.user_attrs.get("surplus"):
-            on_trial(to_row(frozen), _counted_done(study_))
-        if _counted_done(study_) >= s.n_trials or _twins(study_) >= TWIN_LIMIT * s.n_trials:
+            on_trial(to_row(frozen), done)
+        if done >= s.n_trials or _twins(trials) >= TWIN_LIMIT * s.n_trials:
             study_.stop()  # the budget spent, or the space holds no more new points the sampler finds
 
     _requeue_stale(study)
@@ -421,8 +423,8 @@ def _counted(trials) -> list:
 TWIN_LIMIT = 5  # twins (not counted) per trial of the budget before a study stops: the space is exhausted
 
 
-def _twins(study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("twin"))
+def _twins(trials) -> int:
+    return sum(1 for t in trials if t.user_attrs.get("twin"))
 
 
 def _rank(study, number: int) -> int:
@@ -432,11 +434,13 @@ def _rank(study, number: int) -> int:
     return sum(1 for t in _counted(trials) if t.number < number and t.state != optuna.trial.TrialState.WAITING)
 
 
-def _counted_done(study) -> int:
+def _counted_done(study, trials=None) -> int:
+    """Finished trials that count against the budget (`trials`: the study's, when already read)."""
     import optuna
 
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return sum(1 for t in _counted(study.get_trials(deepcopy=False)) if t.state in done)
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    return sum(1 for t in _counted(trials) if t.state in done)
 
 
 def _finished_twin(study, trial, key: str, wait_s: float = 120.0):
