@@ -74,7 +74,7 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
         return any(key in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
 
     dropped, kl, load = has("dropped_fraction"), has("kl"), has("load")
-    cols = ["trial", "deployment", *(["concurrency / replica"] if load else []), *objectives, "TTFT ms", "TPOT ms",
+    cols = ["trial", "deployment", *(["concurrency"] if load else []), *objectives, "TTFT ms", "TPOT ms",
             "GB/rank", *(["dropped"] if dropped else []),
             *(["KL nats (measured)", "top-1 (measured)"] if kl else []), "figures"]
     out = []
