@@ -3,15 +3,20 @@ TPOT, at a stated percentile over the steady window's requests (steady.py), meet
 
 Latency grows with the load (more sequences share each step, and a prompt waits longer for its
 turn), so "meets the SLOs at concurrency c" is true up to a boundary and false above it. The
-boundary is found by bisection on the simulator (`max_load`):
+boundary is found by probing the simulator (`max_load`; a probe's score is the log of the worst
+latency / SLO ratio at the percentile, ≤ 0 met):
 
-1. the cap first: c = max_num_seqs × data-parallel ranks of one replica (above it the engine holds
-   no more sequences; more requests only queue, which adds TTFT and no throughput). Met there:
-   the answer is the cap, one probe;
-2. else c = 1: not met there, no load meets the SLOs (the trial is infeasible, its figures are
-   those at c = 1);
-3. else bisection on a log scale between the highest c met and the lowest c not met, until they
-   are within `REL_TOL` of each other (or adjacent integers); the answer is the highest c met.
+1. the first probe: the load last found for a deployment of the same ranks per replica (`hints`),
+   else the cap, c = max_num_seqs × data-parallel ranks of one replica (above it the engine holds
+   no more sequences; more requests only queue, which adds TTFT and no throughput). Met at the cap:
+   the answer is the cap;
+2. while no probe is met, the next goes down (latency taken as proportional to c); met nowhere down
+   to c = 1: no load meets the SLOs (the trial is infeasible, its figures are those at c = 1);
+   while every probe is met, up (at most to the cap);
+3. then between the highest c met and the lowest c missed: the boundary interpolated on log c,
+   aimed just past it on alternate sides, the geometric midpoint when three probes in a row land
+   on one side, until the two are within `REL_TOL` of each other (or adjacent integers); the answer
+   is the highest c met. Each probe shrinks the bracket, so the search ends for any monotone score.
 
 Each probe is a closed-loop run of `steady_requests(c)` = 3·c requests, c of them excluded at each
 end (steady.py), priced on the trace like any workload; it stops once the c measured requests have
@@ -42,10 +47,6 @@ class Slo:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     percentile: float = 90.0
-
-    @property
-    def given(self) -> bool:
-        return self.ttft_ms is not None or self.tpot_ms is not None
 
     def misses(self, latency_ms: dict) -> list[str]:
         """Each SLO the latency percentiles (steady.py `latency_ms`) break, in words."""

@@ -27,7 +27,8 @@ def metrics_table(title: str, m: Metrics) -> Table:
         ("TPOT ms (median)", "tpot_ms"), ("requests/s", "request_s"), ("goodput requests/s (SLOs met)", "goodput_rps"),
         ("peak memory GB per rank", "peak_mem_gb"))]
     for name, pcts in m.latency_ms.items():
-        rows.append([f"{name.upper()} ms P50 / P90 / P99", " / ".join(f"{v:,.4g}" for v in pcts.values()), tag])
+        label = " / ".join(k.upper() for k in pcts)  # P50 / P90 / P99, and the SLOs' own percentile
+        rows.append([f"{name.upper()} ms {label}", " / ".join(f"{v:,.4g}" for v in pcts.values()), tag])
     steady = m.detail.get("steady")
     if steady:
         rows.append(["steady state", f"{steady['measured_requests']} requests measured, {steady['excluded_each_end']} "
