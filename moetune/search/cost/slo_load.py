@@ -194,6 +194,7 @@ def evaluate_at_slo(price: Callable[[SimWorkload], "Metrics"], w: SimWorkload, c
         seen[c] = price(at_concurrency(w, c))
         return slo_score(slo, seen[c].latency_ms)
 
+    cap = min(cap, w.num_requests)  # --num-requests bounds the load searched (setup.py)
     bound = max_load(score, cap, guess=None if hints is None else hints.get(key))
     if hints is not None and bound.concurrency:
         hints[key] = bound.concurrency  # where the search of the next deployment of this shape starts

@@ -150,11 +150,15 @@ def _lens(inp: Inputs, run: SimWorkload, n: int) -> tuple[int, ...]:
     return (inp.input_len,) * n if inp.input_len else tuple((run.prompt_lens * (n // len(run.prompt_lens) + 1))[:n])
 
 
+UNBOUNDED_LOAD = 1024 * 16  # requests per replica when --num-requests does not bound the load: 1024 seqs × 16 ranks
+
+
 def _find_load_template(inp: Inputs, run: SimWorkload) -> SimWorkload:
     """The workload each deployment's load search starts from (slo_load.at_concurrency makes each probe's):
-    the prompts and output length, the SLOs, and enough requests that every rank's max_num_seqs is held
-    (the memory rule prices the KV cache of max_num_seqs sequences; `most_in_flight`: no cap)."""
-    n = max(inp.num_requests or 0, 1024 * 16, run.num_requests)
+    the prompts and output length, the SLOs, and as many requests as may be in flight per replica:
+    --num-requests (a bound on the load searched), else enough that every rank's max_num_seqs is held
+    (the memory rule prices the KV cache of the sequences a rank holds; `most_in_flight`: that bound)."""
+    n = inp.num_requests or UNBOUNDED_LOAD
     return SimWorkload(_lens(inp, run, n), inp.output_len or run.output_len, "concurrency", 0, 0.0, inp.arrival_seed,
                        0, inp.slo_ttft_ms, inp.slo_tpot_ms, inp.slo_percentile, find_load=True)
 
