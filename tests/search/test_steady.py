@@ -12,7 +12,7 @@ from moetune.search.cost.schedule import SimWorkload, simulate_schedule
 from moetune.search.cost.steady import poisson_arrivals
 from moetune.search.study.setup import Inputs, prepare
 from moetune.search.study.space import Deployment
-from tests.cli_run import moetune
+from tests.cli_run import assert_one_line_error, moetune
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,9 @@ def test_simulate_cli_labels_the_workload_and_prints_percentiles(run_dir):
     assert found.returncode == 0 and "the highest concurrency meeting TTFT P90 ≤ 1.2 ms and TPOT P90 ≤ 1 ms" in text
     assert "concurrency per replica (found)" in text and "probes" in text
     both = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--burst", "--concurrency", "4")
-    assert both.returncode != 0 and "--burst" in both.stderr and "Traceback" not in both.stderr
+    assert_one_line_error(both, "--burst sends every request at t=0")
+    pct = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--slo-percentile", "100")
+    assert_one_line_error(pct, "--slo-percentile must be above 0 and below 100")
 
 
 def test_search_with_goodput_objective_at_a_rate(run_dir, tmp_path):
