@@ -78,3 +78,17 @@ def test_a_gpu_search_given_slos_runs_each_trial_at_the_load_they_allow(run_dir,
     assert "| concurrency |" in (out / "report.md").read_text()
     for r in done:  # at most the cap: max_num_seqs on each of the replica's data-parallel ranks
         assert int(r["concurrency"]) <= int(r["max_num_seqs"]) * int(r["ep_size"])
+
+
+def test_a_study_whose_space_is_exhausted_stops_after_twins_in_a_row(run_dir, tmp_path):
+    space = tmp_path / "space.yaml"  # two points, each with twins (placement and N are moot at ep_size 1)
+    space.write_text("ep_size: 1\nreplicas: 1\nplacement: [contiguous, eplb]\nredundant_experts: [0, 1]\n"
+                     "max_num_seqs: [8, 16]\nmax_num_batched_tokens: 256\nquant_low_format: none\n"
+                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: 0\n")
+    out = tmp_path / "out"
+    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "random", 6, 0, reference_trials=False)
+    inputs = Inputs(str(run_dir), "H200", concurrency=16)  # 16 a rank: seqs 8 and 16 differ
+    result = run_search(SearchSettings(inputs, st, out, "simulate", str(space)))
+    priced = [r for r in result.rows if not r.twin]
+    assert len(priced) == 2 and len(result.rows) - len(priced) >= 10  # stopped by the run of twins, not the budget
+    assert all(r.twin for r in result.rows[-10:])

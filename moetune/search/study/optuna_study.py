@@ -304,7 +304,7 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         done = _counted_done(study_, trials)
         if on_trial is not None and not frozen.user_attrs.get("surplus"):
             on_trial(to_row(frozen), done)
-        if done >= s.n_trials or _twins(trials) >= TWIN_LIMIT * s.n_trials:
+        if done >= s.n_trials or _twins_in_a_row(trials) >= max(TWIN_RUN, s.n_trials):
             study_.stop()  # the budget spent, or the space holds no more new points the sampler finds
 
     _requeue_stale(study)
@@ -420,11 +420,21 @@ def _counted(trials) -> list:
             and not (t.state == optuna.trial.TrialState.FAIL and not t.params)]
 
 
-TWIN_LIMIT = 5  # twins (not counted) per trial of the budget before a study stops: the space is exhausted
+TWIN_RUN = 10  # twins in a row (at least; or --n-trials of them) after which a study stops: no new point is found
 
 
-def _twins(trials) -> int:
-    return sum(1 for t in trials if t.user_attrs.get("twin"))
+def _twins_in_a_row(trials) -> int:
+    """The finished trials since the last one that was not a twin (a priced point, a prune, a failure)."""
+    import optuna
+
+    run = 0
+    for t in sorted(trials, key=lambda t: -t.number):
+        if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
+            continue
+        if not t.user_attrs.get("twin"):
+            break
+        run += 1
+    return run
 
 
 def _rank(study, number: int) -> int:
