@@ -11,6 +11,7 @@ from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.precision import dense_knob
+from moetune.search.cost.slo_load import DEFAULT_CONCURRENCY
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.seeds import reference_seeds
 from moetune.search.study.setup import Inputs, Setup, prepare
@@ -98,7 +99,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     settings.out.mkdir(parents=True, exist_ok=True)
     try:
         inputs = study_inputs(settings.inputs.trace, space.grid())
-        seeds = reference_seeds(space, limits, setup.hardware.ranks_per_node, evaluator.memory_rule()) \
+        seed_lim = replace(limits, requests=DEFAULT_CONCURRENCY) if setup.workload.find_load else limits  # the
+        # load is found per trial: the seeds hold the default concurrency per replica in one decode batch
+        seeds = reference_seeds(space, seed_lim, setup.hardware.ranks_per_node, evaluator.memory_rule()) \
             if settings.study.reference_trials else None
         study = run_study(replace(settings.study, inputs=inputs), space, limits, evaluator, on_trial, seeds)
     except MoetuneError:
