@@ -1,6 +1,14 @@
 """The cluster cases of the search (estimated, on the simulator): Mixtral-8x7B and Qwen3-30B-A3B on
 8×H200, DeepSeek-V3 on 8 and 16×H200; input 1,024 / output 256 tokens; TTFT ≤ 1 s and TPOT ≤ 50 ms
-(medians, the study's constraints) in a steady state (closed loop at each concurrency per replica).
+(medians, the study's constraints) in a steady state: by default (`--concurrency 0`) each trial at the
+highest closed-loop concurrency per replica whose TTFT / TPOT P90 meet them (cost/slo_load.py), else
+a closed loop at each concurrency given per replica.
+
+2026-12-05 (issue 38), 80 trials a case, each run alone on the CPU lock (load 2.1–5.1 at its start),
+main at --concurrency 256 → this load search: 80 trials wall / trial median / P99 s — Mixtral 12.7 /
+0.09 / 0.56 → 13.3 / 0.10 / 0.36; Qwen3 28.4 / 0.15 / 1.20 → 26.4 / 0.20 / 1.15; DeepSeek-V3 8×H200
+27.2 / 0.24 / 1.49 → 46.9 / 0.41 / 1.03; 16×H200 41.8 / 0.39 / 1.27 → 51.6 / 0.43 / 1.77 (docs/search.md
+"Numbers (2026-12-05 …)" has the winners).
 For each case and concurrency: the winner, tok/s per GPU, TTFT/TPOT P50 and P99, memory per GPU,
 its phase breakdown, and the time each simulated trial took (median, P99).
 
