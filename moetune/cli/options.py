@@ -62,7 +62,9 @@ NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: t
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
-                              "cached per machine) | trace (the trace's own phase times).")
+                              "cached per machine) | trace (the trace's own phase times) | engine (search: the "
+                              "estimates corrected per phase class by the trials measured on an engine in --out).")
+EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine `--evaluator engine` and `--remeasure-on` run.")
 SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                  help="Speculation priced without a measured acceptance (the trace not profiled "
                                       "with that speculator): per-token acceptance 0..1, labelled assumed.")
@@ -71,6 +73,10 @@ RecalibrateOpt = flag(False, "--recalibrate", help="this-machine: measure the mi
 ReferenceTrialsOpt = flag(True, "--reference-trials", help="A new study runs reference deployments first "
                           "(the most replicas that fit; EP over a node and over every GPU with fp8 and EPLB; a TP "
                           "group where the space searches one), counted in --n-trials; not with --sampler grid.")
+# how a command's tables reach stdout (moetune/report/terminal.py)
+OutputFormatOpt = typer.Option("text", "--format", help="text (a table on a terminal; piped: one line per row) | "
+                                                        "tsv (tab-separated rows, a blank line between tables; "
+                                                        "other lines to stderr).")
 # the workload of `simulate` and `search` (search/cost/schedule.py, steady.py); default: a burst
 ConcurrencyOpt = typer.Option(None, "--concurrency", help="Steady state, closed loop: C requests in flight per "
                                                           "deployment replica (a finished one is replaced at once).")

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import typer
 
-from moetune.cli.options import ReferenceTrialsOpt, TraceArgs, flag, trace_options
+from moetune.cli.options import EngineOpt, OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Base recipe (default: the run's model).")
 def search(
-    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here)."),
+    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here) | "
+                                  "engine (each trial's launch file run on --engine, measured with bench-serve)."),
+    engine: Optional[str] = EngineOpt,
+    engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="The engine's executable (default: vllm on "
+                                             "PATH; for sglang, a python with SGLang installed)."),
+    engine_port: int = typer.Option(0, "--engine-port", help="Port the engine serves on (default: a free one per "
+                                                            "trial)."),
+    engine_timeout_s: float = typer.Option(900.0, "--engine-timeout-s", help="Seconds the engine may take to "
+                                                                             "become healthy."),
+    remeasure_on: Optional[Tuple[str, int]] = typer.Option(None, "--remeasure-on", metavar="ENGINE K",
+                                                 help="After a simulated search, measure the top K on ENGINE "
+                                                      "(vllm | sglang), estimate beside measurement; the ranking "
+                                                      "then puts measured values first."),
     study: str = typer.Option("moetune-search", "--study", help="Study name; the same name continues the study."),
     storage: Optional[str] = typer.Option(None, "--storage", help="RDB URL (default: sqlite:///OUT/study.db; "
                                                                   "postgresql://... for several workers)."),
@@ -50,34 +62,24 @@ def search(
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
     hf_id: Optional[str] = typer.Option(None, "--hf-id", help="Model id the emitted vLLM/SGLang commands load "
                                         "(default: the run's checkpoint; $MODEL_DIR for a scaled model)."),
+    fmt: str = OutputFormatOpt,
     w: TraceArgs = TraceArgs(""),
 ) -> None:
     """Search EP size, replicas, placement and batching knobs for the best deployment; emit the winner."""
     from pathlib import Path
 
     from moetune.cli import checks
+    from moetune.report.terminal import Printer
     from moetune.search.study.optuna_study import Constraints, StudySettings
 
-    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
-                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
-        checks.number(name, value, 0, low_open=True)
-    checks.number("--max-kl", max_kl, 0)
-    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
-    checks.number("--remeasure", remeasure, 0)
-    checks.number("--grace-s", grace_s, 2)
+    printer = Printer(fmt)
+    _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
+                   grace_s)
+    choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
-    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
-    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
-        from moetune.errors import UsageError
-
-        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
-    from dataclasses import replace
-
-    # the steady state the SLOs allow (search/cost/slo_load.py): --max-ttft-ms / --max-tpot-ms are its SLOs too
-    if w.hardware != "this-machine":
-        w = replace(w, slo_ttft_ms=w.slo_ttft_ms if w.slo_ttft_ms is not None else max_ttft_ms,
-                    slo_tpot_ms=w.slo_tpot_ms if w.slo_tpot_ms is not None else max_tpot_ms)
+    objectives = _objectives(objective, w)
+    w = _slo_limits(w, max_ttft_ms, max_tpot_ms)
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
@@ -88,15 +90,61 @@ def search(
     from moetune.search.study.run import SearchSettings
 
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
-                              quality=quality)
-    _run(settings)
+                              quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
+    _run(settings, printer)
 
 
-def _run(settings) -> None:
-    from rich.console import Console
+def _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
+                   grace_s) -> None:
+    from moetune.cli import checks
 
+    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
+                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
+        checks.number(name, value, 0, low_open=True)
+    checks.number("--max-kl", max_kl, 0)
+    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
+    checks.number("--remeasure", remeasure, 0)
+    checks.number("--grace-s", grace_s, 2)
+
+
+def _objectives(objective: str, w) -> tuple[str, ...]:
+    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
+    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
+        from moetune.errors import UsageError
+
+        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
+    return objectives
+
+
+def _engine_choice(evaluator: str, engine, cmd, port: int, timeout_s: float, remeasure_on: tuple):
+    """--engine and its options, or --remeasure-on ENGINE K, as one EngineChoice (None: no engine asked for)."""
+    from moetune.cli import checks
+    from moetune.errors import UsageError
+    from moetune.search.study.engine_server import ENGINES, EngineChoice
+
+    on, k = remeasure_on or (None, None)
+    if on is not None:
+        if on not in ENGINES:
+            raise UsageError(f"--remeasure-on {on!r}: the engine is one of {', '.join(ENGINES)}")
+        checks.number("--remeasure-on K", k, 1)
+        if evaluator != "simulate":
+            raise UsageError("--remeasure-on re-measures a simulated search's top trials: use --evaluator simulate")
+        if engine is not None and engine != on:
+            raise UsageError(f"--engine {engine} and --remeasure-on {on}: two engines; give one")
+        engine = on
+    if engine is not None and engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if evaluator == "engine" and engine is None:
+        raise UsageError("--evaluator engine needs --engine vllm | sglang")
+    if engine is None:
+        return None
+    checks.number("--engine-port", port, 0, 65535)
+    checks.number("--engine-timeout-s", timeout_s, 0, low_open=True)
+    return EngineChoice(engine, cmd, port, timeout_s)
+
+
+def _run(settings, printer) -> None:
     from moetune.cli.progress import progress
-    from moetune.report.terminal import rich_table
     from moetune.search.cost.metrics import OBJECTIVES
     from moetune.search.study.run import run_search
     from moetune.search.study.tables import trials_table, states_table
@@ -104,6 +152,8 @@ def _run(settings) -> None:
     objective = settings.study.objectives[0]
     best: dict = {}
     tag = "estimated" if settings.evaluator == "simulate" else "measured"
+    if settings.evaluator == "engine":
+        tag = f"measured on {settings.engine.engine}"
     with progress("search") as bar:
         bar.phase("trials", total=settings.study.n_trials)
 
@@ -124,16 +174,31 @@ def _run(settings) -> None:
 
             warnings.simplefilter("ignore", ExperimentalWarning)
             result = run_search(settings, on_trial)
-    console = Console()
-    console.print(result.calibrated_on, highlight=False)
-    console.print(rich_table(states_table(result.rows)))
+    printer.line(result.calibrated_on)
+    printer.table(states_table(result.rows))
     if result.winner is None:
-        console.print("no feasible trial finished; see trials.csv for the reasons")
+        printer.line("no feasible trial finished; see trials.csv for the reasons")
         return
-    console.print(rich_table(trials_table(result.ranked, settings.study.objectives)))
+    printer.table(trials_table(result.ranked, settings.study.objectives))
+    from moetune.search.study.forms import form_sentence
+
+    form = form_sentence(result.rows, settings.study.objectives[0])  # aggregated vs disaggregated, both tried
+    if form:
+        printer.line(form)
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 
-        console.print(rich_table(remeasure_table(result.remeasured)))
+        printer.table(remeasure_table(result.remeasured))
     for name, path in result.files.items():
-        console.print(f"{name}: {path}")
+        printer.line(f"{name}: {path}")
+
+
+def _slo_limits(w, max_ttft_ms, max_tpot_ms):
+    """On GPU hardware --max-ttft-ms / --max-tpot-ms are also the SLOs the load is found by
+    (search/cost/slo_load.py) where --slo-ttft-ms / --slo-tpot-ms are not given."""
+    if w.hardware == "this-machine":
+        return w
+    from dataclasses import replace
+
+    return replace(w, slo_ttft_ms=w.slo_ttft_ms if w.slo_ttft_ms is not None else max_ttft_ms,
+                   slo_tpot_ms=w.slo_tpot_ms if w.slo_tpot_ms is not None else max_tpot_ms)

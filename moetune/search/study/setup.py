@@ -55,12 +55,13 @@ class Setup:
     sim: Simulator
     calibration: Calibration | None = None  # this-machine: what it was calibrated on (None: a description)
     not_priced: tuple[str, ...] = ()  # simulate --recipe: keys priced as something else (cost.simulate.priced_instead)
+    engine_correction: str = ""  # --calibrate-on engine: the correction's label (engine_calibration.py)
 
     def calibrated_on(self) -> str:
         """What the estimates are calibrated on: the calibration's label, or the hardware description's source."""
-        if self.calibration is not None:
-            return self.calibration.label()
-        return f"priced on {self.hardware.name}: {self.hardware.source}"
+        base = self.calibration.label() if self.calibration is not None else \
+            f"priced on {self.hardware.name}: {self.hardware.source}"
+        return f"{base}; {self.engine_correction}" if self.engine_correction else base
 
     def limits(self) -> Limits:
         """What the pruning rules need (the most requests in flight: each replica's in a steady state)."""
@@ -79,8 +80,8 @@ def prepare(inp: Inputs) -> Setup:
                         ("--output-len", inp.output_len), ("--nodes", inp.nodes)):
         if value is not None and value < 1:
             raise MoetuneError(f"{name} must be at least 1")
-    if inp.calibrate_on not in ("microbenchmarks", "trace"):
-        raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace")
+    if inp.calibrate_on not in ("microbenchmarks", "trace", "engine"):
+        raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace, engine")
     base = load_recipe(inp.recipe) if inp.recipe else None
     source = load_source(Path(inp.trace), inp.scale_model, inp.scale_routing)
     if base is None:

@@ -4,6 +4,7 @@ carries "(estimated)" in its column or cell."""
 from __future__ import annotations
 
 from moetune.report.tables import Table
+from moetune.search.cost.describe import describe
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.optuna_study import TrialRow
 
@@ -74,20 +75,21 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
     def has(key: str) -> bool:
         return any(key in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
 
-    dropped, kl, load = has("dropped_fraction"), has("kl"), has("load")
-    cols = ["trial", "deployment", *(["concurrency"] if load else []), *objectives, "TTFT ms", "TPOT ms",
-            "GB/rank", *(["dropped"] if dropped else []),
-            *(["KL nats (measured)", "top-1 (measured)"] if kl else []), "figures"]
+    dropped, kl, beside, load = has("dropped_fraction"), has("kl"), has("estimate"), has("load")
+    cols = ["trial", "deployment", *(["concurrency"] if load else []), *objectives, "TTFT ms", "TPOT ms", "GB/rank",
+            *(["dropped"] if dropped else []), *(["KL nats (measured)", "top-1 (measured)"] if kl else []),
+            *(["output tok/s (estimated)", "error"] if beside else []), "figures"]
     out = []
     for r in rows[:top]:
         m = r.metrics or {}
         detail = m.get("detail") or {}
         share = detail.get("dropped_fraction")
-        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), r.deployment.label(),
+        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), describe(r.deployment),
                     *([str(trial_concurrency(m))] if load else []), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
                     *([f"{share:.2%}" if share is not None else ""] if dropped else []),
-                    *(_quality_cells(detail) if kl else []), _tag(m)])
+                    *(_quality_cells(detail) if kl else []), *(_estimate_cells(detail) if beside else []),
+                    _tag(m)])
     return Table(title or f"Best {min(top, len(rows))} trials", cols, out, quality_note if kl else "")
 
 
@@ -103,6 +105,12 @@ def load_words(load: dict) -> str:
     if not load["met"]:
         return f"none: SLOs at P{load['slo_percentile']:g} not met even at 1 ({'; '.join(load['missed'])}); probes {probes}"
     return f"{load['concurrency']} ({load['ended']}, cap {load['cap']}); probes {probes}"
+
+
+def _estimate_cells(detail: dict) -> list[str]:
+    """A trial measured on an engine: its simulated output tok/s and the error (estimated − measured) / measured."""
+    est, err = (detail.get("estimate") or {}).get("output_tok_s"), (detail.get("estimate_error") or {}).get("output_tok_s")
+    return ["" if est is None else f"{est:,.4g}", "" if err is None else f"{err:+.1%}"]
 
 
 def _quality_cells(detail: dict) -> list[str]:
@@ -143,11 +151,11 @@ def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]]) ->
     for r, m, err in pairs:
         e = r.metrics or {}
         if m is None:
-            out.append([str(r.number), r.deployment.label(), f"{e.get('output_tok_s', 0):.4g}", "failed", "", "", "",
+            out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", "failed", "", "", "",
                         "", err or ""])
             continue
         rel = (e.get("output_tok_s", 0) - m.output_tok_s) / m.output_tok_s if m.output_tok_s else 0.0
-        out.append([str(r.number), r.deployment.label(), f"{e.get('output_tok_s', 0):.4g}", f"{m.output_tok_s:.4g}",
+        out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", f"{m.output_tok_s:.4g}",
                     f"{e.get('tpot_ms', 0):.4g}", f"{m.tpot_ms:.4g}", f"{e.get('ttft_ms', 0):.4g}",
                     f"{m.ttft_ms:.4g}", f"{rel:+.1%}"])
     return Table("Top trials re-measured on this machine: estimated vs measured", cols, out,
