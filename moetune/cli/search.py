@@ -71,6 +71,7 @@ def search(
     from moetune.cli import checks
     from moetune.report.terminal import Printer
     from moetune.search.study.optuna_study import Constraints, StudySettings
+    from moetune.search.study.run import SearchSettings
 
     printer = Printer(fmt)
     _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
@@ -78,8 +79,7 @@ def search(
     choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
-    objectives = _objectives(objective, w)
-    w = _slo_limits(w, max_ttft_ms, max_tpot_ms)
+    objectives, w = _objectives(objective, w), _slo_limits(w, max_ttft_ms, max_tpot_ms)
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
@@ -87,8 +87,6 @@ def search(
                                                                    max_dropped_fraction),
                                    heartbeat_s=max(1, grace_s // 3), grace_s=grace_s,
                                    allow_changed_inputs=allow_changed_inputs, reference_trials=reference_trials)
-    from moetune.search.study.run import SearchSettings
-
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
                               quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
     _run(settings, printer)

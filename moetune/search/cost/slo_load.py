@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
+from moetune.search.cost.deployment import Deployment, dp_ranks, gpus
 from moetune.search.cost.schedule import SimWorkload
 
 if TYPE_CHECKING:
@@ -176,9 +177,15 @@ def at_concurrency(w: SimWorkload, c: int) -> SimWorkload:
                    drain=False)
 
 
-def load_cap(max_num_seqs: int, dp_ranks: int) -> int:
-    """The most requests one replica's engine holds at once: max_num_seqs on each data-parallel rank."""
-    return max(1, max_num_seqs * dp_ranks)
+def load_cap(d: Deployment) -> int:
+    """The most requests one replica's engine holds at once: max_num_seqs on each attention data-parallel
+    rank (of every decode worker, disaggregated)."""
+    return max(1, d.max_num_seqs * dp_ranks(d) * (d.decode_workers if d.prefill_workers else 1))
+
+
+def load_key(d: Deployment) -> tuple[int, int]:
+    """Deployments whose loads are alike (the hint a search starts from): GPUs per replica, disaggregated or not."""
+    return gpus(d) * (d.decode_workers if d.prefill_workers else 1), int(bool(d.prefill_workers))
 
 
 def evaluate_at_slo(price: Callable[[SimWorkload], "Metrics"], w: SimWorkload, cap: int,

@@ -225,8 +225,8 @@ def suggest(trial, space: Space, conditional: bool = True) -> Deployment:
 
 
 def moot(name: str, v: dict) -> bool:
-    """Whether knob `name` changes nothing given the values `v` of the knobs before it (space.canonical's rules,
-    and repair's: offloading runs on one rank)."""
+    """Whether knob `name` changes nothing given the values `v` of the knobs before it (space.canonical's and
+    deploy_knobs.canonical_deploy's rules, and repair's: offloading runs on one rank)."""
     if name in ("redundant_experts", "placement", "overlap"):
         return v["ep_size"] == 1
     if name == "quant_hot_fraction":
@@ -239,6 +239,10 @@ def moot(name: str, v: dict) -> bool:
         return v["offload_resident_fraction"] >= 1 or not v["offload_prefetch_depth"]
     if name == "capacity_factor":
         return v["capacity_policy"] == "none"
+    if name == "moe_a2a":  # deploy_knobs.canonical_deploy's rules
+        return not v["attn_dp"] or v["ep_size"] == 1
+    if name in ("decode_workers", "prefill_ep", "prefill_tp", "prefill_expert_tp", "prefill_tokens"):
+        return not v["prefill_workers"]
     return False
 
 
