@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from moetune.search.cost import op_tables
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
@@ -155,6 +156,8 @@ class Simulator:
         self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
         self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
+        self.tables = None  # op_tables.TableChoice: the measured op tables (--engine), None: the roofline
+        self.measured = None  # op_tables.Measured: the tables bound to the deployment being priced
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -419,6 +422,7 @@ class Simulator:
         if own is not None and own[0] == "variant":  # timed on its own path: priced as fp32 × its ratio
             prec = replace(prec, dense_b=float(self.b))
         self.prec = view.prec = prec
+        self.measured = view.measured = op_tables.bind(self.tables, m, view.src.model, d, prec, m.weight_format == "fp8")
         plan = self.spec_plan(d)
         draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
@@ -458,7 +462,7 @@ class Simulator:
         counts = ctx.trace.counts(s, t, m)  # [R, Lm, E]
         whole = costs.StepRows.of(s, t, self.hw.grouped_experts)
         halves = 2 if d.overlap and R > 1 else 1  # two-batch overlap: the MoE layers priced per micro-batch
-        st, counts = (whole, counts) if halves == 1 else (_half(whole), counts / 2)
+        st, counts = (whole, counts) if halves == 1 else (whole.half(), counts / 2)
         per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
         split = (costs.CapacitySplit.of(counts, st.T, d.capacity_factor, m.K, m.E)
                  if d.capacity_policy in CAPACITY_PRICED else None)
@@ -520,6 +524,7 @@ class Simulator:
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps),
                   "routing": self.src.scale_routing or "trace",  # which routing was replayed (balance.py)
                   "stored_weights": self.src.model.weight_format}  # fp8: the checkpoint's own, priced as stored
+        detail.update(op_tables.trial_figures(self.tables, self.measured, phases))
         plan = self.spec_plan(d)
         if plan is not None:
             detail["speculative"] = {**plan.as_dict(), "draft_s": float(phases.get("draft", np.zeros(1)).sum())}
@@ -763,12 +768,6 @@ def _add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stal
                                       + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0)))
     for phase, value in lines.items():
         totals.phases[phase][t] = value
-
-
-def _half(st: costs.StepRows) -> costs.StepRows:
-    """One of two micro-batches of a step: half of every rank's rows, pairs and context (overlap.py)."""
-    return costs.StepRows(st.T / 2, st.B / 2, st.pairs / 2, st.context / 2, st.sampled / 2, st.R,
-                          None if st.spec_seqs is None else st.spec_seqs / 2)
 
 
 def _overlapped(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,
