@@ -62,6 +62,10 @@ def simulate(
     console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
     console.print(rich_table(metrics_table("Totals (estimated)", m)))
     console.print(balance_sentence(m), highlight=False, soft_wrap=True)
+    if "cost_source" in m.detail:
+        from moetune.search.cost.op_tables import cost_sentence
+
+        console.print(cost_sentence(m.detail), highlight=False, soft_wrap=True)
     if explain:
         from moetune.search.cost.explain import terms_table
 

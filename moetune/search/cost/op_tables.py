@@ -375,3 +375,15 @@ def trial_figures(choice: TableChoice | None, meas: Measured | None, phases: dic
     measured = sum(float(np.sum(v)) * meas.share_of(p) for p, v in phases.items() if v is not None)
     return {"cost_source": meas.backend.label, "measured_share": measured / total if total > 0 else 0.0,
             "op_sources": sources_of(meas), "cost_note": choice.note}
+
+
+def cost_sentence(detail: dict | None) -> str:
+    """Which tables priced a trial, in words (the report, the winner's recipe and launch files)."""
+    detail = detail or {}
+    source = detail.get("cost_source", UNMEASURED)
+    if source == UNMEASURED:
+        note = detail.get("cost_note") or UNMEASURED
+        return f"GPU op costs: {note}" if note != UNMEASURED else f"GPU op costs: {UNMEASURED}"
+    ops = ", ".join(sorted(p for p, s in (detail.get("op_sources") or {}).items() if s == source))
+    return (f"GPU op costs: {100 * detail.get('measured_share', 0.0):.0f} % of the step time from measured tables "
+            f"({source}: {ops}); the rest roofline (unmeasured)")
