@@ -83,7 +83,26 @@ class Attention:
     module: bool = False  # MLA module (projections included)
 
 
-Op = Gemm | Moe | Attention
+@dataclass(frozen=True)
+class AllReduce:
+    D: int  # a message of x tokens × D elements
+    G: int  # ranks
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The engine's MoE dispatch (pre) or combine (post) among ep ranks of attention-DP groups."""
+
+    D: int
+    K: int
+    E: int
+    ep: int
+    pre: bool
+    quant: str
+    engine: str
+
+
+Op = Gemm | Moe | Attention | AllReduce | Dispatch
 
 
 class OpBackend(Protocol):
@@ -138,6 +157,11 @@ class AicBackend:
         if isinstance(op, Moe):
             return ops.MoE("moe", 1, op.D, op.I, op.K, op.E, op.tp, op.ep, common.MoEQuantMode[op.quant],
                            "balanced", 1)
+        if isinstance(op, Dispatch):
+            return ops.MoEDispatch("dispatch", 1, op.D, op.K, op.E, 1, op.ep, op.ep, op.pre,
+                                   quant_mode=common.MoEQuantMode[op.quant], backend=op.engine)
+        if isinstance(op, AllReduce):
+            return ops.CustomAllReduce("allreduce", 1, op.D, op.G)
         kv = common.KVCacheQuantMode[op.kv_quant]
         fmha = common.FMHAQuantMode.bfloat16
         if op.module:
@@ -281,6 +305,7 @@ class Measured:
     dense_q: str
     expert_q: str | None  # None: a format the tables lack (mixed hot/cold formats)
     kv_q: str
+    engine: str = "vllm"
     seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
     sources: dict = field(default_factory=dict)  # phase → the label of what priced it
 
@@ -329,6 +354,32 @@ class Measured:
                                                                                        self.dense_q, tokens)
         return None if up is None or down is None else up + down
 
+    def dispatch(self, tokens) -> tuple[np.ndarray, np.ndarray] | None:
+        """(dispatch s, combine s) of one MoE layer at the largest rank's tokens (expert parallelism
+        with attention data-parallel ranks), or None."""
+        m, q = self.model, self.expert_q or "bfloat16"
+        pre, post = (curve(self.backend, Dispatch(m.D, m.K, m.E, self.ep, side, q, self.engine))
+                     for side in (True, False))
+        return None if pre is None or post is None else (at(pre, tokens), at(post, tokens))
+
+    def tp_link(self, G: int, kind: str, act_bytes: int) -> tuple[float, float | None, float] | None:
+        """(α s, gather α, link B/s) of the TP group's all-reduces (tp.tp_collectives' ring form) fitted to
+        the all-reduce table at the step kind's payloads (decode 8 → 256 tokens, prefill 1k → 8k)."""
+        c = curve(self.backend, AllReduce(self.model.D, G))
+        if c is None:
+            return None
+        lo, hi = (8, 256) if kind == "decode" else (1024, 8192)
+        l1, l2 = at(c, np.array([lo, hi]))
+        slope = (l2 - l1) / (hi - lo)  # s per token
+        if slope <= 0:
+            return None
+        bw = 2 * (G - 1) / G * self.model.D * act_bytes / slope
+        alpha = max(float(l1 - slope * lo), 0.0)
+        for phase in ("tp_allreduce", "tp_embed", "tp_gather"):  # priced from the table's fit: all measured
+            self.seconds[phase] = [1.0, 1.0]
+            self.sources[phase] = f"{self.backend.label} (all-reduce fit)"
+        return alpha, None, bw
+
     def note(self, phase: str, measured_s, total_s, source: str) -> None:
         """Count a phase's priced seconds (measured part, all) and its source."""
         acc = self.seconds.setdefault(phase, [0.0, 0.0])
@@ -356,7 +407,7 @@ def bind(choice: TableChoice | None, model, rank, d, prec, fp8_checkpoint: bool)
     else:
         expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
     return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
-                    "fp8" if prec.kv_b < 2 else "bfloat16")
+                    "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine)
 
 
 def sources_of(meas: Measured | None) -> dict[str, str]:
@@ -384,6 +435,6 @@ def cost_sentence(detail: dict | None) -> str:
     if source == UNMEASURED:
         note = detail.get("cost_note") or UNMEASURED
         return f"GPU op costs: {note}" if note != UNMEASURED else f"GPU op costs: {UNMEASURED}"
-    ops = ", ".join(sorted(p for p, s in (detail.get("op_sources") or {}).items() if s == source))
+    ops = ", ".join(sorted(p for p, s in (detail.get("op_sources") or {}).items() if s.startswith(source)))
     return (f"GPU op costs: {100 * detail.get('measured_share', 0.0):.0f} % of the step time from measured tables "
             f"({source}: {ops}); the rest roofline (unmeasured)")

@@ -255,6 +255,24 @@ def all_to_all(sim, counts: np.ndarray, prep, links: Links) -> AllToAll:
     return AllToAll(a2a + 2 * lat, a2a + lat, 2 * float((intra + inter).sum()), 2 * float(inter.sum()))
 
 
+def measured_a2a(sim, a2a: AllToAll, T: np.ndarray) -> AllToAll:
+    """a2a with its dispatch / combine seconds from the measured tables (op_tables.py) at the largest
+    rank's tokens, where bound and held; the bytes stay the trace's. T: [..., R] tokens per rank."""
+    tables = sim.measured
+    if tables is None or T.shape[-1] == 1:
+        return a2a
+    got = tables.dispatch(T.max(-1))
+    if got is None:
+        for phase, s in (("dispatch", a2a.dispatch), ("combine", a2a.combine)):
+            tables.note(phase, 0.0, s, "roofline (no table entry)")
+        return a2a
+    shape = np.shape(a2a.dispatch)
+    dispatch, combine = (np.broadcast_to(np.asarray(x)[..., None], shape).astype(np.float64) for x in got)
+    for phase, s in (("dispatch", dispatch), ("combine", combine)):
+        tables.note(phase, s, s, tables.backend.label)
+    return AllToAll(dispatch, combine, a2a.bytes, a2a.inter_node_bytes)
+
+
 def offload_stall(sim, offload, d, per_rank: dict, expert_s: np.ndarray, slots: SlotRows, prep) -> np.ndarray:
     """[Lm, R]: seconds each rank waits at each MoE layer for experts not resident (`offload.py`);
     prefetch hides up to `prefetch_depth` layers of compute. Zero when everything is resident."""

@@ -440,8 +440,8 @@ class Simulator:
         the memory bandwidth would say far less), the hardware's link figure where the slope is not
         positive; each α is its kind's seconds per call minus the ring's bandwidth term at its payload,
         so each measured size costs exactly what was measured. None where there is no own TP path."""
-        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:
-            return None
+        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:  # GPUs: the all-reduce table's
+            return None if self.measured is None else self.measured.tp_link(tp_costs.group_size(d), kind, self.b)
         G, r = tp_costs.group_size(d), own[1]
         ring = 2 * (G - 1) / G
         bw = self.hw.intra_bw * self.hw.link_eff
@@ -485,7 +485,7 @@ class Simulator:
         elif own is not None and f"exchange/{sim._kind}" in own[1]:  # measured per MoE layer: 3 collectives
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
-        a2a = costs.all_to_all(sim, counts, prep, links)
+        a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T)
         totals.a2a_bytes += a2a.bytes * halves
         totals.inter_bytes += a2a.inter_node_bytes * halves
         if halves == 2:
