@@ -65,7 +65,7 @@ def simulate(
     if "cost_source" in m.detail:
         from moetune.search.cost.op_tables import cost_sentence
 
-        console.print(cost_sentence(m.detail), highlight=False, soft_wrap=True)
+        console.print(cost_sentence(m.detail), highlight=False, soft_wrap=True, markup=False)
     if explain:
         from moetune.search.cost.explain import terms_table
 
