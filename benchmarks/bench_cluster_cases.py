@@ -8,6 +8,9 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
+  [--peer PYTHON [--engine vllm|sglang] [--engine-version V]]   (beside AIConfigurator's own estimate:
+      benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
+      run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
 
 Every figure is an estimate. Public reference points (their own conditions; not the same workload):
 SGLang's large-scale EP DeepSeek-V3 (96 H100, prefill/decode disaggregated) ~2.8k output tok/s per
@@ -149,7 +152,18 @@ def main() -> None:
     ap.add_argument("--no-reference-trials", action="store_true", help="the study without its seeded trials")
     ap.add_argument("--cases", default="0,1,2,3", help="which CASES (indices)")
     ap.add_argument("--reference-points", action="store_true", help="also price the public operating points")
+    ap.add_argument("--peer", default=None, help="Python of a venv with aiconfigurator: the peer comparison table")
+    ap.add_argument("--engine", default="vllm", help="vllm | sglang: the tables both sides price with")
+    ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
     a = ap.parse_args()
+    cases = [CASES[int(x)] for x in a.cases.split(",") if x]
+    if a.peer:
+        from peer_compare import peer_table
+
+        with tempfile.TemporaryDirectory() as tmp:
+            peer_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp))
+    if not a.trials:
+        return
     print("| model | GPUs | concurrency / replica | winner | seed | output tok/s/GPU (est.) | TTFT P50/P99 ms | "
           "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | feasible / trials | best seeded | best sampled | "
           "trial s median / P99 (setup + first) |")

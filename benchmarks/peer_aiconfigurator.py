@@ -2,7 +2,10 @@
 bench_cluster_cases.py --peer with the Python of a throwaway venv holding `aiconfigurator`
 (pip install aiconfigurator==0.12.0; outside this repo, never a moetune dependency).
 
-  PEER_PYTHON peer_aiconfigurator.py MODEL_DIR SYSTEM ENGINE VERSION ISL OSL BATCH TP ATTN_DP MOE_TP MOE_EP
+  PEER_PYTHON peer_aiconfigurator.py MODEL_DIR SYSTEM ENGINE VERSION ISL OSL BATCH TP ATTN_DP MOE_TP MOE_EP [DIST]
+
+DIST: the MoE tables' token distribution (default balanced: every expert equally loaded, as moetune's
+`--scale-routing balanced`; the peer's own default is power_law, alpha 1.2, set on its ModelConfig).
 
 MODEL_DIR: a directory with the model's config.json (the package's own cached configs are copied
 there by the benchmark). Prints {"ttft_ms", "tpot_ms", "tok_s_gpu", "decode_ops_ms": {op: ms per step}}.
@@ -17,9 +20,19 @@ import warnings
 def main(argv: list[str]) -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from aiconfigurator.cli.api import cli_estimate
+    import aiconfigurator.cli.api as api
 
-    model, system, engine, version, isl, osl, batch, tp, dp, moe_tp, moe_ep = argv
+    model, system, engine, version, isl, osl, batch, tp, dp, moe_tp, moe_ep = argv[:11]
+    dist = argv[11] if len(argv) > 11 else "balanced"
+    build = api._build_model_config  # the peer's own builder, its distribution set after (no CLI flag for it)
+
+    def with_distribution(*args, **kwargs):
+        cfg = build(*args, **kwargs)
+        cfg.workload_distribution = dist
+        return cfg
+
+    api._build_model_config = with_distribution
+    cli_estimate = api.cli_estimate
     r = cli_estimate(model, system, mode="static", backend_name=engine, backend_version=version or None,
                      isl=int(isl), osl=int(osl), batch_size=int(batch), tp_size=int(tp), attention_dp_size=int(dp),
                      moe_tp_size=int(moe_tp), moe_ep_size=int(moe_ep))
