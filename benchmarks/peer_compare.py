@@ -89,7 +89,7 @@ def moetune_estimate(trace: str, config: str, hardware: str, knobs: dict, batch:
     n = batch * d.ep_size * d.replicas
     m = setup.sim.evaluate(d, SimWorkload((1024,) * n, 256))
     dec = m.phases_ms.get("decode", {})
-    return {"step_ms": dec.get("step", 0.0), "ttft_ms": (m.latency_ms.get("ttft") or {}).get("p50", m.ttft_ms),
+    return {"phases": dec, "step_ms": dec.get("step", 0.0), "ttft_ms": (m.latency_ms.get("ttft") or {}).get("p50", m.ttft_ms),
             "tpot_ms": m.tpot_ms, "tok_s_gpu": m.output_tok_s_per_gpu, "ops": grouped(dec),
             "share": m.detail.get("measured_share", 0.0), "source": m.detail.get("cost_source", ""),
             "fits": setup.sim.memory_reason(d) is None}

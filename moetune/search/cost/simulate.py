@@ -475,7 +475,7 @@ class Simulator:
                 totals.a2a_bytes += second.bytes
                 totals.inter_bytes += second.inter_node_bytes
         slots = costs.SlotRows.of(counts, prep, R)
-        expert_s = costs.experts(sim, st, slots)  # [Lm, R]
+        expert_s = costs.shared_beside_experts(sim, per_rank, costs.experts(sim, st, slots))  # [Lm, R]
         totals.add_slots(slots, prep)
         stall = costs.offload_stall(sim, ctx.offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
         own = self.own_path(d) if self.cal is not None else None

@@ -43,6 +43,7 @@ def price_all(self, d, s, prep, totals, ctx):
                 pieces[phase][idx] = cost(sim, sg)
             expert_s[idx] = costs.experts(sim, sg, take(slots, idx))
             dense[idx], other[idx] = costs.dense_mlp(sim, wg), costs.other(sim, wg, step_lat)
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s)
     stall, offload = offload_stalls(sim, ctx.offload, d, pieces, expert_s, active, prep)
     if own is not None and own[0] == "variant":
         stall = np.zeros_like(stall)
