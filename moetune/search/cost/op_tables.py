@@ -102,7 +102,20 @@ class Dispatch:
     engine: str
 
 
-Op = Gemm | Moe | Attention | AllReduce | Dispatch
+@dataclass(frozen=True)
+class DeepEP:
+    """DeepEP's all-to-all (low-latency kernels for decode, high-throughput for prefill) over ep ranks."""
+
+    low_latency: bool
+    dispatch: bool  # dispatch | combine
+    D: int
+    K: int
+    E: int
+    ep: int
+    nodes: int
+
+
+Op = Gemm | Moe | Attention | AllReduce | Dispatch | DeepEP
 
 
 class OpBackend(Protocol):
@@ -140,7 +153,7 @@ class AicBackend:
         from aiconfigurator_core.sdk.engine import build_ops_json
 
         built = self._op(op)
-        context = isinstance(op, Attention) and op.context
+        context = (isinstance(op, Attention) and op.context) or (isinstance(op, DeepEP) and not op.low_latency)
         try:
             _, ms, _, source = self.handle.evaluate_ops_json(build_ops_json([built]), is_context=context,
                                                              batch_size=int(x), s=int(y))[0]
@@ -157,6 +170,12 @@ class AicBackend:
         if isinstance(op, Moe):
             return ops.MoE("moe", 1, op.D, op.I, op.K, op.E, op.tp, op.ep, common.MoEQuantMode[op.quant],
                            "balanced", 1)
+        if isinstance(op, DeepEP):
+            backend = "deepep_ll" if op.low_latency else "deepep_ht"
+            return ops.MoEAllToAll("a2a", 1, phase="dispatch" if op.dispatch else "combine", comm_dtype="default",
+                                   comm_backend=backend, hidden_size=op.D, topk=op.K, num_experts=op.E,
+                                   moe_ep_size=op.ep, node_num=op.nodes, sms=0 if op.low_latency else 20,
+                                   attention_tp_size=1)
         if isinstance(op, Dispatch):
             return ops.MoEDispatch("dispatch", 1, op.D, op.K, op.E, 1, op.ep, op.ep, op.pre,
                                    quant_mode=common.MoEQuantMode[op.quant], backend=op.engine)
@@ -306,6 +325,7 @@ class Measured:
     expert_q: str | None  # None: a format the tables lack (mixed hot/cold formats)
     kv_q: str
     engine: str = "vllm"
+    nodes: int = 1  # nodes the EP group spans
     seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
     sources: dict = field(default_factory=dict)  # phase → the label of what priced it
 
@@ -354,10 +374,18 @@ class Measured:
                                                                                        self.dense_q, tokens)
         return None if up is None or down is None else up + down
 
-    def dispatch(self, tokens) -> tuple[np.ndarray, np.ndarray] | None:
+    def dispatch(self, tokens, prefill) -> tuple[np.ndarray, np.ndarray] | None:
         """(dispatch s, combine s) of one MoE layer at the largest rank's tokens (expert parallelism
-        with attention data-parallel ranks), or None."""
+        with attention data-parallel ranks): DeepEP's tables (low-latency kernels in decode steps,
+        high-throughput in steps with a prompt) where measured at this EP size and node count, else the
+        engine's own dispatch table, else None. prefill: bool, the step has prompt tokens."""
         m, q = self.model, self.expert_q or "bfloat16"
+        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, self.ep, self.nodes))
+                for ll in (True, False) for side in (True, False)]
+        if all(c is not None for c in deep):
+            ll_d, ll_c, ht_d, ht_c = deep
+            return (np.where(prefill, at(ht_d, tokens), at(ll_d, tokens)),
+                    np.where(prefill, at(ht_c, tokens), at(ll_c, tokens)))
         pre, post = (curve(self.backend, Dispatch(m.D, m.K, m.E, self.ep, side, q, self.engine))
                      for side in (True, False))
         return None if pre is None or post is None else (at(pre, tokens), at(post, tokens))
@@ -392,10 +420,12 @@ class Measured:
         return acc[0] / acc[1] if acc and acc[1] > 0 else 0.0
 
 
-def bind(choice: TableChoice | None, model, rank, d, prec, fp8_checkpoint: bool) -> Measured | None:
-    """The measured ops of deployment d (None: the roofline prices everything)."""
+def bind(choice: TableChoice | None, model, rank, d, prec, ranks_per_node: int = 8) -> Measured | None:
+    """The measured ops of deployment d (None: the roofline prices everything). model: the whole
+    SimModel (its weight_format fp8: the checkpoint's block-wise fp8), rank: one rank's shapes."""
     if choice is None or choice.backend is None:
         return None
+    fp8_checkpoint = model.weight_format == "fp8"
     block = fp8_checkpoint or choice.engine == "sglang"  # sglang's fp8 kernels are block-wise
     fp8 = "fp8_block" if block else "fp8"
     dense_q = fp8 if prec.dense_b < 2 else "bfloat16"
@@ -407,7 +437,8 @@ def bind(choice: TableChoice | None, model, rank, d, prec, fp8_checkpoint: bool)
     else:
         expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
     return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
-                    "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine)
+                    "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine,
+                    nodes=max(1, -(-d.ep_size // ranks_per_node)))
 
 
 def sources_of(meas: Measured | None) -> dict[str, str]:
@@ -422,8 +453,9 @@ def trial_figures(choice: TableChoice | None, meas: Measured | None, phases: dic
     if meas is None:
         return {"cost_source": choice.label if choice is not None else UNMEASURED, "measured_share": 0.0,
                 "op_sources": {}, "cost_note": choice.note if choice is not None else UNMEASURED}
+    derived = {"straggler_wait": "experts", "overlap_hidden": "experts"}  # lines that are a measured phase's
     total = sum(float(np.sum(v)) for v in phases.values() if v is not None)
-    measured = sum(float(np.sum(v)) * meas.share_of(p) for p, v in phases.items() if v is not None)
+    measured = sum(float(np.sum(v)) * meas.share_of(derived.get(p, p)) for p, v in phases.items() if v is not None)
     return {"cost_source": meas.backend.label, "measured_share": measured / total if total > 0 else 0.0,
             "op_sources": sources_of(meas), "cost_note": choice.note}
 

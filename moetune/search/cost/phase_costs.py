@@ -268,13 +268,14 @@ def all_to_all(sim, counts: np.ndarray, prep, links: Links) -> AllToAll:
     return AllToAll(a2a + 2 * lat, a2a + lat, 2 * float((intra + inter).sum()), 2 * float(inter.sum()))
 
 
-def measured_a2a(sim, a2a: AllToAll, T: np.ndarray) -> AllToAll:
+def measured_a2a(sim, a2a: AllToAll, T: np.ndarray, prefill: np.ndarray | None) -> AllToAll:
     """a2a with its dispatch / combine seconds from the measured tables (op_tables.py) at the largest
-    rank's tokens, where bound and held; the bytes stay the trace's. T: [..., R] tokens per rank."""
+    rank's tokens, where bound and held; the bytes stay the trace's. T, prefill: [..., R] tokens and
+    prompt tokens per rank."""
     tables = sim.measured
     if tables is None or T.shape[-1] == 1:
         return a2a
-    got = tables.dispatch(T.max(-1))
+    got = tables.dispatch(T.max(-1), (prefill if prefill is not None else 0 * T).max(-1) > 0)
     if got is None:
         for phase, s in (("dispatch", a2a.dispatch), ("combine", a2a.combine)):
             tables.note(phase, 0.0, s, "roofline (no table entry)")

@@ -422,7 +422,8 @@ class Simulator:
         if own is not None and own[0] == "variant":  # timed on its own path: priced as fp32 × its ratio
             prec = replace(prec, dense_b=float(self.b))
         self.prec = view.prec = prec
-        self.measured = view.measured = op_tables.bind(self.tables, m, view.src.model, d, prec, m.weight_format == "fp8")
+        self.measured = view.measured = op_tables.bind(self.tables, m, view.src.model, d, prec,
+                                                       self.hw.ranks_per_node)
         plan = self.spec_plan(d)
         draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
@@ -485,7 +486,7 @@ class Simulator:
         elif own is not None and f"exchange/{sim._kind}" in own[1]:  # measured per MoE layer: 3 collectives
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
-        a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T)
+        a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T, st.prefill)
         totals.a2a_bytes += a2a.bytes * halves
         totals.inter_bytes += a2a.inter_node_bytes * halves
         if halves == 2:
