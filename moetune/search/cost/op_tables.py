@@ -294,7 +294,8 @@ def at(c: np.ndarray, x) -> np.ndarray:
 
 
 def at2(g, x, y) -> np.ndarray:
-    """Seconds of grid g at (x, y): bilinear in (batch, length), linear past the grid's last batch."""
+    """Seconds of grid g at (x, y): bilinear in (batch, length), linear past the grid's last batch and
+    below its first (x < 1: that share of one sequence)."""
     bs, ls, sec = g
     x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
     per_len = np.stack([np.interp(y, ls, row) for row in sec], axis=-1)  # [..., nb]
@@ -305,7 +306,8 @@ def at2(g, x, y) -> np.ndarray:
     y0 = np.take_along_axis(per_len, i[..., None], -1)[..., 0]
     y1 = np.take_along_axis(per_len, (i + 1)[..., None], -1)[..., 0]
     w = (np.maximum(x, bs[0]) - x0) / (x1 - x0)
-    return np.where(x > 0, y0 + w * (y1 - y0), 0.0)
+    out = y0 + w * (y1 - y0)
+    return np.where(x > 0, np.where(x < bs[0], out * x / bs[0], out), 0.0)  # a fraction of a batch: its share
 
 
 # ---- one deployment's measured ops ----------------------------------------------------------------
@@ -341,7 +343,9 @@ class Measured:
             return None
         decode = np.maximum(T - prefill, 0)
         dec_len = np.where(decode > 0, context / np.maximum(decode, 1), 0)  # decode-only ranks: KV per sequence
-        prompt = np.sqrt(2 * np.maximum(pairs, 0))  # a prompt of s tokens: ~s²/2 causal pairs
+        # a rank with prompt tokens: b prompts of s tokens with b·s = T and b·s²/2 = its (query, key) pairs
+        prompt = np.maximum(2 * pairs / np.maximum(T, 1), 1)
+        prompts = T / prompt
         if m.kv_heads:
             dh = m.kv_elems // (2 * m.kv_heads)
             kvh = max(1, m.kv_heads // self.tp)
@@ -351,13 +355,13 @@ class Measured:
             module = (Attention(False, heads, 0, 0, self.kv_q, True), Attention(True, heads, 0, 0, self.kv_q, True))
             g = [grid(self.backend, o) for o in module]
             if all(x is not None for x in g):
-                return np.where(prefill > 0, at2(g[1], 1, prompt), at2(g[0], decode, dec_len))
+                return np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
             proj = [self.gemm(r.attn_weights // m.D, m.D, self.dense_q, T)]
             ops = (Attention(False, heads, 0, 0, self.kv_q), Attention(True, heads, 0, 0, self.kv_q))
         g = [grid(self.backend, o) for o in ops]
         if any(p is None for p in proj) or any(x is None for x in g):
             return None
-        kernel = np.where(prefill > 0, at2(g[1], 1, prompt), at2(g[0], decode, dec_len))
+        kernel = np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
         return sum(proj) + kernel
 
     def experts(self, rows_q) -> np.ndarray | None:

@@ -158,17 +158,19 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     return measured_or(sim, "experts", roof_s, lambda t: t.experts(slots.rows_q))
 
 
-def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray) -> np.ndarray:
+def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray, a2a: "AllToAll") -> np.ndarray:
     """With the measured tables bound (the engines' kernels in the engines' schedule), the shared expert
-    runs on a second stream beside the routed experts (vLLM's SharedFusedMoE, SGLang's alternate
-    stream), as the peer prices it: each rank's expert time becomes max(routed, shared) and the
-    shared-expert line 0 (in place on per_rank). expert_s: [..., Lm, R]; returns the new expert_s."""
+    runs on a second stream beside the routed path — dispatch, routed experts, combine (vLLM's
+    SharedFusedMoE, SGLang's alternate stream), as the peer prices it: each rank's expert time becomes
+    max(routed, shared − dispatch − combine) and the shared-expert line 0 (in place on per_rank).
+    expert_s: [..., Lm, R], a2a's seconds [..., Lm]; returns the new expert_s."""
     shared = per_rank["shared_expert"]  # [..., R]
     if sim.measured is None or not np.any(shared):
         return expert_s
-    sim.measured.sources["shared_expert"] = "beside the routed experts (the engine's second stream)"
+    sim.measured.sources["shared_expert"] = "beside the routed path (the engine's second stream)"
     per_rank["shared_expert"] = np.zeros_like(shared)
-    return np.maximum(expert_s, shared[..., None, :])
+    comm = (np.asarray(a2a.dispatch) + np.asarray(a2a.combine))[..., None]  # [..., Lm, 1]
+    return np.maximum(expert_s, shared[..., None, :] - comm)
 
 
 @dataclass

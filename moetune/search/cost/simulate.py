@@ -476,7 +476,7 @@ class Simulator:
                 totals.a2a_bytes += second.bytes
                 totals.inter_bytes += second.inter_node_bytes
         slots = costs.SlotRows.of(counts, prep, R)
-        expert_s = costs.shared_beside_experts(sim, per_rank, costs.experts(sim, st, slots))  # [Lm, R]
+        expert_s = costs.experts(sim, st, slots)  # [Lm, R]
         totals.add_slots(slots, prep)
         stall = costs.offload_stall(sim, ctx.offload, d, per_rank, expert_s, slots, prep)  # [Lm, R]
         own = self.own_path(d) if self.cal is not None else None
@@ -487,6 +487,7 @@ class Simulator:
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
         a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T, st.prefill)
+        expert_s = costs.shared_beside_experts(sim, per_rank, expert_s, a2a)
         totals.a2a_bytes += a2a.bytes * halves
         totals.inter_bytes += a2a.inter_node_bytes * halves
         if halves == 2:

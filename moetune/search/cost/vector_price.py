@@ -43,11 +43,12 @@ def price_all(self, d, s, prep, totals, ctx):
                 pieces[phase][idx] = cost(sim, sg)
             expert_s[idx] = costs.experts(sim, sg, take(slots, idx))
             dense[idx], other[idx] = costs.dense_mlp(sim, wg), costs.other(sim, wg, step_lat)
-    expert_s = costs.shared_beside_experts(sim, pieces, expert_s)
     stall, offload = offload_stalls(sim, ctx.offload, d, pieces, expert_s, active, prep)
     if own is not None and own[0] == "variant":
         stall = np.zeros_like(stall)
-    a2a = costs.measured_a2a(sim, all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat), st.T, st.prefill)
+    a2a = costs.measured_a2a(sim, all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat), st.T,
+                             st.prefill)
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a)
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves
     totals.rank_rows += halves * slots.rows_q.sum(0)
