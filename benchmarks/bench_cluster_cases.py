@@ -34,6 +34,13 @@ A 300-trial study (`--trials 300 --cases 2` / `--cases 1`): 93 s / 51 s wall.
 `--no-reference-trials` (40 trials, load 1.6): Qwen3 4,711 tok/s/GPU (4 replicas × R=2, bf16 experts);
 neither DeepSeek-V3 case finds a feasible trial (0/40 each).
 
+2026-12-05 (issue 38), `--trials 0 --peer PYTHON` with the gpu-db extra (H200 vLLM 0.24.0 tables, both
+sides): Mixtral-8x7B and Qwen3-30B-A3B within 15 % of AIConfigurator's own estimate at every
+configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and EP-8 within 15 % on
+TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
+the peer substitutes those rows, moetune prices the engine's measured 2-node dispatch). The table
+and the gaps op by op: docs/search.md.
+
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
 closed loop is prefill-bound: 123–138 output tok/s/GPU, TPOT ~560 ms); Mixtral TP 4 on 4×A100 at

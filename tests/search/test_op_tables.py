@@ -10,6 +10,7 @@ are not in it: those stay roofline.
 """
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -145,3 +146,33 @@ def test_without_the_extra_a_search_labels_its_trials_and_winner_unmeasured(run_
     assert "GPU op costs: roofline (unmeasured)" in (out / "report.md").read_text()
     assert "GPU op costs: roofline (unmeasured)" in (out / "winner.yaml").read_text()
     assert "GPU op costs: roofline (unmeasured)" in (out / "winner.vllm.sh").read_text()
+
+
+class BilinearAttention:
+    """A table whose attention kernel costs b·s µs (exactly bilinear): the grid sampler and its
+    interpolation must give it back at any point, inside the grid, past its last batch, below one."""
+
+    label = "b·s µs"
+
+    def latency_ms(self, op, x, y=1):
+        return x * y * 1e-3 if isinstance(op, op_tables.Attention) else 0.0 if isinstance(op, op_tables.Gemm) else None
+
+
+def test_the_attention_grid_interpolates_a_bilinear_table_exactly():
+    g = op_tables.grid(BilinearAttention(), op_tables.Attention(False, 8, 2, 64, "bfloat16"))
+    b = np.array([1.0, 3.0, 37.5, 700.0, 2048.0, 0.25])  # inside, between points, past 1024, a share of one
+    s = np.array([16.0, 100.0, 3000.0, 5000.0, 777.0, 4096.0])
+    np.testing.assert_allclose(op_tables.at2(g, b, s), b * s * 1e-6, rtol=1e-9)
+    assert op_tables.at2(g, np.zeros(1), np.ones(1) * 64)[0] == 0.0
+
+
+def test_a_prompt_step_is_priced_as_its_prompts():
+    """A rank's prompt tokens are b prompts of s tokens (b·s tokens, b·s²/2 pairs) at the context table's
+    (b, s); a decode-only rank is its sequences at their mean KV length (projections: 0 s in this table)."""
+    m = replace(synthetic_source().model, heads=4, kv_heads=2)  # GQA: 4 heads, 2 KV heads of 64
+    meas = op_tables.Measured(BilinearAttention(), m, m, 1, 1, 1, "bfloat16", "bfloat16", "bfloat16")
+    T = np.array([4 * 512.0, 0.25 * 512, 64.0])  # 4 prompts of 512; a 128-token chunk after a 192 prefix; decode
+    prefill = np.array([4 * 512.0, 128.0, 0.0])
+    pairs = np.array([4 * 512.0 ** 2 / 2, 128 * 192 + 128 ** 2 / 2, 64 * 300.0])
+    got = meas.attention(T, prefill, pairs, np.array([0.0, 0.0, 64 * 300.0]))
+    np.testing.assert_allclose(got, [4 * 512 * 1e-6, 128 * 1e-6, 64 * 300 * 1e-6], rtol=1e-9)  # b·s µs
