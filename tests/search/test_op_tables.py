@@ -85,8 +85,10 @@ def test_a_trial_records_its_sources_and_measured_share(table):
     assert m.detail["op_sources"]["attention"] == "roofline (no table entry)"
     assert 0.0 < m.detail["measured_share"] < 1.0
     assert "% of the step time from measured tables" in op_tables.cost_sentence(m.detail)
-    plain = _sim(None).evaluate(Deployment(ep_size=2, max_num_seqs=8))
+    plain = _sim(TableChoice("vllm", None, None, f"{UNMEASURED}: no tables")).evaluate(Deployment(ep_size=2,
+                                                                                                 max_num_seqs=8))
     assert plain.detail["cost_source"] == UNMEASURED and plain.detail["measured_share"] == 0.0
+    assert "cost_source" not in _sim(None).evaluate(Deployment(ep_size=2, max_num_seqs=8)).detail  # this-machine
     assert m.tpot_ms != plain.tpot_ms  # the table's LM head and MLP are not the roofline's
 
 

@@ -12,20 +12,21 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 
 | phase | table op | at |
 |---|---|---|
-| attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a prefill rank at the prompt length s with s²/2 = its (query, key) pairs |
-| attention (MLA) | the MLA module (vLLM: projections included) or MLA kernel + one GEMM of the projections' weights | as above |
+| attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
+| attention (MLA) | vLLM: its MLA module (projections included); SGLang: the MLA kernel + one GEMM of the projections' weights | as above |
 | router | GEMM (E × D, bf16) | tokens |
 | experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load |
 | permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
-| shared expert, dense MLP | GEMM gate/up + GEMM down | tokens |
+| shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path: `phase_costs.shared_beside_experts`) | tokens |
 | other | GEMM LM head (V × D, bf16) + the per-step calls (roofline) | sampled rows |
-| dispatch, combine, TP collectives | roofline (the tables' collectives are not wired here yet) | |
+| dispatch, combine | DeepEP low-latency (decode steps) / high-throughput (steps with a prompt) where measured at the EP size and node count, else the engine's own MoE dispatch | the largest rank's tokens |
+| TP collectives | custom all-reduce, fitted to tp.tp_collectives' α + bytes / B at the step kind's payloads | |
 
 A curve per op and deployment shape is sampled once from the tables (tokens on a grid from 1 to
 2^17, attention on a batch × KV-length grid) and each step is priced with numpy interpolation
 (`np.interp`, bilinear on the 2-D grids), so a trial's thousands of steps cost a few array
-operations. Every priced phase records its source; `Measured.share` is the share of the priced
-seconds that came from tables.
+operations. Every priced phase records its source (`Measured.sources`) and its measured seconds;
+`trial_figures` turns them into a trial's `measured_share` of its step time.
 
 The table interface (`OpBackend.latency_ms(op, x, y)`) has two implementations: `AicBackend` (the
 real package) and `ParquetBackend` (GEMM rows of a `gemm_perf.parquet` in the package's own on-disk
@@ -349,11 +350,12 @@ class Measured:
         if m.kv_heads:
             dh = m.kv_elems // (2 * m.kv_heads)
             kvh = max(1, m.kv_heads // self.tp)
-            proj = [self.gemm((heads + 2 * kvh) * dh, m.D, self.dense_q, T), self.gemm(m.D, heads * dh, self.dense_q, T)]
+            proj = [self.gemm((heads + 2 * kvh) * dh, m.D, self.dense_q, T),
+                    self.gemm(m.D, heads * dh, self.dense_q, T)]
             ops = (Attention(False, heads, kvh, dh, self.kv_q), Attention(True, heads, kvh, dh, self.kv_q))
         else:
             module = (Attention(False, heads, 0, 0, self.kv_q, True), Attention(True, heads, 0, 0, self.kv_q, True))
-            g = [grid(self.backend, o) for o in module]
+            g = [grid(self.backend, o) for o in module] if self.engine == "vllm" else [None]  # vLLM's own module rows
             if all(x is not None for x in g):
                 return np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
             proj = [self.gemm(r.attn_weights // m.D, m.D, self.dense_q, T)]
@@ -453,10 +455,11 @@ def trial_figures(choice: TableChoice | None, meas: Measured | None, phases: dic
     """A trial's cost-source figures (Metrics.detail): `cost_source` (the tables' label, or
     `roofline (unmeasured)`), `measured_share` (of the step seconds, the share priced from
     measurements: each phase line × the measured share of that phase's priced seconds) and
-    `op_sources` (phase → what priced it)."""
+    `op_sources` (phase → what priced it). Nothing where no tables were chosen (this-machine)."""
+    if choice is None:  # not GPU hardware (this-machine: its own calibration prices it)
+        return {}
     if meas is None:
-        return {"cost_source": choice.label if choice is not None else UNMEASURED, "measured_share": 0.0,
-                "op_sources": {}, "cost_note": choice.note if choice is not None else UNMEASURED}
+        return {"cost_source": choice.label, "measured_share": 0.0, "op_sources": {}, "cost_note": choice.note}
     derived = {"straggler_wait": "experts", "overlap_hidden": "experts"}  # lines that are a measured phase's
     total = sum(float(np.sum(v)) for v in phases.values() if v is not None)
     measured = sum(float(np.sum(v)) * meas.share_of(derived.get(p, p)) for p, v in phases.items() if v is not None)

@@ -90,7 +90,7 @@ def prepare(inp: Inputs) -> Setup:
     hw, cal = hardware_for(inp, source, base)
     sim = Simulator(source, hw, base.engine.chunked_prefill, cal.multipliers() if cal else None, cal)
     sim.spec_acceptance = inp.spec_acceptance
-    sim.tables = choose(hw.name, inp.engine, inp.engine_version) if cal is None else None
+    sim.tables = choose(hw.name, inp.engine, inp.engine_version) if hw.name != "this-machine" else None
     if cal is not None and cal.source == "microbenchmarks":  # a recipe path of its own is timed on its own
         from moetune.search.cost.calibrate import priced_config
         sim.base_config = priced_config(source, base)
