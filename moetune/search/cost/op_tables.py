@@ -13,7 +13,7 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 | phase | table op | at |
 |---|---|---|
 | attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
-| attention (MLA) | vLLM: its MLA module (projections included); SGLang: the MLA kernel + one GEMM of the projections' weights | as above |
+| attention (MLA) | vLLM: its MLA module (projections included); SGLang: q/KV down-projection + q up-projection + the absorbed BMMs + the MLA kernel + o (`mla_projections`) | as above |
 | router | GEMM (E × D, bf16) | tokens |
 | experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load |
 | permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
@@ -85,6 +85,15 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class MlaBmm:
+    """MLA's absorbed batched matmul before (pre) or after (post) the attention kernel, x tokens."""
+
+    heads: int
+    pre: bool
+    quant: str  # bfloat16 | fp8
+
+
+@dataclass(frozen=True)
 class AllReduce:
     D: int  # a message of x tokens × D elements
     G: int  # ranks
@@ -116,7 +125,7 @@ class DeepEP:
     nodes: int
 
 
-Op = Gemm | Moe | Attention | AllReduce | Dispatch | DeepEP
+Op = Gemm | Moe | Attention | MlaBmm | AllReduce | Dispatch | DeepEP
 
 
 class OpBackend(Protocol):
@@ -182,6 +191,8 @@ class AicBackend:
                                    quant_mode=common.MoEQuantMode[op.quant], backend=op.engine)
         if isinstance(op, AllReduce):
             return ops.CustomAllReduce("allreduce", 1, op.D, op.G)
+        if isinstance(op, MlaBmm):
+            return ops.MLABmm("bmm", 1, op.heads, common.GEMMQuantMode[op.quant], if_pre=op.pre)
         kv = common.KVCacheQuantMode[op.kv_quant]
         fmha = common.FMHAQuantMode.bfloat16
         if op.module:
@@ -358,13 +369,28 @@ class Measured:
             g = [grid(self.backend, o) for o in module] if self.engine == "vllm" else [None]  # vLLM's own module rows
             if all(x is not None for x in g):
                 return np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
-            proj = [self.gemm(r.attn_weights // m.D, m.D, self.dense_q, T)]
+            proj = self.mla_projections(heads, T)
             ops = (Attention(False, heads, 0, 0, self.kv_q), Attention(True, heads, 0, 0, self.kv_q))
         g = [grid(self.backend, o) for o in ops]
         if any(p is None for p in proj) or any(x is None for x in g):
             return None
         kernel = np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
         return sum(proj) + kernel
+
+    def mla_projections(self, heads: int, T) -> list:
+        """MLA's projections as the engines run them (SGLang's op list): the down-projection of q and the
+        latent KV, q's up-projection, the absorbed BMMs before and after the kernel, o; one GEMM of all
+        the rank's projection weights where the model gives no MLA shapes."""
+        m, q = self.model, self.dense_q
+        if not m.mla:
+            return [self.gemm(self.rank.attn_weights // m.D, m.D, q, T)]
+        q_lora, kv_lora, nope, rope, v = m.mla
+        bmm = "bfloat16" if q == "bfloat16" else "fp8"
+        down = self.gemm((q_lora or heads * (nope + rope)) + kv_lora + rope, m.D, q, T)
+        up = [self.gemm(heads * (nope + rope), q_lora, q, T)] if q_lora else []
+        bmms = [None if (c := curve(self.backend, MlaBmm(heads, pre, bmm))) is None else at(c, T)
+                for pre in (True, False)]
+        return [down, *up, *bmms, self.gemm(m.D, heads * v, q, T)]
 
     def experts(self, rows_q) -> np.ndarray | None:
         """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K)."""
