@@ -157,7 +157,9 @@ class BilinearAttention:
     label = "b·s µs"
 
     def latency_ms(self, op, x, y=1):
-        return x * y * 1e-3 if isinstance(op, op_tables.Attention) else 0.0 if isinstance(op, op_tables.Gemm) else None
+        if isinstance(op, op_tables.Attention):
+            return None if op.module else x * y * 1e-3
+        return {op_tables.Gemm: 0.0, op_tables.MlaBmm: 2e-3}.get(type(op))  # each absorbed BMM 2 µs; no modules
 
 
 def test_the_attention_grid_interpolates_a_bilinear_table_exactly():
@@ -178,3 +180,12 @@ def test_a_prompt_step_is_priced_as_its_prompts():
     pairs = np.array([4 * 512.0 ** 2 / 2, 128 * 192 + 128 ** 2 / 2, 64 * 300.0])
     got = meas.attention(T, prefill, pairs, np.array([0.0, 0.0, 64 * 300.0]))
     np.testing.assert_allclose(got, [4 * 512 * 1e-6, 128 * 1e-6, 64 * 300 * 1e-6], rtol=1e-9)  # b·s µs
+
+
+def test_mla_is_priced_as_its_op_list_where_the_engine_has_no_module_rows():
+    """SGLang's MLA (no module rows): kernel + the two absorbed BMMs (+ GEMMs, 0 s in this table)."""
+    m = replace(synthetic_source().model, heads=16, kv_heads=0, mla=(64, 32, 16, 8, 16))
+    meas = op_tables.Measured(BilinearAttention(), m, m, 1, 1, 1, "bfloat16", "bfloat16", "bfloat16", engine="sglang")
+    T = np.array([32.0, 0.0])
+    got = meas.attention(T, 0 * T, T * 1000, T * 1000)
+    np.testing.assert_allclose(got, [32 * 1000 * 1e-6 + 2 * 2e-6, 0.0], rtol=1e-9)
