@@ -122,6 +122,8 @@ def main() -> None:
     p.add_argument("--unfused-verify", action="store_true",
                    help="also time each speculator with its verify steps outside the fused decode layers "
                         "(as before they took them), interleaved with the rest")
+    p.add_argument("--write-doc", action="store_true",
+                   help="also write the table into its section of docs/benchmarks.md (benchmarks/doc_section.py)")
     args = p.parse_args()
 
     from moetune.engine.threads import choose_wait_policy, use_threads
@@ -133,29 +135,38 @@ def main() -> None:
     from moetune.engine.tokenizer import load_tokenizer
     from moetune.engine.target import resolve_target
 
-    print(f"loadavg before: {open('/proc/loadavg').read().strip()}  ·  {args.speculative}, {args.rounds} rounds, "
+    load_before = open('/proc/loadavg').read().strip()
+    print(f"loadavg before: {load_before}  ·  {args.speculative}, {args.rounds} rounds, "
           f"prompt {args.prompt_len}, output {args.output_len}, threads {args.threads}, pid {os.getpid()}")
     before = "| verify unfused tok/s | speed-up verify unfused " if args.unfused_verify else ""
-    print(f"| model | batch | speculative | plain tok/s | speculative tok/s | speed-up {before}| acceptance "
-          "| drafts/verify | tokens/verify | experts/layer verify vs plain | expert MiB/step verify vs plain |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.unfused_verify else ""))
+    table = [f"| model | batch | speculative | plain tok/s | speculative tok/s | speed-up {before}| acceptance "
+             "| drafts/verify | tokens/verify | experts/layer verify vs plain | expert MiB/step verify vs plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.unfused_verify else "")]
+    print("\n".join(table))
     for name in args.model:
         target = resolve_target(parse_config({"model": {"path": name}}, source="bench_speculative"))
         model, tokenizer = build_model(target), load_tokenizer(target.model_dir)
         for batch in args.batch:
             for r in bench_one(model, tokenizer, batch, args):
-                _row(target.model_dir.name, batch, r)
-    print(f"loadavg after: {open('/proc/loadavg').read().strip()}")
+                table.append(_row(target.model_dir.name, batch, r))
+                print(table[-1], flush=True)
+    load_after = open('/proc/loadavg').read().strip()
+    print(f"loadavg after: {load_after}")
+    if args.write_doc:
+        from doc_section import section, write_section  # benchmarks/doc_section.py, beside this script
+
+        write_section("speculative", section("speculative", "Speculative decoding per speculator and batch "
+                                             "(tok/s median (min–max) of interleaved rounds)", table,
+                                             load_before, load_after))
+        print("wrote its section of docs/benchmarks.md")
 
 
-def _row(name: str, batch: int, r: dict) -> None:
-    print(f"| {name} | {batch} | {r['method']} | {_spread(r['plain'])} | {_spread(r['spec'])} | "
-          f"{_spread(r['ratio'], '.2f')}× | {_before(r)}{100 * r['acceptance_rate']:.0f}% | "
-          f"{r['draft_tokens'] / max(r['verified'], 1):.2f} | {r['tokens_per_verify']:.2f} | "
-          f"{r['experts_per_layer_verify']:.1f} vs {r['experts_per_layer_plain']:.1f} | "
-          f"{r['expert_bytes_per_step_verify'] / 2**20:.1f} vs {r['expert_bytes_per_step_plain'] / 2**20:.1f} |",
-          flush=True)
-
+def _row(name: str, batch: int, r: dict) -> str:
+    return (f"| {name} | {batch} | {r['method']} | {_spread(r['plain'])} | {_spread(r['spec'])} | "
+            f"{_spread(r['ratio'], '.2f')}× | {_before(r)}{100 * r['acceptance_rate']:.0f}% | "
+            f"{r['draft_tokens'] / max(r['verified'], 1):.2f} | {r['tokens_per_verify']:.2f} | "
+            f"{r['experts_per_layer_verify']:.1f} vs {r['experts_per_layer_plain']:.1f} | "
+            f"{r['expert_bytes_per_step_verify'] / 2**20:.1f} vs {r['expert_bytes_per_step_plain'] / 2**20:.1f} |")
 
 
 def _before(r: dict) -> str:

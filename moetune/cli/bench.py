@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import ModelArgs, model_options
+from moetune.cli.options import ModelArgs, OutputFormatOpt, model_options
 
 
 @model_options("ep", "tp", "spec")
@@ -16,16 +16,17 @@ def bench(
     prefill_len: int = typer.Option(512, "--prefill-len", min=1),
     decode_steps: int = typer.Option(32, "--decode-steps", min=1),
     runs: int = typer.Option(3, "--runs", min=3, help="Timed runs per workload (median reported)."),
+    fmt: str = OutputFormatOpt,
     m: ModelArgs = ModelArgs(),
 ) -> None:
     """Prefill tokens/s (batch 1) and decode tokens/s (batch 1 and 16): medians after a warm-up, with the
     achieved GB/s (decode) and GFLOP/s (prefill) against the machine's limits measured in the same run."""
-    from rich.console import Console
-
     from moetune.cli.options import apply_threads
     from moetune.engine.target import resolve_target
     from moetune.errors import MoetuneError
+    from moetune.report.terminal import Printer
 
+    printer = Printer(fmt)
     if against not in (None, "transformers"):
         raise MoetuneError(f"--against '{against}' is not supported; the only reference is 'transformers'")
     cfg = m.checked()
@@ -38,16 +39,15 @@ def bench(
         if settings.speculative:
             raise MoetuneError("bench --speculative runs on one process (the ranks' bench decodes plainly); "
                                "drop it or use --ep-size 1")
-        return _print_ranks(cfg, settings)
-    from moetune.bench.report import bench_table, limits_lines
+        return _print_ranks(cfg, settings, printer)
+    from moetune.report.bench import bench_table, limits_lines
 
     apply_threads(cfg)
-    console = Console(width=max(Console().width, 132))  # the table's six columns on one line each
     result = _run(target, settings, against)
-    console.print(bench_table(result.rows, result.title, result.limits))
-    console.print(result.precision, soft_wrap=True, highlight=False)
+    printer.table(bench_table(result.rows, result.title, result.limits))
+    printer.line(result.precision)
     for line in limits_lines(result.limits):
-        console.print(line, soft_wrap=True, highlight=False)
+        printer.line(line)
 
 
 def _run(target, settings, against):
@@ -98,21 +98,19 @@ def _check_fits(target, s, reference: bool = False) -> None:
     checks.fits(f"bench {what}", worst, target.device, "lower --prefill-len / --decode-steps")
 
 
-def _print_ranks(cfg, settings) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def _print_ranks(cfg, settings, printer) -> None:
     from moetune.bench.run import run_bench_ranks
+    from moetune.report.table import Table
 
     rows = run_bench_ranks(cfg, settings)
     if rows is None:  # a rank other than 0 under torchrun: rank 0 prints
         return
-    table = Table(title=f"{cfg.parallel.ep_size} expert-parallel ranks (data-parallel attention) × "
-                        f"{cfg.parallel.group_size} tensor-parallel · rank 0's view")
-    for col in ("workload", "tok/s (min–max)", "all-to-all share", "of which waiting", "bytes/step", "TP share"):
-        table.add_column(col, justify="left" if col == "workload" else "right")
+    cols = ["workload", "tok/s (min–max)", "all-to-all share", "of which waiting", "bytes/step", "TP share"]
+    out = []
     for r in rows:
         lo, hi = r.tokens / r.timing.max_s, r.tokens / r.timing.min_s
-        table.add_row(r.workload, f"{r.tokens_per_s:,.1f} ({lo:,.0f}–{hi:,.0f})", f"{r.a2a_share:.1%}",
-                      f"{r.wait_share:.1%}", f"{r.bytes_per_step:,.0f}", f"{r.tp_share:.1%}")
-    Console().print(table)
+        out.append([r.workload, f"{r.tokens_per_s:,.1f} ({lo:,.0f}–{hi:,.0f})", f"{r.a2a_share:.1%}",
+                    f"{r.wait_share:.1%}", f"{r.bytes_per_step:,.0f}", f"{r.tp_share:.1%}"])
+    printer.table(Table(f"{cfg.parallel.ep_size} expert-parallel ranks (data-parallel attention) × "
+                        f"{cfg.parallel.group_size} tensor-parallel · rank 0's view", cols, out,
+                        align_right=[c != "workload" for c in cols]))

@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from moetune.cli.options import OutputFormatOpt
+
 
 def bench_serve(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Server base URL (without /v1)."),
@@ -21,6 +23,7 @@ def bench_serve(
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the server's first)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the arrival times."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="JSON result (default: runs/bench-serve-<time>.json)."),
+    fmt: str = OutputFormatOpt,
 ) -> None:
     """Send a load to `moetune serve` (or any OpenAI-compatible server): throughput, TTFT/TPOT/ITL/latency."""
     import time
@@ -30,10 +33,11 @@ def bench_serve(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from moetune.report.serve_load import load_table
-    from moetune.report.terminal import rich_table
+    from moetune.report.terminal import Printer
     from moetune.bench.loadgen import LoadSettings, run_load, write_result
     from moetune.profile.workload import Workload, load_prompt_texts, prompts_path
 
+    printer = Printer(fmt)
     settings = LoadSettings(url, num_prompts, request_rate, concurrency, prompts, output_len, api_key=api_key,
                             model=model, seed=seed)
     settings.check()  # flag mistakes before the prompt file's
@@ -43,6 +47,5 @@ def bench_serve(
         task = progress.add_task("requests", total=num_prompts)
         result = run_load(settings, texts, on_done=lambda r: progress.update(task, advance=1))
     path = write_result(result, Path(out) if out else Path("runs") / f"bench-serve-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    console = Console()
-    console.print(rich_table(load_table(result)))
-    console.print(f"result: {path}")
+    printer.table(load_table(result))
+    printer.line(f"result: {path}")

@@ -77,6 +77,10 @@ RecalibrateOpt = flag(False, "--recalibrate", help="this-machine: measure the mi
 ReferenceTrialsOpt = flag(True, "--reference-trials", help="A new study runs reference deployments first "
                           "(the most replicas that fit; EP over a node and over every GPU with fp8 and EPLB; a TP "
                           "group where the space searches one), counted in --n-trials; not with --sampler grid.")
+# how a command's tables reach stdout (moetune/report/terminal.py)
+OutputFormatOpt = typer.Option("text", "--format", help="text (a table on a terminal; piped: one line per row) | "
+                                                        "tsv (tab-separated rows, a blank line between tables; "
+                                                        "other lines to stderr).")
 # the workload of `simulate` and `search` (search/cost/schedule.py, steady.py); default: a burst
 ConcurrencyOpt = typer.Option(None, "--concurrency", help="Steady state, closed loop: C requests in flight per "
                                                           "deployment replica (a finished one is replaced at once).")

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import ModelArgs, flag, model_options
+from moetune.cli.options import ModelArgs, OutputFormatOpt, flag, model_options
 
 
 @model_options("ep", "tp", "spec")
@@ -27,6 +27,7 @@ def profile(
     report: bool = flag(False, "--report", help="Also write RUN/report.html and RUN/report.md."),
     overhead: bool = flag(False, "--overhead", help="Only measure probe overhead (probes on "
                                                                           "vs off)."),
+    fmt: str = OutputFormatOpt,
     m: ModelArgs = ModelArgs(),
 ) -> None:
     """Profile a model phase by phase: times, routing skew, EP traffic, memory. Writes a run dir."""
@@ -37,7 +38,9 @@ def profile(
     from moetune.cli.options import apply_threads
     from moetune.profile.runner import ProfileSettings
     from moetune.profile.workload import Workload
+    from moetune.report.terminal import Printer
 
+    printer = Printer(fmt)
     workload = Workload(prompts, num_requests, batch_size, input_len, output_len, warmup_steps)
     workload.check()
     checks.number("--capacity-factor", capacity_factor, 0, low_open=True)
@@ -49,8 +52,8 @@ def profile(
     settings = replace(settings, target=_preflight(settings))  # resolved once, here
     apply_threads(cfg)
     if overhead:
-        return _overhead(settings)
-    _profile(settings, report)
+        return _overhead(settings, printer)
+    _profile(settings, report, printer)
 
 
 def _preflight(settings):
@@ -87,15 +90,12 @@ def _preflight(settings):
     return target
 
 
-def _profile(settings, report: bool) -> None:
-    from rich.console import Console
-
+def _profile(settings, report: bool, printer) -> None:
     from moetune.cli.progress import progress
     from moetune.profile.runner import run_profile
     from moetune.report.ranks.tables import rank_tables
     from moetune.report.tables import (deployment_table, figure_tables, formulas_table, imbalance_table, phase_table,
                                        rates_table)
-    from moetune.report.terminal import rich_table
 
     with progress("profile") as bar:
         bar.phase("loading model")
@@ -116,7 +116,6 @@ def _profile(settings, report: bool) -> None:
         return
     if report:
         _report(result.path)
-    console = Console()
     summary = result.summary
     from moetune.report.ranks.tp import tp_tables
 
@@ -124,8 +123,8 @@ def _profile(settings, report: bool) -> None:
     for table in (*([deployment] if deployment else []), phase_table(summary), imbalance_table(summary),
                   *rank_tables(summary), *tp_tables(summary), *figure_tables(summary).values(), rates_table(summary),
                   formulas_table(summary)):
-        console.print(rich_table(table))
-    console.print(f"run directory: {result.path}")
+        printer.table(table)
+    printer.line(f"run directory: {result.path}")
 
 
 def _report(run_dir) -> None:
@@ -141,14 +140,12 @@ def _report(run_dir) -> None:
         raise
 
 
-def _overhead(settings) -> None:
+def _overhead(settings, printer) -> None:
     from rich.console import Console
 
     from moetune.profile.overhead import measure_overhead
     from moetune.report.overhead import overhead_table
-    from moetune.report.terminal import rich_table
 
-    console = Console()
-    with console.status("measuring probes off / on ..."):
+    with Console(stderr=True).status("measuring probes off / on ..."):
         result = measure_overhead(settings)
-    console.print(rich_table(overhead_table(result)))
+    printer.table(overhead_table(result))

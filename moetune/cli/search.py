@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import ReferenceTrialsOpt, TraceArgs, flag, trace_options
+from moetune.cli.options import OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Base recipe (default: the run's model).")
@@ -48,14 +48,17 @@ def search(
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
     hf_id: Optional[str] = typer.Option(None, "--hf-id", help="Model id the emitted vLLM/SGLang commands load "
                                         "(default: the run's checkpoint; $MODEL_DIR for a scaled model)."),
+    fmt: str = OutputFormatOpt,
     w: TraceArgs = TraceArgs(""),
 ) -> None:
     """Search EP size, replicas, placement and batching knobs for the best deployment; emit the winner."""
     from pathlib import Path
 
     from moetune.cli import checks
+    from moetune.report.terminal import Printer
     from moetune.search.study.optuna_study import Constraints, StudySettings
 
+    printer = Printer(fmt)
     for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
                         ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
         checks.number(name, value, 0, low_open=True)
@@ -81,14 +84,11 @@ def search(
 
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
                               quality=quality)
-    _run(settings)
+    _run(settings, printer)
 
 
-def _run(settings) -> None:
-    from rich.console import Console
-
+def _run(settings, printer) -> None:
     from moetune.cli.progress import progress
-    from moetune.report.terminal import rich_table
     from moetune.search.cost.metrics import OBJECTIVES
     from moetune.search.study.run import run_search
     from moetune.search.study.tables import trials_table, states_table
@@ -116,16 +116,15 @@ def _run(settings) -> None:
 
             warnings.simplefilter("ignore", ExperimentalWarning)
             result = run_search(settings, on_trial)
-    console = Console()
-    console.print(result.calibrated_on, highlight=False)
-    console.print(rich_table(states_table(result.rows)))
+    printer.line(result.calibrated_on)
+    printer.table(states_table(result.rows))
     if result.winner is None:
-        console.print("no feasible trial finished; see trials.csv for the reasons")
+        printer.line("no feasible trial finished; see trials.csv for the reasons")
         return
-    console.print(rich_table(trials_table(result.ranked, settings.study.objectives)))
+    printer.table(trials_table(result.ranked, settings.study.objectives))
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 
-        console.print(rich_table(remeasure_table(result.remeasured)))
+        printer.table(remeasure_table(result.remeasured))
     for name, path in result.files.items():
-        console.print(f"{name}: {path}")
+        printer.line(f"{name}: {path}")

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from moetune.cli.options import TraceArgs, flag, trace_options
+from moetune.cli.options import OutputFormatOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Recipe YAML (default: the run's model, default settings).")
@@ -20,16 +20,17 @@ def simulate(
     eviction: Optional[str] = typer.Option(None, "--offload-eviction", help="What-if: lru | lfu."),
     explain: bool = flag(False, "--explain", help="Also print the cost model's terms per step kind and "
                                                           "phase (FLOPs, bytes, calls, multipliers)."),
+    fmt: str = OutputFormatOpt,
     w: TraceArgs = TraceArgs(""),
 ) -> None:
     """Estimate one deployment from a routing trace (every figure is an estimate)."""
-    from rich.console import Console
-
-    from moetune.report.terminal import rich_table
+    from moetune.report.terminal import Printer
     from moetune.search.cost.balance import balance_sentence
+    from moetune.search.cost.describe import describe
     from moetune.search.study.one import simulate_recipe
     from moetune.search.study.tables import metrics_table, phase_table
 
+    printer = Printer(fmt)
     if low_format is not None and low_format not in ("none", "fp8", "int8", "int4"):
         from moetune.errors import UsageError
 
@@ -51,26 +52,22 @@ def simulate(
 
         setup, d, m = simulate_recipe(w.inputs(), as_profile=not serve, what_if=what_if, explain=explain,
                                       on_step=on_step)
-    console = Console()
-    console.print(f"[bold]{setup.source.model.name}[/] on {setup.hardware.name} "
-                  f"({setup.hardware.max_ranks} ranks available): {d.label()}, {m.workload} — all figures estimated")
-    console.print(setup.calibrated_on(), highlight=False)
+    printer.line(f"{setup.source.model.name} on {setup.hardware.name} ({setup.hardware.max_ranks} ranks available): "
+                 f"{describe(d)}, {m.workload} — all figures estimated")
+    printer.line(setup.calibrated_on())
     if setup.not_priced:
-        console.print(f"NOT as priced: {', '.join(setup.not_priced)} — the trace cannot replay them (the same "
-                      "keys search's simulate evaluator refuses); measure them with moetune bench or "
-                      "search --evaluator measure", highlight=False, soft_wrap=True)
-    console.print(rich_table(phase_table("Phases per step kind (estimated)", m)))
-    console.print(rich_table(metrics_table("Totals (estimated)", m)))
-    console.print(balance_sentence(m), highlight=False, soft_wrap=True)
+        printer.line(f"NOT as priced: {', '.join(setup.not_priced)} — the trace cannot replay them (the same keys "
+                     "search's simulate evaluator refuses); measure them with moetune bench or search --evaluator measure")
+    printer.table(phase_table("Phases per step kind (estimated)", m))
+    printer.table(metrics_table("Totals (estimated)", m))
+    printer.line(balance_sentence(m))
     if "cost_source" in m.detail:
         from moetune.search.cost.op_tables import cost_sentence
 
-        console.print(cost_sentence(m.detail), highlight=False, soft_wrap=True, markup=False)
+        printer.line(cost_sentence(m.detail))
     if explain:
         from moetune.search.cost.explain import terms_table
 
         cal = setup.calibration
         path = {k: cal.path_factor(k, d.ep_size) for k in ("prefill", "decode")} if cal else {}
-        wide = Console(width=max(console.width, 150))  # eleven columns: not squeezed into a pipe's 80
-        wide.print(rich_table(terms_table(setup.sim.terms or {}, setup.sim.hw, path)))
-
+        printer.table(terms_table(setup.sim.terms or {}, setup.sim.hw, path))

@@ -66,10 +66,7 @@ bit-identical copies, and each expert's rows are the same segment under any slot
 from __future__ import annotations
 
 import collections
-import json
-import os
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -79,182 +76,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moetune.errors import MoetuneError
+from moetune.experts.backing import BlobLayout, DiskBacking, HostBacking, expert_blob
+from moetune.experts.offload_config import (HINTS, POLICIES, TIERS, LayerStats, OffloadError, OffloadSettings,
+                                            region_sizes)
 from moetune.experts.spill import SpillCounts, SpillingBacking
 from moetune.experts.store import ExpertWeights, FormatGroup, SlotMap
 from moetune.kernels.quant_formats import PackedWeight
-
-POLICIES = ("lru", "lfu", "score")
-HINTS = ("router", "history", "both")
-SOURCES = ("router", "history")
-TIERS = ("host", "disk")
-
-
-class OffloadError(MoetuneError):
-    """Offload settings that cannot work (capacity, directory, formats)."""
-
-
-@dataclass(frozen=True)
-class OffloadSettings:
-    capacity: int  # resident experts per MoE layer
-    policy: str = "lru"
-    tier: str = "host"
-    dir: str | None = None  # disk tier; None = a temporary directory removed by close()
-    prefetch_depth: int = 1
-    hints: str = "router"  # prefetch sources: router (router-ahead) | history (traces) | both
-    demote_after: int = 0  # steps of a layer an expert may stay resident unused (0: never demoted)
-    disk_after: int = 0  # host tier: steps of a layer an expert may stay at host unused, then to disk (0: never)
-
-
-def region_sizes(capacity: int, group_sizes: list[int]) -> list[int]:
-    """C cache slots shared among a layer's formats in proportion to their experts (largest
-    remainders first), each format at least one slot and at most its experts: [C_f] summing to C
-    (C is at least the number of formats and at most the experts)."""
-    E = sum(group_sizes)
-    sizes = [max(1, capacity * n // E) for n in group_sizes]
-    order = sorted(range(len(group_sizes)), key=lambda g: (-(capacity * group_sizes[g] % E), g))
-    k = 0
-    while sum(sizes) < capacity:
-        g = order[k % len(order)]
-        k += 1
-        if sizes[g] < group_sizes[g]:
-            sizes[g] += 1
-    while sum(sizes) > capacity:  # the one-slot minimum took slots from the larger formats
-        g = max(range(len(sizes)), key=lambda j: (sizes[j], -j))
-        sizes[g] -= 1
-    return sizes
-
-
-@dataclass
-class LayerStats:
-    hits: int = 0
-    misses: int = 0
-    prefetch_issued: int = 0  # speculative fetches completed
-    prefetch_used: int = 0  # of those, used by a step before eviction
-    prefetch_hits: int = 0  # needed experts resident/loading thanks to a prefetch
-    bytes_host: int = 0
-    bytes_disk: int = 0
-    wait_s: float = 0.0
-    overflow_steps: int = 0
-    by_source: dict = field(default_factory=lambda: {s: [0, 0, 0] for s in SOURCES})  # issued, used, hits
-    demotions: int = 0  # resident experts demoted to the backing tier after demote_after idle steps
-    promotions: int = 0  # demoted experts made resident again on use
-
-    def source_rows(self) -> dict:
-        wanted = self.prefetch_hits + self.misses
-        return {src: {"issued": i, "used": u, "hits": h, "precision": u / i if i else None,
-                      "recall": h / wanted if wanted else None} for src, (i, u, h) in self.by_source.items()}
-
-    def row(self) -> dict:
-        looked = self.hits + self.misses
-        return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hits / looked if looked else 1.0,
-                "prefetch_issued": self.prefetch_issued, "prefetch_used": self.prefetch_used,
-                "prefetch_precision": self.prefetch_used / self.prefetch_issued if self.prefetch_issued else None,
-                "prefetch_recall": (self.prefetch_hits / (self.prefetch_hits + self.misses)
-                                    if self.prefetch_hits + self.misses else None),
-                "bytes_host": self.bytes_host, "bytes_disk": self.bytes_disk, "offload_wait_s": self.wait_s,
-                "overflow_steps": self.overflow_steps, "prefetch_by_source": self.source_rows(),
-                "demotions": self.demotions, "promotions": self.promotions}
-
-
-@dataclass(frozen=True)
-class BlobLayout:
-    """Byte ranges of an expert's four parts inside its blob, and their dtypes/shapes."""
-
-    parts: tuple[tuple[str, torch.dtype, tuple[int, ...], int, int], ...]  # (name, dtype, shape, start, end)
-    nbytes: int
-
-    @classmethod
-    def of(cls, w13: PackedWeight, w2: PackedWeight) -> "BlobLayout":
-        parts, at = [], 0
-        for name, t in _part_tensors(w13, w2):
-            n = t[0].nbytes
-            parts.append((name, t.dtype, tuple(t.shape[1:]), at, at + n))
-            at += n
-        return cls(tuple(parts), at)
-
-
-def _part_tensors(w13: PackedWeight, w2: PackedWeight) -> list[tuple[str, torch.Tensor]]:
-    out = [("w13", w13.data), ("w13_scale", w13.scale), ("w2", w2.data), ("w2_scale", w2.scale)]
-    return [(n, t) for n, t in out if t is not None]
-
-
-def _blob(group: FormatGroup, index: int) -> torch.Tensor:
-    """The parts of slot `index` of a format group as one contiguous uint8 blob on the CPU."""
-    return torch.cat([t[index].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                      for _, t in _part_tensors(group.w13, group.w2)])
-
-
-class _Backing:
-    """Where a layer's non-resident experts live; `read(e, dests)` fills the part tensors of one slot.
-    `layouts[e]`: expert e's blob layout (its format's)."""
-
-    tier = "host"
-
-    def __init__(self, blobs: list[torch.Tensor], layouts: list[BlobLayout], pin: bool):
-        self.layouts = layouts
-        self.blobs = [b.pin_memory() if pin else b for b in blobs]
-
-    def read(self, e: int, dests: list[torch.Tensor], stream=None) -> str:
-        blob = self.blobs[e]
-        for (_, _, _, start, end), dst in zip(self.layouts[e].parts, dests):
-            dst.view(-1).view(torch.uint8).copy_(blob[start:end], non_blocking=stream is not None)
-        return self.tier
-
-    def close(self) -> None:
-        self.blobs = []
-
-
-class _DiskBacking(_Backing):
-    """One safetensors file per layer; reads with preadv at the header offsets, pages dropped after."""
-
-    tier = "disk"
-
-    def __init__(self, blobs: list[torch.Tensor], layouts: list[BlobLayout], path: Path, device: torch.device):
-        from safetensors.torch import save_file
-
-        self.layouts, self.path, self.device = layouts, path, device
-        save_file({f"e{e}": b for e, b in enumerate(blobs)}, str(path))
-        self.fd = os.open(path, os.O_RDONLY)
-        os.fsync(self.fd)
-        _drop_pages(self.fd, 0, 0)
-        self.offsets = _blob_offsets(path, len(blobs))  # [E] absolute file offset of each blob
-        largest = max(x.nbytes for x in layouts)
-        self.staging = None if device.type == "cpu" else torch.empty(largest, dtype=torch.uint8).pin_memory()
-
-    def read(self, e: int, dests: list[torch.Tensor], stream=None) -> str:
-        offset, layout = self.offsets[e], self.layouts[e]
-        if self.staging is None:  # straight into the resident tensors: one syscall, no extra copy
-            views = [memoryview(d.view(-1).view(torch.uint8).numpy()) for d in dests]
-            got = os.preadv(self.fd, views, offset)
-        else:
-            got = os.preadv(self.fd, [memoryview(self.staging[:layout.nbytes].numpy())], offset)
-            for (_, _, _, start, end), dst in zip(layout.parts, dests):
-                dst.view(-1).view(torch.uint8).copy_(self.staging[start:end], non_blocking=stream is not None)
-            if stream is not None:
-                stream.synchronize()  # the staging buffer is reused by the next read
-        if got != layout.nbytes:
-            raise OffloadError(f"offload file '{self.path}' is truncated (expert {e}: {got} of "
-                               f"{layout.nbytes} bytes)")
-        _drop_pages(self.fd, offset, layout.nbytes)
-        return self.tier
-
-    def close(self) -> None:
-        if self.fd >= 0:  # idempotent: a second close must not hit a descriptor number reused since
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _drop_pages(fd: int, offset: int, length: int) -> None:
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-
-
-def _blob_offsets(path: Path, n: int) -> list[int]:
-    with open(path, "rb") as fh:
-        size = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(size))
-    return [8 + size + header[f"e{e}"]["data_offsets"][0] for e in range(n)]
 
 
 def _reset_counts(cache: "_LayerCache") -> None:
@@ -286,7 +113,7 @@ class _LayerCache:
     num_experts: int
     regions: list[_Region]  # one per weight format, slot ranges in order
     region_of: list[int]  # [E] the region of each expert's format
-    backing: _Backing
+    backing: HostBacking
     slot_of: torch.Tensor  # [E] int64 slot, -1 when not resident (CPU)
     expert_in: list[int]  # [C] expert in each slot, -1 = free
     loading: dict[int, int] = field(default_factory=dict)  # expert → slot being filled by the thread
@@ -379,14 +206,14 @@ class OffloadingExpertStore:
         slot = w.slots.physical(ids)[:, 0].tolist()  # [E] the slot of each expert
         group_of = [next(g for g, grp in enumerate(w.groups) if grp.start <= s < grp.stop) for s in slot]
         layouts = [BlobLayout.of(g.w13, g.w2) for g in w.groups]
-        blobs = [_blob(w.groups[group_of[e]], slot[e] - w.groups[group_of[e]].start) for e in range(E)]
+        blobs = [expert_blob(w.groups[group_of[e]], slot[e] - w.groups[group_of[e]].start) for e in range(E)]
         per_expert = [layouts[group_of[e]] for e in range(E)]
         if self.settings.tier == "disk":
-            backing = _DiskBacking(blobs, per_expert, self._dir / f"layer{i}.safetensors", self.device)
+            backing = DiskBacking(blobs, per_expert, self._dir / f"layer{i}.safetensors", self.device)
         elif self._dir is not None:  # host tier with disk below it
             backing = SpillingBacking(blobs, per_expert, self._dir, i, pin=self.device.type == "cuda")
         else:
-            backing = _Backing(blobs, per_expert, pin=self.device.type == "cuda")
+            backing = HostBacking(blobs, per_expert, pin=self.device.type == "cuda")
         regions, start = [], 0
         for g, size in enumerate(region_sizes(C, [grp.size for grp in w.groups])):
             parts = tuple(torch.empty(size, *shape, dtype=dtype, device=self.device)

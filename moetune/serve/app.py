@@ -1,8 +1,9 @@
 """The FastAPI app: the routes of routes.py, the error handlers, the middlewares, the lifespan.
 
 Every mistake is answered with an OpenAI error object (the handlers below); auth, body size and
-per-status counting are ASGI middlewares (middleware.py). `/openapi.json` and `/docs` describe
-every route with its request and response models (schemas.py).
+per-status counting are ASGI middlewares (middleware.py), and so is the 415 for a POST body that is
+not JSON (content_type.py). `/openapi.json` and `/docs` describe every route with its request and
+response models (schemas.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from moetune.serve.bodies import ClientGone
+from moetune.serve.content_type import JsonOnlyMiddleware
 from moetune.serve.middleware import ApiKeyMiddleware, BodyLimitMiddleware, StatusCountMiddleware
 from moetune.serve.protocol import APIError
 from moetune.serve.routes import Text, router
@@ -41,7 +43,8 @@ def build_app(state: ServerState, tokenizer) -> FastAPI:
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal)
-    # outermost first: count every answer, then refuse big bodies, then check the key
+    # outermost first: count every answer, then refuse big bodies, then check the key, then refuse non-JSON
+    app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(ApiKeyMiddleware, api_key=state.api_key, open_paths=OPEN_PATHS)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.config.serve.max_body_bytes)
     app.add_middleware(StatusCountMiddleware, counter=state.metrics.requests)

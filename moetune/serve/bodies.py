@@ -4,8 +4,13 @@ then the pydantic model of protocol.py; every mistake is a 400 naming its limit.
 Python's json module recurses once per nesting level and converts integers digit by digit, so a
 body nested 100,000 lists deep or holding an integer of 5,000 digits used to end in a
 RecursionError or ValueError (500). The depth is measured before parsing, in C-speed passes (one
-regex blanks the strings, numpy sums the brackets); integers are bounded by `parse_int`. A lone
-UTF-16 surrogate (`"\\ud800"`) is valid JSON but not text the tokenizer can encode: refused.
+regex blanks the strings, numpy sums the brackets); integers are bounded by `parse_int`.
+
+Every string of a body reaches the tokenizer (prompt, chat content, stop strings), so the body is
+checked to be Unicode text once, here: the bytes must be UTF-8 (RFC 8259), decoded strictly, so a
+lone UTF-16 surrogate sent as raw bytes (ED A0 80) is refused — `json.loads(bytes)` would have let
+it through (it decodes with surrogatepass) — and so is one sent as an escape (`"\\ud800"`), which is
+valid JSON but not text the tokenizer can encode.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from moetune.serve.protocol import APIError, validation_message
+from moetune.serve.protocol import APIError
+from moetune.serve.validation import validation_message
 
 MAX_DEPTH = 32  # nesting of arrays/objects (a chat body with content parts is 5 deep)
 MAX_INT_DIGITS = 40  # a signed 64-bit integer has 19; more is never a valid parameter
@@ -50,9 +56,10 @@ async def parse(request: Request, model: type[BaseModel], optional: bool = False
 
 def read_json(raw: bytes) -> object:
     check_depth(raw)
+    text = decode_utf8(raw)
     try:
-        data = json.loads(raw, parse_int=_bounded_int)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = json.loads(text, parse_int=_bounded_int)
+    except json.JSONDecodeError:
         raise APIError(400, "the request body is not valid JSON") from None
     except RecursionError:  # unreachable below MAX_DEPTH; kept so that it can never be a 500
         raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
@@ -70,6 +77,21 @@ def check_depth(raw: bytes) -> None:
     step -= (text == ord("]")) | (text == ord("}"))
     if step.size and int(np.cumsum(step).max()) > MAX_DEPTH:
         raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels of arrays/objects")
+
+
+def decode_utf8(raw: bytes) -> str:
+    """The body as text: strict UTF-8 (a leading byte-order mark is dropped); else 400 naming the byte."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start : exc.start + 3]
+        if len(bad) == 3 and bad[0] == 0xED and 0xA0 <= bad[1] <= 0xBF:  # U+D800..U+DFFF as 3 UTF-8 bytes
+            point = (bad[0] & 0x0F) << 12 | (bad[1] & 0x3F) << 6 | bad[2] & 0x3F
+            what = f"a UTF-16 surrogate (U+{point:04X}) encoded as UTF-8 bytes"
+        else:
+            what = f"the byte 0x{raw[exc.start]:02X}, which is not valid UTF-8,"
+        raise APIError(400, f"the request body holds {what} at byte {exc.start}; JSON bodies must be valid "
+                       "UTF-8 text") from None
 
 
 def _bounded_int(digits: str) -> int:

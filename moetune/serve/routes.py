@@ -42,13 +42,15 @@ def _serve(request: Request) -> ServerState:
 
 @router.get("/health", responses={200: {"model": schemas.Health}, 503: {"model": schemas.Health}})
 async def health(request: Request):
-    """200 while the engine takes requests; 503 while draining or once the engine has failed."""
+    """200 while the engine takes requests; 503 `unhealthy` with the reason once it has failed (for the
+    second before the server stops). There is no `draining` answer: SIGTERM closes the listening socket
+    and idle connections at once, so a probe gets a refused connection (should one still be answered
+    while the server stops, it is 503 `unhealthy`, "the server is shutting down")."""
     state = _serve(request)
-    if not state.worker.healthy:
-        return JSONResponse({"status": "unhealthy", "reason": state.worker.failure or "the engine thread stopped"},
-                            status_code=503)
-    if state.draining:
-        return JSONResponse({"status": "draining"}, status_code=503)
+    if not state.worker.healthy or state.draining:
+        reason = state.worker.failure or ("the server is shutting down" if state.draining else
+                                          "the engine thread stopped")
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
     return {"status": "ok"}
 
 
@@ -73,7 +75,7 @@ async def completions(request: Request):
     state, text, body = await _read(request, CompletionRequest)
     prompts = _completion_prompts(body.prompt, lambda s: _encode(state, text.tokenizer, s),
                                   state.generator.model.spec.vocab_size)
-    return await _generate(state, request, body, text.completion, prompts, body.max_tokens, body.logprobs)
+    return await _generate(state, request, body, text.completion, prompts, body.max_new_tokens, body.logprobs)
 
 
 @router.post("/v1/chat/completions", **schemas.generation(ChatRequest, schemas.ChatCompletionResponse,
@@ -88,19 +90,19 @@ async def chat(request: Request):
 
 
 @router.post("/v1/expert_distribution/start",
-             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409)})
+             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409, 415)})
 async def record_start(request: Request):
     return await _serve(request).recorder.start()
 
 
 @router.post("/v1/expert_distribution/stop",
-             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409)})
+             responses={200: {"model": schemas.RecordingState}, **schemas.errors(401, 409, 415)})
 async def record_stop(request: Request):
     return await _serve(request).recorder.stop()
 
 
 @router.post("/v1/expert_distribution/dump", responses={200: {"model": schemas.RecordingDump},
-                                                       **schemas.errors(400, 401, 409, 413)},
+                                                       **schemas.errors(400, 401, 409, 413, 415)},
              openapi_extra=schemas.request_body(RecordRequest))
 async def record_dump(request: Request):
     body = await parse(request, RecordRequest, optional=True)
@@ -145,22 +147,21 @@ def _completion_prompts(prompt, encode, vocab_size: int) -> list[list[int]]:
 
 
 async def _generate(state: ServerState, request: Request, body, shape: Shape, prompts: list[list[int]],
-                    max_tokens: int | None, logprobs: int | None):
+                    max_tokens: int, logprobs: int | None):
     n, choice_prompts, params = body.n, [], []
     check_seed(body.seed, n * len(prompts))
     try:
         for ids in prompts:
             room = max(state.max_len - len(ids), 1)  # what the context leaves after this prompt
             # never cut silently (a prompt over the context gets its own 400 below)
-            if max_tokens is not None and len(ids) < state.max_len and max_tokens > room:
-                raise APIError(400, f"max_tokens {max_tokens} is more than the {room:,} tokens the context of "
-                                    f"{state.max_len:,} leaves after this {len(ids):,}-token prompt; ask for at "
-                                    f"most {room:,} (or omit max_tokens)", param="max_tokens")
-            limit = max_tokens if max_tokens is not None else room
+            if len(ids) < state.max_len and max_tokens > room:
+                raise APIError(400, f"max_tokens {max_tokens}{_defaulted(body)} is more than the {room:,} tokens the "
+                                    f"context of {state.max_len:,} leaves after this {len(ids):,}-token prompt; ask "
+                                    f"for at most {room:,}", param="max_tokens")
             for _ in range(n):
                 choice_prompts.append(ids)
                 params.append(SamplingParams(
-                    max_tokens=limit, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                    max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                     seed=None if body.seed is None else body.seed + len(params), stop=tuple(body.stop or ()),
                     ignore_eos=body.ignore_eos, logprobs=logprobs))
     except RequestError as exc:
@@ -170,3 +171,8 @@ async def _generate(state: ServerState, request: Request, body, shape: Shape, pr
     job = Job(state, shape, choice_prompts, params, tenant, reserved)
     job.stream_usage = body.include_usage
     return await respond(job, request, body.stream)
+
+
+def _defaulted(body) -> str:
+    given = {"max_tokens", "max_completion_tokens"} & body.model_fields_set
+    return "" if any(getattr(body, name) is not None for name in given) else " (the default)"

@@ -149,7 +149,10 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "draining", "unhealthy"]
+    """`unhealthy` (503) once the engine failed, with the reason; never `draining`: SIGTERM closes the
+    listening socket first (routes.health)."""
+
+    status: Literal["ok", "unhealthy"]
     reason: str | None = None
 
 
@@ -187,7 +190,8 @@ def sse(chunk: type[BaseModel]) -> dict:
 def generation(request: type[BaseModel], response: type[BaseModel], chunk: type[BaseModel]) -> dict:
     """The route arguments of a generation endpoint: its body, its JSON and SSE answers, its errors."""
     return {"openapi_extra": request_body(request),
-            "responses": {200: {"model": response, "content": sse(chunk)}, **errors(400, 401, 404, 413, 429, 500, 503)}}
+            "responses": {200: {"model": response, "content": sse(chunk)},
+                          **errors(400, 401, 404, 413, 415, 429, 500, 503)}}
 
 
 # parsed by bodies.py or referenced by hand (sse): added to the document's components

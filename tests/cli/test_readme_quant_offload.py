@@ -1,6 +1,7 @@
-"""The README's quant + offload recipe (section "Expert precision and offloading"), read from the
-README itself, runs through generate, profile and eval on the bundled model, at small sizes, through
-the real console script. Its layers mix formats (hot experts fp32, the rest int4) and are offloaded."""
+"""The quant + offload recipe of docs/experts.md (section "Using it", moved there from the README), read
+from the page itself, runs through generate, profile and eval on the bundled model, at small sizes,
+through the real console script. Its layers mix formats (hot experts fp32, the rest int4) and are
+offloaded."""
 
 import json
 import re
@@ -10,12 +11,12 @@ import pytest
 
 from tests.cli_run import moetune
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "experts.md"
 SMALL = ("--num-requests", "2", "--batch-size", "2", "--input-len", "8", "--output-len", "4", "--warmup-steps", "0")
 
 
 def readme_recipe() -> str:
-    section = README.read_text().split("## Expert precision and offloading", 1)[1]
+    section = README.read_text().split("## Using it", 1)[1]
     return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import csv
 import shlex
+import textwrap
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
 from moetune.config import RunConfig
+from moetune.search.cost.describe import describe
 from moetune.search.cost.op_tables import cost_sentence
 from moetune.search.study.flag_table import LAUNCHERS, check, flag_table
 from moetune.search.study.launch import Launch, ServeTarget, world
@@ -25,7 +27,9 @@ from moetune.search.study.vllm_launch import vllm_launch
 
 def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -> str:
     """The RunConfig as YAML, then the what-if knobs and the winner's figures as comments."""
-    text = f"# moetune search winner ({how}): {d.label()}\n"
+    text = f"# moetune search winner ({how}): {d.label()}\n# deployment: {describe(d)}\n"
+    knobs = textwrap.wrap(", ".join(f"{k}={v}" for k, v in d.as_dict().items()), 96)
+    text += "# every knob of the point:\n" + "".join(f"#   {line}\n" for line in knobs)
     text += yaml.safe_dump(cfg.model_dump(), sort_keys=False)
     extra = {k: v for k, v in what_if_values(d).items()}
     if any(v not in ("none", 0, 0.0, 1.0, "lru", NEUTRAL["cuda_graph_max_bs"]) for v in extra.values()):

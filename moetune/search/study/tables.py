@@ -4,6 +4,7 @@ carries "(estimated)" in its column or cell."""
 from __future__ import annotations
 
 from moetune.report.tables import Table
+from moetune.search.cost.describe import describe
 from moetune.search.cost.metrics import Metrics
 from moetune.search.study.optuna_study import TrialRow
 
@@ -78,7 +79,7 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
         m = r.metrics or {}
         detail = m.get("detail") or {}
         share = detail.get("dropped_fraction")
-        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), r.deployment.label(), *(f"{v:,.4g}" for v in (r.values or [])),
+        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), describe(r.deployment), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
                     *([f"{share:.2%}" if share is not None else ""] if dropped else []),
                     *(_quality_cells(detail) if kl else []), _tag(m)])
@@ -123,11 +124,11 @@ def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]]) ->
     for r, m, err in pairs:
         e = r.metrics or {}
         if m is None:
-            out.append([str(r.number), r.deployment.label(), f"{e.get('output_tok_s', 0):.4g}", "failed", "", "", "",
+            out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", "failed", "", "", "",
                         "", err or ""])
             continue
         rel = (e.get("output_tok_s", 0) - m.output_tok_s) / m.output_tok_s if m.output_tok_s else 0.0
-        out.append([str(r.number), r.deployment.label(), f"{e.get('output_tok_s', 0):.4g}", f"{m.output_tok_s:.4g}",
+        out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", f"{m.output_tok_s:.4g}",
                     f"{e.get('tpot_ms', 0):.4g}", f"{m.tpot_ms:.4g}", f"{e.get('ttft_ms', 0):.4g}",
                     f"{m.ttft_ms:.4g}", f"{rel:+.1%}"])
     return Table("Top trials re-measured on this machine: estimated vs measured", cols, out,

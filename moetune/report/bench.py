@@ -1,28 +1,27 @@
-"""Bench rows → a rich table with the moetune / transformers ratio and moetune's achieved rate set
-against the machine's limits measured in the same run."""
+"""Bench rows → a table (report/table.py; printed by report/terminal.py) with the moetune /
+transformers ratio and moetune's achieved rate set against the machine's limits measured in the same
+run."""
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from moetune.bench.roofline import FORMULAS, Limits
 from moetune.bench.throughput import BenchRow
+from moetune.report.table import Table
 
 
 def bench_table(rows: list[BenchRow], title: str, limits: Limits | None = None) -> Table:
-    table = Table(title=f"tokens/s (median of runs; min–max) · {title}")
     cols = ["workload", "moetune tok/s", "transformers tok/s", "ratio"] + (
         ["moetune rate", "of limit", "MB/token"] if limits else [])
-    for col in cols:
-        table.add_column(col, justify="right" if col != "workload" else "left")
+    out = []
     by_key = {(r.engine, r.workload): r for r in rows}
     for workload in dict.fromkeys(r.workload for r in rows):
         ours, ref = by_key.get(("moetune", workload)), by_key.get(("transformers", workload))
         cells = [workload, _cell(ours), _cell(ref), f"{ours.tokens_per_s / ref.tokens_per_s:.2f}×" if ours and ref else "–"]
         if limits:
             cells += _rate(ours, limits) + [_mb(ours.bytes_per_token) if ours and ours.weight_bytes else "–"]
-        table.add_row(*cells)
-    return table
+        out.append(cells)
+    return Table(f"tokens/s (median of runs; min–max) · {title}", cols, out,
+                 align_right=[c != "workload" for c in cols])
 
 
 def limits_lines(limits: Limits) -> list[str]:
