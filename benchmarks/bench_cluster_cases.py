@@ -8,7 +8,7 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
-  [--peer PYTHON [--engine vllm|sglang] [--engine-version V]]   (beside AIConfigurator's own estimate:
+  [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
       benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
       run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
 
@@ -162,13 +162,21 @@ def main() -> None:
     ap.add_argument("--peer", default=None, help="Python of a venv with aiconfigurator: the peer comparison table")
     ap.add_argument("--engine", default="vllm", help="vllm | sglang: the tables both sides price with")
     ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
+    ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
+                    "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
     a = ap.parse_args()
     cases = [CASES[int(x)] for x in a.cases.split(",") if x]
     if a.peer:
+        from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
         from peer_compare import peer_table
 
+        before = loadavg()
         with tempfile.TemporaryDirectory() as tmp:
-            peer_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp))
+            lines = peer_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp))
+        if a.write_doc:
+            title = f"moetune beside AIConfigurator, {a.engine} {a.engine_version or 'current'} tables (estimated)"
+            write_section(f"peer-{a.engine}", section(f"peer-{a.engine}", title, lines, before, loadavg()),
+                          ROOT / "docs" / "search.md")
     if not a.trials:
         return
     print("| model | GPUs | concurrency / replica | winner | seed | output tok/s/GPU (est.) | TTFT P50/P99 ms | "

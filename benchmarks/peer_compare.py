@@ -102,19 +102,22 @@ def gap_note(ours: dict, peer: dict) -> str:
     return "; ".join(parts)
 
 
-def peer_table(trace: str, cases: list, peer_python: str, engine: str, version: str | None, tmp: Path) -> None:
-    """Print the comparison table (markdown) for the cases (name, config, hardware)."""
+def peer_table(trace: str, cases: list, peer_python: str, engine: str, version: str | None, tmp: Path) -> list[str]:
+    """Print the comparison table (markdown) for the cases (name, config, hardware); returns its lines."""
     models = peer_models(tmp, peer_python)
-    print(f"\n| case | mesh | batch | decode step ms (moetune / peer) | TTFT ms | TPOT ms | tok/s/GPU | "
-          f"TPOT ratio | tok/s/GPU ratio | measured share | gap > 15 %: decode ms by op group (moetune/peer) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| case | mesh | batch | decode step ms (moetune / peer) | TTFT ms | TPOT ms | tok/s/GPU | TPOT ratio | "
+             "tok/s/GPU ratio | measured share | gap > 15 %: decode ms by op group (moetune/peer) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    print("\n" + "\n".join(lines))
     for name, config, hw in cases:
         gpus = int(hw.split("x")[0])
         for mesh, (knobs, peer_mesh) in meshes(gpus).items():
             for b in BATCHES:
                 ours = moetune_estimate(trace, config, hw, knobs, b, engine, version)
                 peer = peer_estimate(peer_python, models / PEER_MODELS[config], engine, version, b, peer_mesh)
-                print(row(f"{name} {gpus}×H200", mesh, b, ours, peer), flush=True)
+                lines.append(row(f"{name} {gpus}×H200", mesh, b, ours, peer))
+                print(lines[-1], flush=True)
+    return lines
 
 
 def row(case: str, mesh: str, b: int, ours: dict, peer: dict | None) -> str:
