@@ -156,8 +156,7 @@ class Simulator:
         self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
         self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
-        self.tables = None  # op_tables.TableChoice: the measured op tables (--engine), None: the roofline
-        self.measured = None  # op_tables.Measured: the tables bound to the deployment being priced
+        self.tables = self.measured = None  # op_tables: the chosen tables (--engine; None: roofline), bound to d
 
     # ---- public -------------------------------------------------------------------------------
 
