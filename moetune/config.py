@@ -126,11 +126,12 @@ def parse_speculative(text: str) -> SpeculativeSpec:
 
 
 class TenantConfig(_Section):
-    """One tenant of `moetune serve` (chosen by the X-Tenant header): a token-rate limit."""
+    """One tenant of `moetune serve` (chosen by the X-Tenant header): a token-rate limit, shares."""
 
     tokens_per_s: float | None = Field(None, gt=0)  # prompt + completion tokens per second; None = no limit
     burst_tokens: int | None = Field(None, ge=1)  # bucket size; None = one second of tokens_per_s
     expert_share: float | None = Field(None, gt=0, le=1)  # of each expert's capacity per step; None = no cap
+    slot_share: float | None = Field(None, gt=0, le=1)  # of the running slots its sequences may hold; None = no cap
 
 
 class ServeConfig(_Section):
@@ -147,6 +148,9 @@ class ServeConfig(_Section):
     record_dir: str = "runs"  # where /v1/expert_distribution/dump writes run directories
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)  # by X-Tenant value; others: no limit
     expert_capacity_factor: float = Field(1.0, gt=0)  # an expert's capacity per step: ceil(cf · decodes · K / E)
+    max_request_share: float = Field(0.5, gt=0, le=1)  # of the running slots one request's sequences may hold
+    head_timeout_s: float = Field(10.0, gt=0, le=600)  # a request head not complete by then gets 408
+    slow_heads_per_client: int = Field(256, ge=1)  # heads one address may keep incomplete over 1 s; more get 408
 
 
 class QuantConfig(_Section):
@@ -204,6 +208,27 @@ class OffloadConfig(_Section):
         return self
 
 
+class DeployConfig(_Section):
+    """How the serving engines (vLLM, SGLang) deploy the model on GPUs: knobs `moetune simulate` and
+    `moetune search` price on GPU hardware and the emitted launch files say. moetune's own engine does
+    not run them (it serves the `parallel` mesh); a search winner's recipe carries them so that
+    `moetune simulate --recipe winner.yaml` prices the same deployment (docs/search.md)."""
+
+    replicas: int = Field(1, ge=1)  # copies of the deployment across the hardware's GPUs
+    dense_format: Literal["none", "fp8"] = "none"  # attention / dense / shared-expert weights (--quantization fp8)
+    kv_format: Literal["none", "fp8"] = "none"  # the KV cache (--kv-cache-dtype fp8)
+    overlap: bool = False  # two-batch overlap (SGLang --enable-two-batch-overlap, vLLM --enable-dbo)
+    cuda_graph_max_bs: int = Field(-1, ge=-1)  # largest decode batch per rank in a CUDA graph; 0 eager; -1 not priced
+    attn_dp: int = Field(0, ge=0)  # attention DP groups over ep_size × expert_tp_size GPUs (TP = tp_size); 0: parallel's mesh
+    moe_a2a: bool = True  # under attn_dp > 0: all-to-all dispatch (DeepEP) rather than all-gather + reduce-scatter
+    prefill_workers: int = Field(0, ge=0)  # disaggregated prefill/decode: P prefill workers (0: aggregated)
+    decode_workers: int = Field(1, ge=1)  # ... D decode workers, each the `parallel` mesh above
+    prefill_ep_size: int = Field(1, ge=1)  # ... a prefill worker's expert parallelism
+    prefill_tp_size: int = Field(1, ge=1)  # ... its attention tensor parallelism
+    prefill_expert_tp_size: int = Field(1, ge=1)  # ... its expert tensor parallelism
+    prefill_max_num_batched_tokens: int = Field(8192, ge=1)  # ... its tokens per step (per attention-DP rank)
+
+
 # Sections the recipe format reserves for features not built yet: setting one is an error, not a no-op.
 NOT_YET: dict[str, str] = {}
 
@@ -216,6 +241,17 @@ class RunConfig(_Section):
     serve: ServeConfig = ServeConfig()
     quant: QuantConfig | None = None
     offload: OffloadConfig | None = None
+    deploy: DeployConfig | None = None  # the serving engines' knobs (priced on GPUs; moetune's engine ignores it)
+
+    def engine_refusal(self) -> str | None:
+        """Why moetune's own engine cannot serve this recipe as written: its `deploy` section names a mesh
+        or a disaggregated form only the serving engines run (the winner's launch files), or None."""
+        d = self.deploy
+        if d is None or not (d.attn_dp or d.prefill_workers):
+            return None
+        what = f"deploy.attn_dp {d.attn_dp}" if d.attn_dp else f"deploy.prefill_workers {d.prefill_workers}"
+        return (f"{what} is a vLLM / SGLang deployment (run the winner's launch files); moetune's engine serves "
+                "the parallel mesh only: remove it from the deploy section to run this recipe here")
 
     @model_validator(mode="before")
     @classmethod

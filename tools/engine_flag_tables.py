@@ -6,7 +6,7 @@ Run it in a throwaway environment that has the engines installed (their wheels w
 dependencies, plus whatever their argument modules import; CPU torch is enough):
 
     python3 -m venv /tmp/engines && . /tmp/engines/bin/activate
-    pip install torch==2.13.0 && pip install --no-deps vllm sglang   # then each missing import
+    pip install torch==2.13.0 && pip install --no-deps vllm sglang sglang-router   # then each missing import
     VLLM_TARGET_DEVICE=cpu python tools/engine_flag_tables.py dump moetune/search/study/flag_tables
     VLLM_TARGET_DEVICE=cpu python tools/engine_flag_tables.py check out/search/winner.vllm.sh ...
 
@@ -40,6 +40,34 @@ def sglang_parser() -> tuple[str, argparse.ArgumentParser]:
     return sglang.__version__, parser
 
 
+def router_parser() -> tuple[str, argparse.ArgumentParser]:
+    """SGLang's P/D router (`python -m sglang_router.launch_router`): RouterArgs' own flags."""
+    import sglang_router
+    from sglang_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    return getattr(sglang_router, "__version__", "unknown"), parser
+
+
+def kv_transfer_table() -> dict:
+    """vLLM's --kv-transfer-config JSON: KVTransferConfig's fields (a Literal's values as choices) and the
+    connector names its factory registers."""
+    import dataclasses
+
+    from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    fields = {}
+    for f in dataclasses.fields(KVTransferConfig):
+        args = [a for a in typing.get_args(f.type) if isinstance(a, str)] if not isinstance(f.type, str) else []
+        fields[f.name] = args or None
+    import vllm
+
+    return {"engine": "vllm", "flag": "--kv-transfer-config", "version": vllm.__version__, "fields": fields,
+            "connectors": sorted(KVConnectorFactory._registry)}
+
+
 def _value_domains(engine: str) -> dict[str, list[str]]:
     """Flags whose parser checks the value later (a `type` function, not argparse `choices`)."""
     if engine != "vllm":
@@ -58,18 +86,22 @@ def table(engine: str, version: str, parser: argparse.ArgumentParser) -> dict:
             continue
         choices = [str(c) for c in a.choices] if a.choices is not None else None
         choices = choices or next((domains[s] for s in a.option_strings if s in domains), None)
-        flags.append({"names": list(a.option_strings), "value": a.nargs != 0,
-                      "int": a.type is int, "choices": choices,
-                      "deprecated": "Deprecated" in type(a).__name__ or (a.help or "").startswith("Deprecated")})
+        row = {"names": list(a.option_strings), "value": a.nargs != 0,
+               "int": a.type is int, "choices": choices,
+               "deprecated": "Deprecated" in type(a).__name__ or (a.help or "").startswith("Deprecated")}
+        if a.nargs not in (None, 0) and engine == "sglang_router":  # the router's --prefill URL [PORT], --decode URL
+            row.update(nargs=a.nargs, append=isinstance(a, argparse._AppendAction))
+        flags.append(row)
     return {"engine": engine, "version": version, "flags": flags}
 
 
 def dump(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for engine, make in (("vllm", vllm_parser), ("sglang", sglang_parser)):
+    for engine, make in (("vllm", vllm_parser), ("sglang", sglang_parser), ("sglang_router", router_parser)):
         version, parser = make()
         (out / f"{engine}.json").write_text(json.dumps(table(engine, version, parser), indent=0) + "\n")
         print(f"{engine} {version}: {sum(1 for a in parser._actions if a.option_strings)} flags → {out / (engine + '.json')}")
+    (out / "vllm_kv_transfer.json").write_text(json.dumps(kv_transfer_table(), indent=0) + "\n")
 
 
 def check(files: list[str]) -> int:
@@ -81,9 +113,11 @@ def check(files: list[str]) -> int:
     for name in files:
         engine = "sglang" if "sglang" in Path(name).name else "vllm"
         _, parser = vllm_parser() if engine == "vllm" else sglang_parser()
-        for argv in commands_of(Path(name).read_text()):
+        text = Path(name).read_text()
+        router = router_parser()[1] if "sglang_router" in text else None  # a disaggregated winner's router
+        for argv in commands_of(text):
             try:
-                parser.parse_args(argv)
+                (router if router is not None and "--pd-disaggregation" in argv else parser).parse_args(argv)
                 print(f"ok   {name}: {' '.join(argv[:4])} …")
             except SystemExit:
                 bad += 1

@@ -75,10 +75,18 @@ def run_load(settings: LoadSettings, texts: list[str],
              on_done: Callable[[RequestResult], None] | None = None) -> dict:
     settings.check()
     prompts = load_prompts(settings, texts)
-    return asyncio.run(_run(settings, prompts, on_done))
+    results, duration, model = asyncio.run(_run(settings, prompts, on_done))
+    return summarize(results, duration, settings, model)
 
 
-async def _run(settings: LoadSettings, prompts: list[str], on_done) -> dict:
+def run_prompts(settings: LoadSettings, prompts: list) -> tuple[list[RequestResult], float, str]:
+    """Send exactly `prompts` (texts, or token-id lists: /v1/completions takes both) as `settings` says;
+    → (each request's result in sending order, seconds from the first send to the last answer, model)."""
+    settings.check()
+    return asyncio.run(_run(settings, prompts, None))
+
+
+async def _run(settings: LoadSettings, prompts: list, on_done) -> tuple[list[RequestResult], float, str]:
     import httpx
 
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
@@ -96,7 +104,7 @@ async def _run(settings: LoadSettings, prompts: list[str], on_done) -> dict:
             tasks.append(asyncio.create_task(_one(client, model, prompt, settings, gate, on_done)))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    return summarize(results, duration, settings, model)
+    return list(results), duration, model
 
 
 async def _first_model(client) -> str:
@@ -111,7 +119,7 @@ async def _first_model(client) -> str:
     return r.json()["data"][0]["id"]
 
 
-async def _one(client, model: str, prompt: str, settings: LoadSettings, gate, on_done) -> RequestResult:
+async def _one(client, model: str, prompt: str | list[int], settings: LoadSettings, gate, on_done) -> RequestResult:
     if gate is not None:
         async with gate:
             result = await _send(client, model, prompt, settings)
@@ -122,7 +130,7 @@ async def _one(client, model: str, prompt: str, settings: LoadSettings, gate, on
     return result
 
 
-async def _send(client, model: str, prompt: str, settings: LoadSettings) -> RequestResult:
+async def _send(client, model: str, prompt: str | list[int], settings: LoadSettings) -> RequestResult:
     import httpx
 
     body = {"model": model, "prompt": prompt, "max_tokens": settings.output_len, "temperature": 0.0,

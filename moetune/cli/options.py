@@ -59,16 +59,18 @@ ScaleRoutingOpt = typer.Option(None, "--scale-routing", help="How --scale-model 
                                "tools' uniform routing) | loads:FILE (a real deployment's "
                                "per-layer loads: SGLang's expert-distribution .pt dump, stat or per_token mode, or a moetune run "
                                "directory; vLLM writes no load file).")
-EngineOpt = typer.Option("vllm", "--engine", help="vllm | sglang: the serving engine whose measured op tables price "
-                        "the GPU ops (the gpu-db extra: pip install \"moetune[gpu-db]\"; without it, or on hardware "
-                        "the tables lack, the roofline, labelled 'roofline (unmeasured)').")
+EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine whose measured op tables price "
+                        "the GPU ops (default vllm; the gpu-db extra: pip install \"moetune[gpu-db]\"; without it, or "
+                        "on hardware the tables lack, the roofline, labelled 'roofline (unmeasured)'); search: also "
+                        "the engine `--evaluator engine` and `--remeasure-on` run.")
 EngineVersionOpt = typer.Option(None, "--engine-version", help="The engine version of the measured tables "
                                 "(default: the tables' current one; also current | previous | next).")
 NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: the run's).")
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
-                              "cached per machine) | trace (the trace's own phase times).")
+                              "cached per machine) | trace (the trace's own phase times) | engine (search: the "
+                              "estimates corrected per phase class by the trials measured on an engine in --out).")
 SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                  help="Speculation priced without a measured acceptance (the trace not profiled "
                                       "with that speculator): per-token acceptance 0..1, labelled assumed.")
@@ -188,7 +190,7 @@ class TraceArgs:
     calibrate_on: str = "microbenchmarks"
     recalibrate: bool = False
     spec_acceptance: Optional[float] = None
-    engine: str = "vllm"
+    engine: Optional[str] = None
     engine_version: Optional[str] = None
 
     def inputs(self):
@@ -215,7 +217,7 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
          ("scale_model", Optional[str], ScaleModelOpt), ("scale_routing", Optional[str], ScaleRoutingOpt),
          *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt), ("recalibrate", bool, RecalibrateOpt),
-         ("spec_acceptance", Optional[float], SpecAcceptanceOpt), ("engine", str, EngineOpt),
+         ("spec_acceptance", Optional[float], SpecAcceptanceOpt), ("engine", Optional[str], EngineOpt),
          ("engine_version", Optional[str], EngineVersionOpt)]
 
 

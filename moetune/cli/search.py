@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import typer
 
@@ -11,7 +11,18 @@ from moetune.cli.options import OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, 
 
 @trace_options("Base recipe (default: the run's model).")
 def search(
-    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here)."),
+    evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here) | "
+                                  "engine (each trial's launch file run on --engine, measured with bench-serve)."),
+    engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="The engine's executable (default: vllm on "
+                                             "PATH; for sglang, a python with SGLang installed)."),
+    engine_port: int = typer.Option(0, "--engine-port", help="Port the engine serves on (default: a free one per "
+                                                            "trial)."),
+    engine_timeout_s: float = typer.Option(900.0, "--engine-timeout-s", help="Seconds the engine may take to "
+                                                                             "become healthy."),
+    remeasure_on: Optional[Tuple[str, int]] = typer.Option(None, "--remeasure-on", metavar="ENGINE K",
+                                                 help="After a simulated search, measure the top K on ENGINE "
+                                                      "(vllm | sglang), estimate beside measurement; the ranking "
+                                                      "then puts measured values first."),
     study: str = typer.Option("moetune-search", "--study", help="Study name; the same name continues the study."),
     storage: Optional[str] = typer.Option(None, "--storage", help="RDB URL (default: sqlite:///OUT/study.db; "
                                                                   "postgresql://... for several workers)."),
@@ -59,20 +70,12 @@ def search(
     from moetune.search.study.optuna_study import Constraints, StudySettings
 
     printer = Printer(fmt)
-    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
-                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
-        checks.number(name, value, 0, low_open=True)
-    checks.number("--max-kl", max_kl, 0)
-    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
-    checks.number("--remeasure", remeasure, 0)
-    checks.number("--grace-s", grace_s, 2)
+    _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
+                   grace_s)
+    choice = _engine_choice(evaluator, w.engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
-    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
-    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
-        from moetune.errors import UsageError
-
-        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
+    objectives = _objectives(objective, w)
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
@@ -83,8 +86,57 @@ def search(
     from moetune.search.study.run import SearchSettings
 
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
-                              quality=quality)
+                              quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
     _run(settings, printer)
+
+
+def _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
+                   grace_s) -> None:
+    from moetune.cli import checks
+
+    for name, value in (("--max-mem-gb", max_mem_gb), ("--max-ttft-ms", max_ttft_ms),
+                        ("--max-tpot-ms", max_tpot_ms), ("--max-low-share", max_low_share)):
+        checks.number(name, value, 0, low_open=True)
+    checks.number("--max-kl", max_kl, 0)
+    checks.number("--max-dropped-fraction", max_dropped_fraction, 0, 1)
+    checks.number("--remeasure", remeasure, 0)
+    checks.number("--grace-s", grace_s, 2)
+
+
+def _objectives(objective: str, w) -> tuple[str, ...]:
+    objectives = tuple(o.strip() for o in objective.split(",") if o.strip())
+    if "goodput" in objectives and (w.slo_ttft_ms is None or w.slo_tpot_ms is None):
+        from moetune.errors import UsageError
+
+        raise UsageError("--objective goodput counts requests meeting both SLOs: give --slo-ttft-ms and --slo-tpot-ms")
+    return objectives
+
+
+def _engine_choice(evaluator: str, engine, cmd, port: int, timeout_s: float, remeasure_on: tuple):
+    """--engine and its options, or --remeasure-on ENGINE K, as one EngineChoice (None: no engine asked for)."""
+    from moetune.cli import checks
+    from moetune.errors import UsageError
+    from moetune.search.study.engine_server import ENGINES, EngineChoice
+
+    on, k = remeasure_on or (None, None)
+    if on is not None:
+        if on not in ENGINES:
+            raise UsageError(f"--remeasure-on {on!r}: the engine is one of {', '.join(ENGINES)}")
+        checks.number("--remeasure-on K", k, 1)
+        if evaluator != "simulate":
+            raise UsageError("--remeasure-on re-measures a simulated search's top trials: use --evaluator simulate")
+        if engine is not None and engine != on:
+            raise UsageError(f"--engine {engine} and --remeasure-on {on}: two engines; give one")
+        engine = on
+    if engine is not None and engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if evaluator == "engine" and engine is None:
+        raise UsageError("--evaluator engine needs --engine vllm | sglang")
+    if engine is None:
+        return None
+    checks.number("--engine-port", port, 0, 65535)
+    checks.number("--engine-timeout-s", timeout_s, 0, low_open=True)
+    return EngineChoice(engine, cmd, port, timeout_s)
 
 
 def _run(settings, printer) -> None:
@@ -96,6 +148,8 @@ def _run(settings, printer) -> None:
     objective = settings.study.objectives[0]
     best: dict = {}
     tag = "estimated" if settings.evaluator == "simulate" else "measured"
+    if settings.evaluator == "engine":
+        tag = f"measured on {settings.engine.engine}"
     with progress("search") as bar:
         bar.phase("trials", total=settings.study.n_trials)
 
@@ -122,6 +176,11 @@ def _run(settings, printer) -> None:
         printer.line("no feasible trial finished; see trials.csv for the reasons")
         return
     printer.table(trials_table(result.ranked, settings.study.objectives))
+    from moetune.search.study.forms import form_sentence
+
+    form = form_sentence(result.rows, settings.study.objectives[0])  # aggregated vs disaggregated, both tried
+    if form:
+        printer.line(form)
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 

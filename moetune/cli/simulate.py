@@ -21,6 +21,8 @@ def simulate(
     explain: bool = flag(False, "--explain", help="Also print the cost model's terms per step kind and "
                                                           "phase (FLOPs, bytes, calls, multipliers)."),
     fmt: str = OutputFormatOpt,
+    json_out: Optional[str] = typer.Option(None, "--json", help="Also write every figure of the tables as one "
+                                           "JSON object to this file ('-' = stdout only, as JSON)."),
     w: TraceArgs = TraceArgs(""),
 ) -> None:
     """Estimate one deployment from a routing trace (every figure is an estimate)."""
@@ -35,6 +37,12 @@ def simulate(
         from moetune.errors import UsageError
 
         raise UsageError(f"--quant-low-format {low_format!r} is not one of none, fp8, int8, int4")
+    if json_out not in (None, "-"):  # a mistake answered before the trace loads
+        from pathlib import Path
+
+        from moetune.cli import checks
+
+        checks.output_file("--json", Path(json_out))
     what_if = {"quant_low_format": low_format, "quant_hot_fraction": hot_fraction,
                "offload_resident_fraction": resident, "offload_prefetch_depth": prefetch, "offload_eviction": eviction}
     from moetune.cli.progress import progress
@@ -52,6 +60,17 @@ def simulate(
 
         setup, d, m = simulate_recipe(w.inputs(), as_profile=not serve, what_if=what_if, explain=explain,
                                       on_step=on_step)
+    if json_out is not None:  # one object: the deployment, the hardware and every figure (Metrics), all estimated
+        import json
+        from pathlib import Path
+
+        text = json.dumps({"model": setup.source.model.name, "hardware": setup.hardware.name,
+                           "deployment": d.as_dict(), "label": d.label(), "not_priced": list(setup.not_priced),
+                           **m.as_dict()}, default=float)
+        if json_out == "-":
+            print(text)
+            return
+        Path(json_out).write_text(text + "\n")
     printer.line(f"{setup.source.model.name} on {setup.hardware.name} ({setup.hardware.max_ranks} ranks available): "
                  f"{describe(d)}, {m.workload} — all figures estimated")
     printer.line(setup.calibrated_on())

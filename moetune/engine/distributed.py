@@ -163,6 +163,8 @@ class DPGenerator:
 
 def check_parallel(cfg: RunConfig) -> None:
     """Every user mistake in `parallel` raised before any rank starts (placement, sizes, files)."""
+    if cfg.engine_refusal():  # a serving engine's mesh / disaggregation (config.DeployConfig)
+        raise MoetuneError(cfg.engine_refusal())
     model_dir = resolve_model(cfg.model.path)
     spec = read_spec(model_dir)
     resolve_placement(cfg.parallel, spec)
@@ -180,7 +182,8 @@ def run_ranks(cfg: RunConfig, job: Callable[[DPGenerator], T]) -> T | None:
     if device.type == "cuda" and world > torch.cuda.device_count() and not under_torchrun():
         raise MoetuneError(f"the mesh of {describe_mesh(cfg)} = {world} ranks needs {world} GPUs; this machine has "
                            f"{torch.cuda.device_count()} (start it with torchrun across machines)")
-    return launch(functools.partial(_rank_main, cfg, job), world, device, cfg.parallel.timeout_s)
+    return launch(functools.partial(_rank_main, cfg, job), world, device, cfg.parallel.timeout_s,
+                  cfg.parallel.group_size)
 
 
 def describe_mesh(cfg: RunConfig) -> str:

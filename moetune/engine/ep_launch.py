@@ -8,7 +8,8 @@ rank computes with one thread.
 A dead rank never leaves the others hanging: collectives fail when a peer's connection closes, or
 after `timeout_s`. Every rank bumps a heartbeat counter in the store twice a second; when a
 collective fails, a rank names the ranks whose counter stopped (or rank 0, when the store it hosts
-is gone) in a `RankFailure`, one line.
+is gone) in a `RankFailure`, one line, naming a rank by its place in the mesh when there is tensor
+parallelism ("rank 3 (EP rank 1, TP rank 1)"; engine/mesh.py) and never cut mid-word.
 """
 
 from __future__ import annotations
@@ -55,10 +56,13 @@ class _Rendezvous:
     device: str  # "cpu" or "cuda"
     timeout_s: float
     torchrun: bool
+    tp_group: int = 1  # G: ranks per tensor-parallel group (the mesh's coordinates name a rank)
 
 
-def launch(job: Callable[[RankContext], T], world: int, device: torch.device, timeout_s: float = 120.0) -> T | None:
-    """Run job on `world` ranks; returns rank 0's result in rank 0's process, None in the others."""
+def launch(job: Callable[[RankContext], T], world: int, device: torch.device, timeout_s: float = 120.0,
+           tp_group: int = 1) -> T | None:
+    """Run job on `world` ranks (`tp_group` G: ranks per TP group, to name a rank in the mesh); returns
+    rank 0's result in rank 0's process, None in the others."""
     kind = "cuda" if device.type == "cuda" else "cpu"
     if under_torchrun():
         got = int(os.environ["WORLD_SIZE"])
@@ -66,9 +70,9 @@ def launch(job: Callable[[RankContext], T], world: int, device: torch.device, ti
             raise MoetuneError(f"torchrun started {got} processes but the mesh (--ep-size × --tp-size) needs {world}; "
                                "make them equal")
         rv = _Rendezvous(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500)),
-                         world, kind, timeout_s, True)
+                         world, kind, timeout_s, True, tp_group)
         return _run_rank(job, int(os.environ["RANK"]), rv)
-    rv = _Rendezvous("127.0.0.1", _free_port(), world, kind, timeout_s, False)
+    rv = _Rendezvous("127.0.0.1", _free_port(), world, kind, timeout_s, False, tp_group)
     return _spawn(job, rv)
 
 
@@ -91,8 +95,8 @@ def _spawn(job, rv: _Rendezvous):
     _stop(procs, grace_s=rv.timeout_s)
     failed = [(p, p.exitcode) for p in procs if p.exitcode not in (0, None)]
     if failed:
-        raise RankFailure(f"expert-parallel rank {_rank_of(failed[0][0])} exited {_exit_text(failed[0][1])} "
-                          "after the run")
+        proc, code = failed[0]
+        raise RankFailure(f"{rank_name(_rank_of(proc), rv.tp_group)} exited {_exit_text(code)} after the run")
     return result
 
 
@@ -120,16 +124,16 @@ def _run_rank(job, rank: int, rv: _Rendezvous, procs=()):
     try:
         _join_group(rv, rank, procs)
     except (RuntimeError, ValueError) as exc:
-        raise RankFailure(f"rank {rank} could not join the expert-parallel group at {rv.host}:{rv.port} "
-                          f"within {rv.timeout_s:.0f}s ({_first_line(exc)})") from None
+        raise RankFailure(f"{rank_name(rank, rv.tp_group)} could not join the group of ranks at {rv.host}:{rv.port} "
+                          f"within {rv.timeout_s:.0f}s ({first_line(exc)})") from None
     beat = _Heartbeat(rv, rank)
     try:
         return job(RankContext(rank, rv.world, device))
     except RuntimeError as exc:  # a collective failed: find out who stopped
-        culprit = _culprit(beat, procs)
+        culprit = _culprit(beat, procs, rv)
         if culprit is None:
             raise
-        raise RankFailure(f"{culprit}; rank {rank} stopped ({_first_line(exc)})") from None
+        raise RankFailure(f"{culprit}; {rank_name(rank, rv.tp_group)} stopped ({first_line(exc)})") from None
     finally:
         beat.stop()
         with contextlib.suppress(Exception):
@@ -158,8 +162,8 @@ def _join_group(rv: _Rendezvous, rank: int, procs) -> None:
         thread.join(0.2)
         dead = [p for p in procs if p.exitcode not in (None, 0)]
         if dead:
-            raise RankFailure(f"expert-parallel rank {_rank_of(dead[0])} exited {_exit_text(dead[0].exitcode)} "
-                              "while starting")
+            name = rank_name(_rank_of(dead[0]), rv.tp_group)
+            raise RankFailure(f"{name} exited {_exit_text(dead[0].exitcode)} while starting")
     if failure:
         raise failure[0]
 
@@ -171,21 +175,21 @@ def _capture(fn, failure: list) -> None:
         failure.append(exc)
 
 
-def _culprit(beat: "_Heartbeat", procs) -> str | None:
+def _culprit(beat: "_Heartbeat", procs, rv: _Rendezvous) -> str | None:
     """Who made a collective fail: a spawned rank that exited, else a rank whose heartbeat stopped."""
     deadline = time.monotonic() + 4 * HEARTBEAT_S + 1.0
     while True:
         for proc in procs:
             if proc.exitcode is not None and proc.exitcode != 0:
-                return f"expert-parallel rank {_rank_of(proc)} exited {_exit_text(proc.exitcode)}"
+                return f"{rank_name(_rank_of(proc), rv.tp_group)} exited {_exit_text(proc.exitcode)}"
         if time.monotonic() > deadline:
             break
         time.sleep(0.1)
     stopped = beat.stopped_ranks()
     if stopped is None:
-        return "expert-parallel rank 0 (which hosts the rendezvous) is gone"
+        return f"{rank_name(0, rv.tp_group)}, which hosts the rendezvous, is gone"
     if stopped:
-        return f"expert-parallel rank {', '.join(map(str, stopped))} stopped responding"
+        return f"{', '.join(rank_name(r, rv.tp_group) for r in stopped)} stopped responding"
     return None
 
 
@@ -275,7 +279,18 @@ def _exit_text(code: int) -> str:
     return f"with code {code}"
 
 
-def _first_line(exc: BaseException) -> str:
+def rank_name(rank: int, tp_group: int = 1) -> str:
+    """A rank as the user set the mesh up: "expert-parallel rank 1", or under tensor parallelism
+    "rank 3 (EP rank 1, TP rank 1)" (engine/mesh.py: rank r sits at (r // G, r % G))."""
+    if tp_group == 1:
+        return f"expert-parallel rank {rank}"
+    return f"rank {rank} (EP rank {rank // tp_group}, TP rank {rank % tp_group})"
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The error's first line without gloo's source location; a very long one ends at a word, with "…"."""
     text = str(exc).strip().splitlines()
-    line = re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(exc).__name__  # gloo's source location
-    return line[:120]
+    line = re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(exc).__name__
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:") + " …"

@@ -51,6 +51,8 @@ class Target:
 
 def resolve_target(cfg: RunConfig, checkpoint: Checkpoint | None = None) -> Target:
     """Checkpoint mistakes first (no torch work), then the placement, then the device."""
+    if cfg.engine_refusal():  # a serving engine's mesh / disaggregation (config.DeployConfig)
+        raise MoetuneError(cfg.engine_refusal())
     checkpoint = checkpoint or open_checkpoint(cfg.model.path)
     placement = resolve_placement(cfg.parallel, checkpoint.spec)
     check_tp(checkpoint.spec, cfg.parallel.tp_size, cfg.parallel.expert_tp)  # a split this model cannot take

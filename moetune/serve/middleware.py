@@ -72,7 +72,8 @@ class BodyLimitMiddleware:
 
 
 class ApiKeyMiddleware:
-    """`open_paths` need no key (like vLLM: probes, scrapers and the API description)."""
+    """`open_paths` need no key (like vLLM: probes, scrapers and the API description). More than one
+    Authorization header is refused (400) rather than one of them picked."""
 
     def __init__(self, app, api_key: str | None, open_paths: frozenset[str]):
         self.app, self.open_paths = app, open_paths
@@ -81,8 +82,12 @@ class ApiKeyMiddleware:
     async def __call__(self, scope, receive, send):
         if self.key is None or scope["type"] != "http" or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
-        auth = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = auth.partition(b" ")
+        given_all = [value for name, value in scope["headers"] if name == b"authorization"]
+        if len(given_all) > 1:  # which one counts would be the server's guess (a proxy may add its own)
+            error = APIError(400, f"{len(given_all)} Authorization headers; send exactly one "
+                             "('Authorization: Bearer <key>')", code="duplicate_authorization")
+            return await send_error(send, error)
+        scheme, _, token = (given_all[0] if given_all else b"").partition(b" ")
         given = token.strip() if scheme.lower() == b"bearer" else b""
         if not hmac.compare_digest(given, self.key):  # constant time in the key's content
             error = APIError(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",

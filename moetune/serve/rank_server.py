@@ -45,6 +45,7 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     from moetune.engine.target import resolve_placement
     from moetune.serve.rank_metrics import RankCollector, RanksLoad
     from moetune.serve.rank_recording import RankRecorder
+    from moetune.serve.fairness import SlotGate
     from moetune.serve.rank_worker import RanksWorker
     from moetune.serve.server import CleanExitServer, assemble_server, uvicorn_config
     from moetune.serve.shutdown import stop_after_grace
@@ -57,7 +58,7 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
         else:
             live["state"].draining = True
 
-    worker = RanksWorker(side, on_failure)
+    worker = RanksWorker(side, on_failure, SlotGate.of(cfg.serve, cfg.engine.max_num_seqs * side.dp_size))
     spec = side.dp.model.spec
     placement = resolve_placement(cfg.parallel, spec)  # None at ep_size 1 (every expert on every group)
     load = RanksLoad(worker, list(spec.moe_layers), spec.moe.num_experts)
@@ -71,7 +72,7 @@ def serve_rank0(cfg: RunConfig, api_key: str | None, sock, side) -> None:
     host, port = sock.getsockname()[:2]
     print(f"moetune serve: {state.model_name} on http://{host}:{port} over {describe_ranks(cfg)} "
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
-    server = live["server"] = CleanExitServer(uvicorn_config(built.app, log_level="info"), state,
+    server = live["server"] = CleanExitServer(uvicorn_config(built.app, "info", cfg.serve), state,
                                               cfg.serve.drain_timeout_s)
     server.run(sockets=[sock])
     if worker.error is not None:

@@ -3,7 +3,8 @@ handlers; the same face as the one-rank EngineWorker (submit, abort, call, stop,
 
 Between two lock-steps it turns the handlers' commands into each rank's mail: a new request's
 sequences are checked against rank 0's engine (every rank's is built from the same config, so a
-bad request is refused before any rank sees it) and each goes to the rank with the least work —
+bad request is refused before any rank sees it) and, as the `SlotGate` lets it through (a share of
+the running slots per request and per tenant, serve/fairness.py), each goes to the rank with the least work —
 the tokens of its running and waiting sequences, as last reported, plus what was assigned since;
 an abort goes to the rank that owns the sequence. The reports that come back are routed to the
 streams as the one-rank worker routes its engine's outputs, and the ranks' state is kept for
@@ -24,6 +25,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from moetune.errors import RequestError
+from moetune.serve.fairness import SlotGate
 from moetune.serve.ranks import Add, Mail, Payload, RankSide, RankSnapshot, Report, exchange, plan
 from moetune.serve.worker import CommandWorker, Stream, WorkerSnapshot
 
@@ -40,8 +42,9 @@ class RanksWorker(CommandWorker):
     stop_timeout_s = 30.0
     late_event = "aborted"
 
-    def __init__(self, side: RankSide, on_failure: Callable[[BaseException], None] | None = None):
-        super().__init__()
+    def __init__(self, side: RankSide, on_failure: Callable[[BaseException], None] | None = None,
+                 gate: SlotGate | None = None):
+        super().__init__(gate)
         self.side, self.world, self.groups = side, side.world, side.dp_size
         self.engine = side.engine  # rank 0's: checks requests (and `call` runs on it)
         self.on_failure = on_failure
@@ -89,7 +92,8 @@ class RanksWorker(CommandWorker):
 
     def _busy(self) -> bool:
         """Another exchange now: some rank has (or was just sent) work, or owes a call's result."""
-        return any(r.unfinished for r in self.ranks) or any(self._sent) or bool(self._waiting_calls)
+        return (any(r.unfinished for r in self.ranks) or any(self._sent) or bool(self._waiting_calls)
+                or self.gate.pending > 0)
 
     def _mails(self) -> list[Mail]:
         """This lock-step's mail for each DP group."""
@@ -104,8 +108,9 @@ class RanksWorker(CommandWorker):
                     route = self._routes.pop(gid, None)
                     if route is not None:
                         mails[route[2]].aborts.append(gid)
+                self.gate.forget(cmd[1])
             elif cmd[0] == "abort_all":
-                for stream in {id(r[0]): r[0] for r in self._routes.values()}.values():
+                for stream in self._streams():
                     self._abort_stream(stream, cmd[1])
             elif cmd[0] == "abort_gid":
                 mails[cmd[2]].aborts.append(cmd[1])
@@ -123,6 +128,8 @@ class RanksWorker(CommandWorker):
             elif cmd[0] == "stop":
                 for mail in mails:
                     mail.stop = True
+        if not mails[0].stop:
+            self._feed(mails)
         return mails
 
     def _add(self, stream: Stream, mails: list[Mail]) -> None:
@@ -132,7 +139,13 @@ class RanksWorker(CommandWorker):
         except RequestError as exc:
             stream.post("error", exc)
             return
-        for i, (prompt, params) in enumerate(zip(stream.prompts, stream.params)):
+        self.gate.offer(stream)
+        stream.post("admitted", None)
+
+    def _feed(self, mails: list[Mail]) -> None:
+        """The sequences the gate lets through, each to the DP group with the least work."""
+        for stream, i in self.gate.take():
+            prompt, params = stream.prompts[i], stream.params[i]
             gid, group = next(self._gids), self._least_work()
             stream.rids.append(gid)
             self._routes[gid] = (stream, i, group)
@@ -140,7 +153,12 @@ class RanksWorker(CommandWorker):
             self._sent[group] += len(prompt) or 1
             self.assigned[group] += 1
             mails[group].adds.append(Add(gid, prompt, params, stream.priority))
-        stream.post("admitted", None)
+
+    def _streams(self) -> list[Stream]:
+        """Every stream with sequences on a rank or at the gate."""
+        streams = {id(r[0]): r[0] for r in self._routes.values()}
+        streams.update((id(s), s) for s in self.gate.streams())
+        return list(streams.values())
 
     def _least_work(self) -> int:
         work = [r.work_tokens + p for r, p in zip(self.ranks, self._pending)]
@@ -170,6 +188,7 @@ class RanksWorker(CommandWorker):
                 by_stream.setdefault(id(stream), (stream, []))[1].append((index, out))
                 if out.finish_reason is not None:
                     del self._routes[gid]
+                    self.gate.finished(stream)
             for gid, why in report.rejected:  # not expected: every engine checks alike
                 route = self._routes.pop(gid, None)
                 if route is not None:
@@ -195,6 +214,7 @@ class RanksWorker(CommandWorker):
         for name in ("waiting", "running", "kv_blocks_used", "steps", "preemptions", "prefix_cache_hit_tokens",
                      "computed_tokens"):
             setattr(s, name, sum(getattr(r, name) for r in self.ranks))
+        s.waiting += self.gate.pending  # the gate's wait too
 
     def _abort_stream(self, stream: Stream, reason: str) -> None:
         """Fail a stream whose sequences may run on other ranks: they are aborted with the next mail."""
@@ -202,12 +222,14 @@ class RanksWorker(CommandWorker):
             route = self._routes.pop(gid, None)
             if route is not None:
                 self._cmds.append(("abort_gid", gid, route[2]))
+        self.gate.forget(stream)
         stream.post("aborted", reason)
 
     def _fail_all(self, reason: str) -> None:
-        streams = {id(s): s for s, _, _ in self._routes.values()}
+        streams = self._streams()
         self._routes.clear()
-        for stream in streams.values():
+        self.gate.clear()
+        for stream in streams:
             stream.post("aborted", reason)
         for fut, _ in self._waiting_calls.values():
             fut.set_exception(RuntimeError(reason))

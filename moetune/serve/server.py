@@ -2,13 +2,15 @@
 
 SIGTERM (or Ctrl-C): the server stops accepting, gives in-flight requests serve.drain_timeout_s to
 finish, aborts the rest with 503 / a final SSE error event (shutdown.py), then uvicorn shuts down
-with nothing left to cancel; exit status 0. An engine that failed and could not be reset stops the
+with nothing left to cancel; exit status 0. A second SIGTERM or Ctrl-C aborts what still runs at
+once (the same 503s and final events); exit status 0 too. An engine that failed and could not be reset stops the
 server the same way and exits 1 with one line, for a supervisor to restart it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from moetune.config import RunConfig
+from moetune.config import RunConfig, ServeConfig
 from moetune.errors import MoetuneError
 from moetune.serve.shutdown import DrainingServer, stop_after_grace
 
@@ -32,13 +34,15 @@ class Server:
 def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     from moetune.engine.build import build_generator
     from moetune.engine.target import resolve_target
+    from moetune.serve.fairness import SlotGate
     from moetune.serve.worker import EngineWorker
 
     generator = build_generator(resolve_target(cfg))  # once: the checkpoint checked, device and dtype
 
     def worker(window, qos):
         return EngineWorker(generator.engine, before_step=window.begin_step,
-                            after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos)
+                            after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos,
+                            gate=SlotGate.of(cfg.serve, cfg.engine.max_num_seqs))
 
     return assemble_server(cfg, api_key, generator, worker)
 
@@ -116,7 +120,7 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
     host, port = sock.getsockname()[:2]
     print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
-    uv = CleanExitServer(uvicorn_config(server.app, log_level="info"), server.state, cfg.serve.drain_timeout_s)
+    uv = CleanExitServer(uvicorn_config(server.app, "info", cfg.serve), server.state, cfg.serve.drain_timeout_s)
 
     def fatal(reason: str) -> None:  # on the engine thread
         stop_after_grace(uv, server.state)
@@ -128,13 +132,17 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
                            "supervisor restarts the server")
 
 
-def uvicorn_config(app, log_level: str) -> uvicorn.Config:
-    """uvicorn's settings: h11 with the 431 answer for oversized heads; its own graceful timeout is a
-    backstop only (the drain of shutdown.py comes first)."""
-    from moetune.serve.http11 import MAX_HEADER_BYTES, HeaderLimitProtocol
+def uvicorn_config(app, log_level: str, serve: ServeConfig | None = None) -> uvicorn.Config:
+    """uvicorn's settings: h11 with the request head guarded (http11.py: 431 over 16 KiB, 408 past
+    serve.head_timeout_s, serve.slow_heads_per_client); its own graceful timeout is a backstop only
+    (the drain of shutdown.py comes first)."""
+    from moetune.serve.http11 import HeadGuardProtocol, HeadLimits, SlowHeads
 
-    return uvicorn.Config(app, log_level=log_level, access_log=False, http=HeaderLimitProtocol,
-                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=5)
+    serve = serve or ServeConfig()
+    limits = HeadLimits(timeout_s=serve.head_timeout_s, per_client=serve.slow_heads_per_client)
+    protocol = functools.partial(HeadGuardProtocol, limits=limits, slow=SlowHeads())
+    return uvicorn.Config(app, log_level=log_level, access_log=False, http=protocol,
+                          h11_max_incomplete_event_size=limits.max_bytes, timeout_graceful_shutdown=5)
 
 
 class CleanExitServer(DrainingServer):

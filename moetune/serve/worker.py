@@ -7,6 +7,10 @@ on this thread, between two steps. Handlers submit a `Stream` (one HTTP request,
 read events from its asyncio queue; outputs are handed over once per step per stream with
 `loop.call_soon_threadsafe`. With nothing to run, the thread sleeps on an event.
 
+A request's sequences are checked when it arrives and reach the engine through the `SlotGate`
+(serve/fairness.py): at most a stated share of the running slots per request and per tenant at
+once, the rest as its earlier sequences finish.
+
 Events a stream receives, in order: ("admitted", None), ("error", RequestError) (a request the
 engine can never run: 400) or ("failed", reason) first, then ("out", [(choice, RequestOutput), ...],
 t) per step, and ("aborted", reason) if the server stops, or ("failed", reason) if the engine
@@ -33,6 +37,7 @@ from typing import Callable
 from moetune.engine.engine import Engine
 from moetune.engine.sampling import SamplingParams
 from moetune.errors import RequestError
+from moetune.serve.fairness import SlotGate
 
 log = logging.getLogger("moetune.serve")
 
@@ -93,7 +98,8 @@ class CommandWorker:
     stop_timeout_s = 10.0
     late_event = "failed"  # what a stream submitted after the failure receives
 
-    def __init__(self):
+    def __init__(self, gate: SlotGate | None = None):
+        self.gate = gate or SlotGate()  # which checked sequences may go to the engine(s) now
         self.failure: str | None = None  # set once, when the engine (or a rank) is dead
         self.on_fatal: Callable[[str], None] | None = None  # called on the worker's thread with `failure`
         self._cmds: deque = deque()
@@ -153,8 +159,8 @@ class CommandWorker:
 
 class EngineWorker(CommandWorker):
     def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None,
-                 after_step: Callable[[], None] | None = None, qos=None):
-        super().__init__()
+                 after_step: Callable[[], None] | None = None, qos=None, gate: SlotGate | None = None):
+        super().__init__(gate)
         self.engine = engine
         self.before_step = before_step  # e.g. the live expert-load window advancing
         self.after_step = after_step  # e.g. the QoS policy reading the step's routing
@@ -205,9 +211,10 @@ class EngineWorker(CommandWorker):
     def _die(self, reason: str) -> None:
         log.error("%s; the server is unhealthy and stops", reason)
         self.snapshot.healthy = 0
-        streams = {id(s): s for s, _ in self._routes.values()}
+        streams = self._streams()
         self._routes.clear()
-        for stream in streams.values():
+        self.gate.clear()
+        for stream in streams:
             stream.post("failed", reason)
         self._fail(reason)
         if self.on_fatal is not None:
@@ -219,10 +226,7 @@ class EngineWorker(CommandWorker):
             if cmd[0] == "add":
                 self._add(cmd[1])
             elif cmd[0] == "abort":
-                for rid in cmd[1].rids:
-                    if self._routes.pop(rid, None) is not None:
-                        self.engine.abort(rid)
-                        self._forget(rid)
+                self._drop(cmd[1])
             elif cmd[0] == "call":
                 _, fn, fut = cmd
                 try:
@@ -233,26 +237,57 @@ class EngineWorker(CommandWorker):
                 self._abort_all(cmd[1])
             elif cmd[0] == "stop":
                 self._stopping = True
+        if not self._stopping:
+            self._feed()
         self._refresh()
 
     def _add(self, stream: Stream) -> None:
+        """Check every sequence of the request (a RequestError: 400), then queue it at the gate."""
         try:
             for prompt, params in zip(stream.prompts, stream.params):
-                stream.rids.append(self.engine.add_request(prompt, params, priority=stream.priority))
+                self.engine.check_request(prompt, params)
         except Exception as exc:  # RequestError: the caller's mistake (400); anything else: ours
-            for rid in stream.rids:
-                self.engine.abort(rid)
             if isinstance(exc, RequestError):
                 stream.post("error", exc)
             else:
-                log.error("adding request %s failed: %s: %s", stream.rids, type(exc).__name__, exc, exc_info=exc)
+                log.error("checking a request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
                 stream.post("failed", f"internal error admitting the request ({type(exc).__name__})")
             return
-        for i, rid in enumerate(stream.rids):
+        self.gate.offer(stream)
+        stream.post("admitted", None)
+
+    def _feed(self) -> None:
+        """Hand the engine the sequences the gate lets through."""
+        broken: set[int] = set()
+        for stream, i in self.gate.take():
+            if id(stream) in broken:
+                continue
+            try:
+                rid = self.engine.add_request(stream.prompts[i], stream.params[i], priority=stream.priority)
+            except Exception as exc:  # checked on arrival: not the caller's mistake
+                log.error("adding request %s failed: %s: %s", stream.rids, type(exc).__name__, exc, exc_info=exc)
+                broken.add(id(stream))
+                self._drop(stream)
+                stream.post("failed", f"internal error admitting the request ({type(exc).__name__})")
+                continue
+            stream.rids.append(rid)
             self._routes[rid] = (stream, i)
             if self.qos is not None:
                 self.qos.track(rid, stream.tenant)
-        stream.post("admitted", None)
+
+    def _drop(self, stream: Stream) -> None:
+        """Abort the stream's sequences in the engine and let go of those still at the gate."""
+        for rid in stream.rids:
+            if self._routes.pop(rid, None) is not None:
+                self.engine.abort(rid)
+                self._forget(rid)
+        self.gate.forget(stream)
+
+    def _streams(self) -> list[Stream]:
+        """Every stream with sequences in the engine or at the gate."""
+        streams = {id(s): s for s, _ in self._routes.values()}
+        streams.update((id(s), s) for s in self.gate.streams())
+        return list(streams.values())
 
     def _step(self) -> None:
         if self.before_step is not None:
@@ -271,27 +306,30 @@ class EngineWorker(CommandWorker):
             if out.finish_reason is not None:
                 del self._routes[out.request_id]
                 self._forget(out.request_id)
+                self.gate.finished(stream)
         for stream, items in by_stream.values():
             stream.post("out", items, now)
         self._refresh()
 
     def _abort_all(self, reason: str) -> None:
-        streams = {id(s): s for s, _ in self._routes.values()}
+        streams = self._streams()
         for rid in list(self._routes):
             self.engine.abort(rid)
             self._forget(rid)
         self._routes.clear()
-        for stream in streams.values():
+        self.gate.clear()
+        for stream in streams:
             stream.post("aborted", reason)
         self._refresh()
 
     def _fail_all(self, reason: str) -> None:
         """After a failed step: tell every stream, whatever state the engine is in (reset follows)."""
-        streams = {id(s): s for s, _ in self._routes.values()}
+        streams = self._streams()
         for rid in self._routes:
             self._forget(rid)
         self._routes.clear()
-        for stream in streams.values():
+        self.gate.clear()
+        for stream in streams:
             stream.post("failed", reason)
 
     def _forget(self, rid: int) -> None:
@@ -300,7 +338,7 @@ class EngineWorker(CommandWorker):
 
     def _refresh(self) -> None:
         e, snap = self.engine, self.snapshot
-        snap.waiting = len(e.scheduler.waiting)
+        snap.waiting = len(e.scheduler.waiting) + self.gate.pending  # the gate's wait too
         snap.running = len(e.scheduler.running)
         snap.kv_blocks_used = e.blocks.num_blocks - e.blocks.num_free
         snap.steps = sum(e.stats.steps.values())

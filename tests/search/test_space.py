@@ -2,6 +2,8 @@
 
 import pytest
 
+from moetune.search.study.deploy_knobs import DEPLOY_KNOBS
+
 from moetune.search.study.space import (Deployment, canonical, Limits, SpaceError, build_space, default_knobs, prune, recipe_accepts,
                                   to_config, from_config)
 from moetune.config import RunConfig
@@ -49,6 +51,7 @@ def test_every_knob_has_a_recipe_key_so_every_knob_is_searched():
     assert recipe_accepts("parallel.ep_size") and not recipe_accepts("quant.warp") and not recipe_accepts("x.y")
     plain = {k.name for k in build_space(16, 8).knobs}
     named_only = {"capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative"}  # when named
+    named_only |= set(DEPLOY_KNOBS)  # meshes when named; disaggregation unnamed from 16 GPUs (deploy_knobs.py)
     assert plain == {k.name for k in default_knobs(16, 8)} - named_only
     assert plain == {k.name for k in build_space(16, 8, what_if=True).knobs}
 

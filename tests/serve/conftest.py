@@ -50,7 +50,7 @@ def start_server(config: dict, api_key: str | None = API_KEY):
     cfg = parse_config({"model": {"path": "stdlib-moe", "device": "cpu"}, **config})
     sock = bind("127.0.0.1", 0)
     built = build_server(cfg, api_key)
-    server = DrainingServer(uvicorn_config(built.app, "warning"), built.state, cfg.serve.drain_timeout_s)
+    server = DrainingServer(uvicorn_config(built.app, "warning", cfg.serve), built.state, cfg.serve.drain_timeout_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

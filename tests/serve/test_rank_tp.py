@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from moetune.engine.ep_launch import first_line, rank_name
 from tests.serve.conftest import PROMPTS, ServeProcess, alive, ask, kill_rank_mid_load, metric, recording
 
 
@@ -82,9 +83,25 @@ def test_expert_distribution_recording_at_tp2_ep2_has_every_rank(tp_ep):
     merged = pd.read_parquet(run / "steps.parquet")["tokens"].sum()
     assert merged == own and own > 0 and steps["tokens"].sum() == 2 * own
 
+
 def test_sigkill_of_the_tp_peer_mid_load_fails_the_server_cleanly():
     srv = ServeProcess("--tp-size", "2", "--max-num-seqs", "4")  # rank 1: TP rank 1 of the one DP group
     try:
         kill_rank_mid_load(srv, PROMPTS)
+        (line,) = [line.rstrip() for line in srv.lines if "rank 1" in line]
+        assert line.startswith("error: rank 1 (EP rank 0, TP rank 1) exited (killed by SIGKILL); "
+                               "rank 0 (EP rank 0, TP rank 0) stopped ("), line  # the mesh, not "expert-parallel"
+        assert line.endswith(")") and "expert-parallel" not in line, line  # whole
     finally:
         srv.kill()
+
+
+def test_a_rank_is_named_by_its_place_in_the_mesh_and_a_long_error_is_cut_at_a_word():
+    assert rank_name(1) == "expert-parallel rank 1"
+    assert rank_name(3, tp_group=2) == "rank 3 (EP rank 1, TP rank 1)"
+    assert rank_name(2, tp_group=4) == "rank 2 (EP rank 0, TP rank 2)"
+    words = "[/src/gloo/transport/tcp/pair.cc:534] Connection closed by peer " + "averyverylongword " * 40
+    line = first_line(RuntimeError(words + "\nsecond line"))
+    assert line.startswith("Connection closed by peer averyverylongword") and line.endswith("averyverylongword …")
+    assert len(line) <= 302 and "second" not in line
+    assert first_line(RuntimeError("[x.cc:1] short one\nmore")) == "short one"

@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
@@ -84,6 +85,35 @@ def test_a_burst_beyond_the_queue_is_answered_or_refused_none_lost(two):
     texts = {r.json()["choices"][0]["text"] for r in results if r.status_code == 200}
     assert len(texts) == 1  # the same greedy answer whichever rank ran it
     assert wait_for(lambda: all(metric(two.metrics(), "moetune_rank_kv_blocks_used", rank=r) == 0 for r in (0, 1)))
+
+
+def test_a_fan_out_holds_half_the_slots_of_both_ranks_and_a_short_request_passes_it(two):
+    """2 ranks × max_num_seqs 4 = 8 running slots; n=8 may hold 4 (serve.max_request_share 0.5), so
+    a short request sent while it runs ends first (it used to wait for the eight to finish)."""
+    fan, peak = {}, []
+
+    def fan_out():
+        fan["r"] = httpx.post(f"{two.url}/v1/completions", headers=AUTH, timeout=300, json={
+            "prompt": PROMPTS[0], "n": 8, "max_tokens": 120, "temperature": 0, "ignore_eos": True})
+        fan["end"] = time.monotonic()
+
+    def running() -> float:
+        text = two.metrics()
+        peak.append(sum(metric(text, "moetune_rank_running_sequences", rank=r) for r in (0, 1)))
+        return peak[-1]
+
+    thread = threading.Thread(target=fan_out)
+    thread.start()
+    assert wait_for(lambda: running() >= 4)
+    ask(two, PROMPTS[1], stream=False)
+    short_end = time.monotonic()
+    while thread.is_alive():
+        running()
+        thread.join(0.2)
+    assert fan["r"].status_code == 200, fan["r"].text
+    texts = [c["text"] for c in fan["r"].json()["choices"]]
+    assert len(texts) == 8 and len(set(texts)) == 1  # greedy: eight equal choices, whatever rank ran them
+    assert short_end < fan["end"] and max(peak) <= 5, (peak, short_end, fan["end"])  # 4 + the short one
 
 
 def test_sigterm_drains_every_rank_and_exits_0():

@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.serve.conftest import ServeProcess
 
@@ -103,5 +104,52 @@ def test_an_engine_that_cannot_step_makes_the_server_exit_1_for_a_supervisor():
         assert proc.wait(timeout=60) == 1
         last = srv.output().strip().splitlines()[-1]
         assert last.startswith("error: the engine failed (the engine could not be reset"), last
+    finally:
+        srv.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_second_signal_stops_at_once_with_a_clean_end_for_every_request(sig):
+    """The drain would wait serve.drain_timeout_s (30 s); a second signal aborts at once: a plain
+    request gets 503, a stream its error event and [DONE], no traceback, exit status 0."""
+    srv = ServeProcess("--max-num-seqs", "4", api_key=None)  # no key; the default 30 s drain
+    proc, url = srv.proc, srv.url
+    body = {"prompt": "class Parser:\n", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    plain, streams, started = [], [], threading.Semaphore(0)
+
+    def ask():
+        plain.append(httpx.post(f"{url}/v1/completions", json=body, timeout=120))
+
+    def stream():
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+            lines = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    if len(lines) == 3:
+                        started.release()
+            streams.append(lines)
+
+    try:
+        threads = [threading.Thread(target=f) for f in (ask, stream, stream)]
+        for t in threads:
+            t.start()
+        assert started.acquire(timeout=60) and started.acquire(timeout=60)
+        proc.send_signal(sig)
+        time.sleep(1.0)
+        assert proc.poll() is None  # draining: the requests would be given 30 s
+        proc.send_signal(sig)
+        hurried = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - hurried < 5
+        for t in threads:
+            t.join(timeout=30)
+        assert len(plain) == 1 and len(streams) == 2
+        assert plain[0].status_code == 503 and "at once" in plain[0].json()["error"]["message"], plain[0].text
+        for lines in streams:
+            assert lines[-1] == "[DONE]" and "at once" in json.loads(lines[-2])["error"]["message"], lines[-3:]
+        stderr = srv.output()
+        assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
+        assert "a second signal: stopping at once" in stderr
     finally:
         srv.kill()

@@ -35,6 +35,18 @@ class Deployment:
     overlap: int = 0  # 1: two-batch overlap (two micro-batches, one's dispatch/combine behind the other's compute)
     cuda_graph_max_bs: int = -1  # -1: every kernel at the hardware's one per-kernel figure (as before; CPU);
     # 0: eager (no CUDA graphs); n: decode-only steps of at most n sequences per rank replay a graph
+    # the mesh (cost/mesh.py): 0 keeps the one above (attention DP = ep_size, TP = tp_size; experts EP = ep_size ×
+    # TP = expert_tp_size); n > 0: attention DP n × TP tp_size over the same ep_size × expert_tp_size GPUs
+    attn_dp: int = 0
+    moe_a2a: int = 1  # under attn_dp > 0: 1 all-to-all dispatch (DeepEP; pure EP), 0 all-gather + reduce-scatter
+    # disaggregated prefill/decode (cost/disagg.py): 0 aggregated; P > 0 prefill workers beside `decode_workers`
+    # decode workers (the fields above are a decode worker's), each prefill worker its own mesh and batch
+    prefill_workers: int = 0
+    decode_workers: int = 1
+    prefill_ep: int = 1  # a prefill worker's expert-parallel size
+    prefill_tp: int = 1  # ... its attention TP (attention DP = prefill_ep · prefill_expert_tp / prefill_tp)
+    prefill_expert_tp: int = 1  # ... its expert TP
+    prefill_tokens: int = 8192  # ... its tokens per step (per attention-DP rank)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -65,7 +77,31 @@ class Deployment:
             parts.append("TBO")
         if self.cuda_graph_max_bs >= 0:
             parts.append(f"graphs≤{self.cuda_graph_max_bs}" if self.cuda_graph_max_bs else "eager")
+        if self.attn_dp:
+            parts.append(mesh_label(self))
+        if self.prefill_workers:
+            parts.insert(0, f"{self.prefill_workers}P[EP{self.prefill_ep}/TP{self.prefill_tp}/eTP{self.prefill_expert_tp}"
+                            f" tok={self.prefill_tokens}] + {self.decode_workers}D ×")
         return " ".join(parts)
+
+
+def mesh_label(d: Deployment) -> str:
+    """attention DP × TP / experts EP × TP and how tokens reach the experts (general meshes only)."""
+    how = "a2a" if d.moe_a2a and d.ep_size > 1 else "gather"
+    return f"attn DP{d.attn_dp}×TP{d.tp_size} / moe EP{d.ep_size}×TP{d.expert_tp_size} {how}"
+
+
+def gpus(d: Deployment) -> int:
+    """GPUs of one replica (one worker under disaggregation): ep_size × expert_tp_size under a general mesh
+    (attn_dp > 0), else ep_size × the TP group max(tp_size, expert_tp_size)."""
+    if d.attn_dp:
+        return d.ep_size * d.expert_tp_size
+    return d.ep_size * max(d.tp_size, d.expert_tp_size)
+
+
+def dp_ranks(d: Deployment) -> int:
+    """Attention data-parallel ranks of one replica: the groups requests are spread over."""
+    return d.attn_dp or d.ep_size
 
 
 def resident_slots(d: Deployment, num_experts: int) -> int:

@@ -19,10 +19,17 @@ def describe(d: Deployment) -> str:
     parts += [f"max {d.max_num_seqs} seqs", f"max {d.max_num_batched_tokens} batched tokens"]
     parts += _precision(d) + _offload(d) + _engine(d)
     text = ", ".join(p for p in parts if p)
+    if d.prefill_workers:  # disaggregated (cost/disagg.py): the decode worker is the rest of the text
+        text = (f"{d.prefill_workers} prefill workers (EP {d.prefill_ep}, TP {d.prefill_tp}, expert TP "
+                f"{d.prefill_expert_tp}, max {d.prefill_tokens} batched tokens) + {d.decode_workers} decode workers ({text})")
     return f"{d.replicas} replicas × ({text})" if d.replicas > 1 else text
 
 
 def _parallel(d: Deployment) -> str:
+    if d.attn_dp:  # a general mesh (cost/mesh.py)
+        how = "all-to-all" if d.moe_a2a and d.ep_size > 1 else "all-gather"
+        return (f"attention DP {d.attn_dp} × TP {d.tp_size}, experts EP {d.ep_size} × TP {d.expert_tp_size} "
+                f"({how})")
     out = f"EP {d.ep_size}"
     if d.tp_size > 1:
         out += f", TP {d.tp_size}"

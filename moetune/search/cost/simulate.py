@@ -57,14 +57,17 @@ without the profiler's clocks) over the probed phases they were fitted on: each 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
+from moetune.search.cost import disagg
+from moetune.search.cost import mesh as mesh_costs
 from moetune.search.cost import op_tables
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
-from moetune.search.cost.deployment import Deployment, resident_slots
+from moetune.search.cost.deployment import Deployment, gpus, resident_slots
 from moetune.search.cost.formats import bytes_per_weight, expert_bytes
 from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
@@ -169,11 +172,14 @@ class Simulator:
         return replace(d, dense_format="fp8", quant_low_format=low[0], quant_hot_fraction=low[1])
 
     def memory(self, d: Deployment) -> RankMemory:
+        if d.prefill_workers:  # disaggregated (disagg.py): the fuller of its two workers
+            return max((self.memory(x) for x in disagg.workers(d)), key=lambda r: r.total)
         d = self.stored(d)
         m = tp_costs.tp_model(self.src.model, d)  # one rank's share under tensor parallelism
         per_expert = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format,
                                   d.quant_hot_fraction, m.D, self.src.model.weight_format).mean()
-        return rank_memory(m, d, self.src.workload, self.b, float(per_expert), precision(d, self.hw, self.b))
+        memory = mesh_costs.memory if d.attn_dp else rank_memory  # a general mesh: one GPU of it (mesh.py)
+        return memory(m, d, self.src.workload, self.b, float(per_expert), precision(d, self.hw, self.b))
 
     def spec_plan(self, d: Deployment) -> "spec_costs.SpecPlan | None":
         """The speculation priced for d (cost/speculative.py): measured acceptance first, else assumed."""
@@ -184,25 +190,29 @@ class Simulator:
         return spec_costs.plan_reason(d.speculative, self.src.speculative, self.spec_acceptance)
 
     def memory_reason(self, d: Deployment) -> str | None:
-        return memory_reason(self.memory(d), self.hw, d.ep_size * tp_costs.group_size(d))
+        return memory_reason(self.memory(d), self.hw, gpus(d))
 
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
         total, d = workload or self.src.workload, self.stored(d)
-        return over_replicas(self._evaluate_replica(d, replica_workload(total, d.replicas)), total, d.replicas,
-                             self.hw.max_ranks)
+        one = self._evaluate_replica if not d.prefill_workers else partial(disagg.evaluate, self)  # P/D: disagg.py
+        return over_replicas(one(d, replica_workload(total, d.replicas)), total, d.replicas, self.hw.max_ranks)
 
     def _evaluate_replica(self, d: Deployment, w: SimWorkload) -> Metrics:
-        prep = self.prepare(d)
-        if w.mode == "rate":  # arrivals by the clock: scheduled and priced step by step
-            sched, step_s, phases, detail = self._price_open(d, w, prep)
+        if w.mode == "rate" and not d.attn_dp:  # arrivals by the clock: scheduled and priced step by step
+            sched, step_s, phases, detail = self._price_open(d, w, self.prepare(d))
             arrival = poisson_arrivals(w.num_requests, w.rate, w.seed)
-        else:
-            sched = self.schedule(d, w)
-            step_s, phases, detail = self._price(d, sched, prep)
+        else:  # a general mesh (mesh.py): the schedule over its attention groups
+            sched = self.schedule(mesh_costs.attention_view(d) if d.attn_dp else d, w)
+            step_s, phases, detail = self.price_schedule(d, sched)
             starts = np.cumsum(step_s) - step_s  # [S] each step's start
             arrival = None if w.mode == "burst" else starts[sched.arrive_step]
         return self._metrics(d, w, sched, step_s, phases, detail, arrival)
+
+    def price_schedule(self, d: Deployment, s: Schedule):
+        """(step_s [S], phase lines, detail) of schedule s on d's mesh (a general one: mesh.py)."""
+        prep = self.prepare(mesh_costs.expert_view(d) if d.attn_dp else d)
+        return mesh_costs.price(self, d, s, prep, Totals.empty) if d.attn_dp else self._price(d, s, prep)
 
     def schedule(self, d: Deployment, w: SimWorkload) -> Schedule:
         plan = self.spec_plan(d)
@@ -529,7 +539,7 @@ class Simulator:
         plan = self.spec_plan(d)
         if plan is not None:
             detail["speculative"] = {**plan.as_dict(), "draft_s": float(phases.get("draft", np.zeros(1)).sum())}
-        return summarize_steps(True, d.ep_size * tp_costs.group_size(d), w, s.prefill.sum(1), s.decode.sum(1),
+        return summarize_steps(True, gpus(d), w, s.prefill.sum(1), s.decode.sum(1),
                                s.sampled.sum(1), step_s, s.first_step, s.last_step, mem.total, phases, detail, arrival_s)
 
 

@@ -6,7 +6,6 @@ expert-location JSON, the Pareto front and every trial as CSV.
 from __future__ import annotations
 
 import csv
-import shlex
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -16,8 +15,10 @@ import yaml
 from moetune.config import RunConfig
 from moetune.search.cost.describe import describe
 from moetune.search.cost.op_tables import cost_sentence
-from moetune.search.study.flag_table import LAUNCHERS, check, flag_table
-from moetune.search.study.launch import Launch, ServeTarget, world
+from moetune.search.study.disagg_launch import disagg_text
+from moetune.search.study.flag_table import LAUNCHERS, PLACEHOLDERS, check, flag_table
+from moetune.search.study.launch import Launch, ServeTarget, shell_args, world
+from moetune.search.study.launch_env import launch_env
 from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.quality import QUALITY_DETAIL
 from moetune.search.study.sglang_launch import sglang_launch
@@ -54,8 +55,10 @@ def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | 
     """The engine's launch as a shell file: header (what is not as priced, the re-priced figures),
     then one command per node of a replica, each checked with the engine's own parser."""
     table = flag_table(launch.engine)
-    for argv in launch.nodes:
-        why = check(launch.engine, argv)
+    env = launch_env(launch.engine, target.device)
+    nodes = [argv + env.args if k == 0 else argv for k, argv in enumerate(launch.nodes)]
+    for argv in nodes:
+        why = check(launch.engine, [PLACEHOLDERS.get(a, a) for a in argv])
         if why:  # the launchers build only flags from the table: a bug, not a user mistake
             raise RuntimeError(f"emitted {table.title()} command does not parse: {why}")
     n = len(launch.nodes)
@@ -75,7 +78,8 @@ def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | 
         lines += [f"#   - speculative decoding (priced with moetune's speculator, so its acceptance may differ "
                   f"here; not re-priced): {u}" for u in launch.speculative_gaps]
     lines.append(_as_run_line(table.title(), launch, as_run))
-    lines += ["# notes:", *(f"#   - {x}" for x in launch.notes)] if launch.notes else []
+    notes = launch.notes + env.notes
+    lines += ["# notes:", *(f"#   - {x}" for x in notes)] if notes else []
     lines.append("set -euo pipefail")
     if "$MODEL_DIR" in " ".join(launch.nodes[0]):
         lines.append('MODEL_DIR="${MODEL_DIR:?the model: its Hugging Face id or a local directory}"')
@@ -84,8 +88,9 @@ def launch_text(launch: Launch, target: ServeTarget, label: str, as_run: dict | 
     if n > 1:
         lines += ['HEAD_IP="${HEAD_IP:?the address of node 0}"',
                   f'NODE_RANK="${{NODE_RANK:?this node: 0..{n - 1}}}"']
-    for k, argv in enumerate(launch.nodes):
-        cmd = LAUNCHERS[launch.engine] + " " + _shell_args(argv)
+    lines += env.lines
+    for k, argv in enumerate(nodes):
+        cmd = LAUNCHERS[launch.engine] + " " + shell_args(argv)
         lines += ["", f'if [ "$NODE_RANK" = {k} ]; then', cmd, "fi"] if n > 1 else ["", cmd]
     return "\n".join(lines) + "\n"
 
@@ -100,21 +105,6 @@ def _as_run_line(title: str, launch: Launch, as_run: dict | None) -> str:
     tag = "estimated" if as_run.get("estimated") else "measured"
     figs = ", ".join(f"{k} {as_run[k]:.4g}" for k in ("output_tok_s", "ttft_ms", "tpot_ms", "peak_mem_gb") if k in as_run)
     return f"# as {title} will run it ({tag}, re-priced without them: {launch.as_run.label()}): {figs}"
-
-
-def _shell_args(argv: list[str]) -> str:
-    """argv as shell words, flag and value on one line each; $PLACEHOLDERS expand."""
-    def word(a: str) -> str:  # a $PLACEHOLDER inside JSON: double quotes, its own quotes escaped
-        if "$" not in a:
-            return shlex.quote(a)
-        return '"' + a.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
-
-    groups, i = [], 0
-    while i < len(argv):
-        take = 2 if argv[i].startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
-        groups.append(" ".join(word(a) for a in argv[i:i + take]))
-        i += take
-    return " \\\n  ".join(groups)
 
 
 def write_placement_files(d: Deployment, model, loads, path: Path) -> tuple[Path, Path] | None:
@@ -137,25 +127,33 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
     tails = ("ttft", "tpot", "e2e")  # P99 ms of each (steady.py)
     details = [k for k in (*CAPACITY_DETAIL, *QUALITY_DETAIL, "measured_share")
                if any(k in ((r.metrics or {}).get("detail") or {}) for r in rows)]
+    beside = ESTIMATE_BESIDE if any("estimate" in ((r.metrics or {}).get("detail") or {}) for r in rows) else ()
     sources = any("cost_source" in ((r.metrics or {}).get("detail") or {}) for r in rows)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
-                    *(f"{t}_p99_ms" for t in tails), *details, *(["cost_source"] if sources else []), "workload",
-                    "figures", "feasible", "seeded", "reason"])
+                    *(f"{t}_p99_ms" for t in tails), *details,
+                    *(f"{k}_{x}" for k in beside for x in ("estimated", "error")),
+                    *(["cost_source"] if sources else []), "workload", "figures", "feasible", "seeded", "reason"])
         for r in rows:
             m = r.metrics or {}
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
             lat, detail = m.get("latency_ms") or {}, m.get("detail") or {}
+            est, err = detail.get("estimate") or {}, detail.get("estimate_error") or {}
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
                         *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), *(_fmt(detail.get(k)) for k in details),
-                        *([detail.get("cost_source", "")] if sources else []), m.get("workload", ""), tag, r.feasible, r.seeded or "", r.reason or ""])
+                        *(_fmt(x) for k in beside for x in (est.get(k), err.get(k))),
+                        *([detail.get("cost_source", "")] if sources else []),
+                        m.get("workload", ""), tag, r.feasible, r.seeded or "", r.reason or ""])
 
 
 # a capacity's copies (the quality risk of drop; buffer's second pass) and the expert mix's KL / top-1 agreement
 # (quality.py, --quality or --max-kl): columns only where a trial has them
 CAPACITY_DETAIL = ("dropped_fraction", "buffered_fraction")
+# a trial measured on an engine keeps its simulated estimate (engine_eval.py): each figure estimated, and the
+# error (estimated − measured) / measured, beside the measured columns
+ESTIMATE_BESIDE = ("output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "tpot_ms", "request_s")
 
 
 def _fmt(x) -> str:
@@ -174,6 +172,11 @@ def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None
     cfg = to_config(base, d, placement_file, loads=str(Path(run_dir).resolve()) if run_dir else None)
     (out / "winner.yaml").write_text(recipe_text(cfg, d, metrics, how))
     files["recipe"] = out / "winner.yaml"
+    if d.prefill_workers:  # disaggregated prefill/decode: worker and router commands (disagg_launch.py)
+        for engine in ("vllm", "sglang"):
+            files[engine] = out / f"winner.{engine}.sh"
+            files[engine].write_text(disagg_text(engine, d, target, d.label(), metrics))
+        return files
     for launch in (vllm_launch(d, target), sglang_launch(d, target, str(placed[1]) if placed else None)):
         as_run = price(launch.as_run) if launch.unsupported else None
         path = out / f"winner.{launch.engine}.sh"

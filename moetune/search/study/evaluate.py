@@ -13,6 +13,7 @@ from moetune.search.study.measure import measure, placement_file_for
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator, unpriced_reason
+from moetune.search.study.deploy_knobs import deploy_reason
 from moetune.search.study.repair import MemoryRule
 from moetune.search.study.space import RECIPE_VALUES, Deployment, recipe_accepts, to_config, default_knobs
 
@@ -34,7 +35,8 @@ class SimulateEvaluator:
     name: str = "simulate"
 
     def check(self, d: Deployment) -> str | None:
-        return unpriced_reason(d) or self.sim.spec_reason(d) or self.sim.memory_reason(d)
+        return (unpriced_reason(d) or deploy_reason(self.sim, d, self.workload) or self.sim.spec_reason(d)
+                or self.sim.memory_reason(d))
 
     def memory_rule(self) -> MemoryRule:
         return MemoryRule(lambda d: self.sim.memory(d).total, self.sim.memory_reason)
@@ -60,8 +62,11 @@ class MeasureEvaluator:
         neutral = Deployment().as_dict()
         for knob in default_knobs(1, 1):
             said = values[knob.name] in RECIPE_VALUES.get(knob.name, ())  # e.g. dense_format int8: quant.dense
-            if not recipe_accepts(knob.key) and values[knob.name] != neutral[knob.name] and not said:
-                return f"{knob.key} is a what-if knob (no recipe key on this branch): simulate only"
+            priced_only = not recipe_accepts(knob.key) or knob.key.startswith("deploy.")  # the GPU engines' knobs
+            if priced_only and values[knob.name] != neutral[knob.name] and not said:
+                why = "a serving-engine knob moetune's engine does not run" if recipe_accepts(knob.key) else \
+                    "a what-if knob (no recipe key on this branch)"
+                return f"{knob.key} is {why}: simulate only"
         return self.sim.memory_reason(d)
 
     def memory_rule(self) -> None:

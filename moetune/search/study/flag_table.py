@@ -17,9 +17,11 @@ from functools import lru_cache
 from importlib import resources
 
 # The placeholders an emitted multi-node file leaves to the user, and sample values to parse it with.
-PLACEHOLDERS = {"$HEAD_IP": "10.0.0.1", "$MODEL_DIR": "/models/m", "$DRAFT_DIR": "/models/draft"}
-LAUNCHERS = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server"}
-NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+PLACEHOLDERS = {"$HEAD_IP": "10.0.0.1", "$MODEL_DIR": "/models/m", "$DRAFT_DIR": "/models/draft",
+                "$PREFILL_HOST": "10.0.0.2", "$DECODE_HOST": "10.0.0.3", "$HOST": "0.0.0.0", "$PORT": "8000"}
+LAUNCHERS = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server",
+             "sglang_router": "python -m sglang_router.launch_router"}
+NAMES = {"vllm": "vLLM", "sglang": "SGLang", "sglang_router": "SGLang router"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,9 @@ def _parser(engine: str) -> _Parser:
     if engine == "vllm":
         p.add_argument("model_tag", nargs="?")
     for r in flag_table(engine).rows:
-        if r["value"]:
+        if r["value"] and "nargs" in r:  # the router's --prefill URL [PORT] / --decode URL, repeated
+            p.add_argument(*r["names"], type=str, nargs=r["nargs"], action="append" if r.get("append") else "store")
+        elif r["value"]:
             p.add_argument(*r["names"], type=int if r["int"] else str, choices=r["choices"])
         else:
             p.add_argument(*r["names"], action="store_true")
@@ -71,9 +75,31 @@ def check(engine: str, argv: list[str]) -> str | None:
         if row and row["deprecated"]:
             return f"{arg} is deprecated in {table.title()}"
     try:
-        _parser(engine).parse_args(argv)
+        args = _parser(engine).parse_args(argv)
     except _Refused as e:
         return f"{table.title()} refuses it: {e}"
+    if engine == "vllm" and getattr(args, "kv_transfer_config", None):
+        return kv_transfer_reason(args.kv_transfer_config)
+    return None
+
+
+def kv_transfer_reason(text: str) -> str | None:
+    """Why vLLM's KVTransferConfig refuses this --kv-transfer-config JSON (flag_tables/vllm_kv_transfer.json)."""
+    spec = json.loads(resources.files("moetune.search.study").joinpath("flag_tables/vllm_kv_transfer.json").read_text())
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"--kv-transfer-config is not JSON: {e}"
+    unknown = sorted(set(data) - set(spec["fields"]))
+    if unknown:
+        return f"--kv-transfer-config: KVTransferConfig has no field {unknown[0]!r}"
+    for name, choices in spec["fields"].items():
+        if choices and name in data and data[name] not in choices:
+            return f"--kv-transfer-config: {name} {data[name]!r} is not one of {choices}"
+    if data.get("kv_connector") not in spec["connectors"]:
+        return f"--kv-transfer-config: connector {data.get('kv_connector')!r} is not one vLLM registers"
+    if data.get("kv_role") is None:  # KVTransferConfig.__post_init__: a connector needs a role
+        return "--kv-transfer-config: kv_connector set without kv_role"
     return None
 
 

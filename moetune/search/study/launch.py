@@ -6,10 +6,11 @@ writes them out; flag_table.py parses every command with the engine's own argume
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 from moetune.config import SpeculativeSpec
-from moetune.search.cost.deployment import Deployment
+from moetune.search.cost.deployment import Deployment, gpus
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class ServeTarget:
     gpu: str = "GPU"  # the hardware's name, for the file's header
     # the recipe's engine.speculative, its draft model resolved like model_id (else $DRAFT_DIR); None: off
     speculative: SpeculativeSpec | None = None
+    device: str = "cuda"  # "cpu": this machine without a GPU (launch_env.py: what the engines' CPU builds need)
 
 
 @dataclass
@@ -39,8 +41,9 @@ class Launch:
 
 
 def world(d: Deployment) -> int:
-    """GPUs of one replica: ep_size DP groups × G tensor-parallel ranks (engine/mesh.py)."""
-    return d.ep_size * max(d.tp_size, d.expert_tp_size)
+    """GPUs of one replica: ep_size DP groups × G tensor-parallel ranks (engine/mesh.py), or a general
+    mesh's ep_size × expert_tp_size (cost/mesh.py)."""
+    return gpus(d)
 
 
 def nodes_of(d: Deployment, t: ServeTarget) -> int:
@@ -69,3 +72,18 @@ def moetune_only(d: Deployment, engine: str) -> list[str]:
     if d.scheduling != "fcfs":
         out.append(f"{d.scheduling} scheduling ({engine} admits requests in arrival order)")
     return out
+
+
+def shell_args(argv: list[str]) -> str:
+    """argv as shell words, flag and value on one line each; $PLACEHOLDERS expand."""
+    def word(a: str) -> str:  # a $PLACEHOLDER inside JSON: double quotes, its own quotes escaped
+        if "$" not in a:
+            return shlex.quote(a)
+        return '"' + a.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+
+    groups, i = [], 0
+    while i < len(argv):
+        take = 2 if argv[i].startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
+        groups.append(" ".join(word(a) for a in argv[i:i + take]))
+        i += take
+    return " \\\n  ".join(groups)

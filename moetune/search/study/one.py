@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.simulate import priced_instead
+from moetune.search.study.deploy_knobs import deploy_reason
 from moetune.search.study.setup import Inputs, Setup, prepare
 from moetune.search.study.space import Deployment, Limits, from_config, prune
 
@@ -31,7 +32,7 @@ def simulate_recipe(inp: Inputs, as_profile: bool = True, what_if: dict | None =
         tokens = max(d.max_num_batched_tokens, batch * max(setup.workload.prompt_lens))
         d = replace(d, max_num_seqs=batch, max_num_batched_tokens=tokens)
     reason = _invalid(d, setup.limits())
-    reason = reason or setup.sim.spec_reason(d) or setup.sim.memory_reason(d)
+    reason = reason or deploy_reason(setup.sim, d, setup.workload) or setup.sim.spec_reason(d) or setup.sim.memory_reason(d)
     if reason:
         raise MoetuneError(f"this recipe cannot run on {setup.hardware.name}: {reason}")
     if explain:

@@ -19,6 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from moetune.search.cost.deployment import Deployment
+from moetune.search.cost.deployment import gpus as replica_gpus
+from moetune.search.cost.disagg import total_gpus
+from moetune.search.study.deploy_knobs import repair_workers
 from moetune.search.study.space import Limits, Space, prune
 
 
@@ -31,7 +34,8 @@ def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list
         n = d.redundant_experts + (-(num_experts + d.redundant_experts)) % R
         out = replace(out, redundant_experts=n)
         notes.append(f"redundant_experts {d.redundant_experts} → {n} (the {num_experts} + N slots tile {R} ranks)")
-    W = R * max(d.tp_size, d.expert_tp_size)
+    out, notes = repair_workers(out, gpus, notes)  # disaggregated: workers that fit (deploy_knobs.py)
+    W = total_gpus(out) if out.prefill_workers else replica_gpus(out)  # one replica's GPUs (any mesh; P + D workers)
     if d.replicas > 1 and d.replicas * W != gpus:
         n = gpus // W if gpus % W == 0 else 1
         out = replace(out, replicas=n)

@@ -15,6 +15,7 @@ from moetune.report.tables import Table
 from moetune.search.cost.balance import balance_sentence, gain_sentence
 from moetune.search.cost.metrics import OBJECTIVES, Metrics
 from moetune.search.cost.op_tables import cost_sentence
+from moetune.search.study.forms import form_sentence
 from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.tables import phase_table, states_table, trials_table
 
@@ -132,11 +133,13 @@ def importances(study) -> Table:
 
 def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list[TrialRow], objectives, study,
            winner: Metrics, baseline: Metrics | None, extra: list[Table], labels: tuple[str, str] = ("", ""),
-           phases: tuple[Metrics, Metrics] | None = None, quality_note: str = "") -> tuple[str, str, bytes | None]:
+           phases: tuple[Metrics, Metrics] | None = None, quality_note: str = "",
+           figures: list[tuple[str, bytes]] = ()) -> tuple[str, str, bytes | None]:
     """→ (markdown, html, Pareto PNG). baseline None: it could not run. labels: the winner's and the
     baseline's deployments. phases: the pair the per-phase table compares, when not the two above (a
     measured search records no phases: the cost model's estimates of the same two). quality_note: what
-    the KL / top-1 columns were measured on (quality.py; the tables have them where trials carry them)."""
+    the KL / top-1 columns were measured on (quality.py; the tables have them where trials carry them).
+    figures: more plots as (file name, PNG), shown after the Pareto plot (the caller writes the files)."""
     png = pareto_png(rows, front, tuple(objectives))
     why = [verdict(winner, baseline, objectives[0], *labels)]
     why += why_it_wins(winner, baseline) if baseline is not None else []
@@ -144,6 +147,8 @@ def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list
     why.append("Winner: " + balance_sentence(win_p))
     if "cost_source" in winner.detail:  # simulated on GPU hardware: which tables priced it (op_tables.py)
         why.append(cost_sentence(winner.detail))
+    form = form_sentence(rows, objectives[0])  # aggregated vs disaggregated, where both were tried
+    why += [form] if form else []
     front_title = f"Pareto front ({len(front)} feasible non-dominated trials)"
     fronts = [trials_table(front, tuple(objectives), top=len(front), title=front_title, quality_note=quality_note)] \
         if len(objectives) > 1 else []  # one objective: its front is the best trial, the table above
@@ -154,12 +159,14 @@ def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list
     md = [f"# {title}", "", "## The winner against the baseline", "", *[f"- {s}" for s in why], ""]
     if png:
         md += ["![Pareto front](pareto.png)", ""]
+    md += [x for name, _ in figures for x in (f"![{name}]({name})", "")]
     md += [table_markdown(t) for t in tables]
     html = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title><style>{CSS}</style>"
             f"</head><body><h1>{escape(title)}</h1><h2>The winner against the baseline</h2><ul>"
             + "".join(f"<li>{escape(s)}</li>" for s in why) + "</ul>"]
     if png:
         html.append(figure_html("Trials and Pareto front", png))
+    html += [figure_html(name.rsplit(".", 1)[0].replace("_", " "), data) for name, data in figures]
     html += [table_html(t) for t in tables]
     html.append("</body></html>\n")
     return "\n".join(md), "".join(html), png

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Callable
 
 from moetune.errors import MoetuneError
+from moetune.search.study.engine_server import EngineChoice
+from moetune.search.study.engine_report import measured_first
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.precision import dense_knob
@@ -18,7 +20,7 @@ from moetune.search.study.machine_space import machine_space
 from moetune.search.study.space import build_space, canonical, from_config, named_values, read_space_file
 from moetune.search.study.optuna_study import StudySettings, TrialRow, pareto, ranked, rows, run_study
 
-EVALUATORS = ("simulate", "measure")
+EVALUATORS = ("simulate", "measure", "engine")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class SearchSettings:
     prompts: str | None = None  # the measure evaluator's prompts (default: the profile's bundled ones)
     hf_id: str | None = None  # the model id the emitted vLLM/SGLang commands load
     quality: bool = False  # measure each low-bit mix's KL / top-1 (quality.py); --max-kl asks for it too
+    engine: EngineChoice | None = None  # --evaluator engine / --remeasure-on: which engine, how it is started
+    remeasure_on: int = 0  # top K of a simulated search re-measured on `engine`
 
 
 @dataclass
@@ -50,21 +54,52 @@ class SearchResult:
 
 def make_evaluator(kind: str, setup: Setup, settings: SearchSettings) -> Evaluator:
     if kind == "simulate":
-        return SimulateEvaluator(setup.sim, setup.workload)
-    if kind != "measure":
+        sim = SimulateEvaluator(setup.sim, setup.workload)
+        if settings.inputs.calibrate_on != "engine":
+            return sim
+        from moetune.search.study.engine_calibration import CorrectedEvaluator, fit
+
+        correction = fit(settings.out / "engine", setup.hardware.name)
+        setup.engine_correction = correction.label()
+        return CorrectedEvaluator(sim, correction, setup.workload.output_len)
+    if kind not in EVALUATORS:
         raise MoetuneError(f"--evaluator {kind!r} is not one of {', '.join(EVALUATORS)}")
+    if kind == "engine":
+        import functools
+
+        from moetune.search.study.engine_eval import make_engine_evaluator
+
+        if setup.source.scaled_from is not None:
+            raise MoetuneError("--evaluator engine / --remeasure-on serve the trace's own model: drop --scale-model")
+        if serve_device(setup) == "cuda" and setup.hardware.name != "this-machine" and not _has_cuda():
+            raise MoetuneError(f"--evaluator engine / --remeasure-on run the engine here, and this machine has no GPU "
+                               f"for --hardware {setup.hardware.name}: use --hardware this-machine")
+        return make_engine_evaluator(settings.engine, setup.sim, setup.workload,
+                                     functools.partial(serve_target, settings, setup), serve_device(setup),
+                                     measured_prompts(setup, settings), settings.out / "engine")
     if setup.hardware.name != "this-machine" or setup.source.scaled_from is not None:
         raise MoetuneError("--evaluator measure runs here: use --hardware this-machine and no --scale-model")
     if setup.workload.mode != "burst":
         raise MoetuneError("--evaluator measure runs a burst (every request at once): drop --concurrency and "
                            "--request-rate, or use --evaluator simulate")
+    return MeasureEvaluator(setup.base, setup.sim, setup.workload, measured_prompts(setup, settings),
+                            settings.out / "placements")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def measured_prompts(setup: Setup, settings: SearchSettings) -> tuple:
+    """The profile's prompts (else the bundled ones) as token ids at the workload's lengths."""
     from moetune.search.study.measure import request_prompts
 
     prompts_file = settings.prompts or setup.source.prompts
     if prompts_file and not Path(prompts_file).is_file():
         prompts_file = None  # the run was recorded elsewhere: the bundled prompts
-    prompts = request_prompts(setup.base, prompts_file, setup.workload)
-    return MeasureEvaluator(setup.base, setup.sim, setup.workload, prompts, settings.out / "placements")
+    return request_prompts(setup.base, prompts_file, setup.workload)
 
 
 def run_search(settings: SearchSettings, on_trial: Callable | None = None,
@@ -140,12 +175,6 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     result = SearchResult(out, all_rows, best, front, best[0] if best else None, None, calibrated_on=setup.calibrated_on())
     if not best:
         return result
-    winner = best[0]
-    base_d = baseline(setup, evaluator)
-    try:
-        result.baseline = evaluator.evaluate(base_d)
-    except Exception:  # the baseline may not run; the report says so
-        result.baseline = None
     extra = [Table("What the figures are calibrated on", ["calibration"], [[result.calibrated_on]])]
     if lookup is not None:
         from moetune.search.study.tables import quality_table
@@ -154,6 +183,15 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
         result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
         extra.append(remeasure_table(result.remeasured))
+    engine_pairs = []
+    if settings.remeasure_on and settings.evaluator == "simulate":
+        engine_pairs = remeasure(setup, settings, best[: settings.remeasure_on], "engine")
+        result.remeasured += engine_pairs
+        best = result.ranked = measured_first(best, engine_pairs, objectives)  # measured values where they exist
+        result.winner = best[0]
+    winner = best[0]
+    base_d = baseline(setup, evaluator)
+    result.baseline = baseline_metrics(setup, evaluator, base_d, all_rows)
     how = f"{evaluator.name}, {setup.hardware.name}, study '{settings.study.study}' trial {winner.number}"
     chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, winner_base(settings, setup), chosen, winner.metrics, how, setup.source.model,
@@ -161,9 +199,13 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
                                 engine_price(settings, setup, evaluator), setup.source.run_dir)
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     win = Metrics(**winner.metrics)
+    figures = engine_outputs(settings, all_rows, engine_pairs, winner, result.files, extra)
     md, html, png = render(title, all_rows, best, front, objectives, study, win, result.baseline, extra,
                            (chosen.label(), canonical(base_d, setup.limits())[0].label()),
-                           _estimated_phases(setup, win, chosen, base_d), quality_label(lookup))
+                           _estimated_phases(setup, win, chosen, base_d), quality_label(lookup), figures)
+    for name, data in figures:
+        (out / name).write_bytes(data)
+        result.files[name.replace(".", "_")] = out / name
     for path in write_report(out, md, html, png):
         result.files["report_" + path.suffix.lstrip(".")] = path
     result.files.update(trials_csv=out / "trials.csv", pareto_csv=out / "pareto.csv")
@@ -206,14 +248,23 @@ def serve_target(settings: SearchSettings, setup: Setup, winner=None):
 
     m, src = setup.source.model, setup.source
     model_id = settings.hf_id
-    if model_id is None and src.scaled_from is None and src.model_path:
+    if model_id is None and src.scaled_from is None:  # model.path null: the bundled default model
         from moetune.model.registry import resolve_model
 
-        model_id = str(resolve_model(src.model_path))
+        from moetune.search.study.launch_env import served_model_dir
+
+        model_id = served_model_dir(str(resolve_model(src.model_path)), settings.out)
     spec = setup.base.engine.speculative if winner is None else (
         None if winner.speculative == "none" else winner.speculative)
     return ServeTarget(model_id or "$MODEL_DIR", m.model_type, m.expert_groups, setup.hardware.ranks_per_node,
-                       setup.hardware.name, served_speculative(spec, src.scaled_from))
+                       setup.hardware.name, served_speculative(spec, src.scaled_from), serve_device(setup))
+
+
+def serve_device(setup: Setup) -> str:
+    """Where the emitted launches run: "cpu" for this machine without a GPU, else "cuda"."""
+    if setup.hardware.name != "this-machine" or setup.source.scaled_from is not None:
+        return "cuda"
+    return "cuda" if kernel_backend(setup.base) == "triton" else "cpu"
 
 
 def served_speculative(text: str | None, scaled_from):
@@ -285,8 +336,40 @@ def baseline(setup: Setup, evaluator: Evaluator):
     return d
 
 
-def remeasure(setup: Setup, settings: SearchSettings, top: list[TrialRow]) -> list:
-    evaluator = make_evaluator("measure", setup, settings)
+def baseline_metrics(setup: Setup, evaluator: Evaluator, base_d, all_rows: list) -> Metrics | None:
+    """The baseline's figures: evaluated like the trials; on an engine, a trial of the same deployment's
+    measurement, else its estimate (an engine start per report is minutes); None when it cannot run."""
+    try:
+        if not evaluator.name.startswith("engine"):
+            return evaluator.evaluate(base_d)
+        key = canonical(base_d, setup.limits())[0]
+        same = [r for r in all_rows if r.state == "COMPLETE" and r.metrics and r.deployment == key]
+        return Metrics(**same[0].metrics) if same else SimulateEvaluator(setup.sim, setup.workload).evaluate(base_d)
+    except Exception:  # the baseline may not run; the report says so
+        return None
+
+
+def engine_outputs(settings: SearchSettings, all_rows: list, pairs: list, winner: TrialRow, files: dict,
+                   extra: list) -> list[tuple[str, bytes]]:
+    """The estimate-beside-measurement table and plot, and the winner's launch-file check, when trials were
+    measured on an engine (extra gets the tables); → the report's extra figures as (file name, PNG)."""
+    from moetune.search.study.engine_report import estimate_png, estimate_table, launch_identity, pairs_of
+
+    found = pairs_of(all_rows if settings.evaluator == "engine" else [], pairs)
+    if not found:
+        return []
+    where = settings.engine.engine if settings.engine else "the engine"
+    extra.insert(0, estimate_table(found, where))
+    same = launch_identity(winner, files)
+    if same is not None:
+        extra.insert(1, same)
+    png = estimate_png(found, where)
+    return [("estimate_vs_measured.png", png)] if png else []
+
+
+def remeasure(setup: Setup, settings: SearchSettings, top: list[TrialRow], kind: str = "measure") -> list:
+    """(row, measured Metrics or None, why not) of each of `top`, measured here (`measure`) or on the engine."""
+    evaluator = make_evaluator(kind, setup, settings)
     out = []
     for row in top:
         d = row.deployment

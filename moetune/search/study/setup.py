@@ -42,7 +42,7 @@ class Inputs:
     slo_tpot_ms: float | None = None
     spec_acceptance: float | None = None  # speculation's per-token acceptance where the trace did not measure it
     scale_routing: str | None = None  # --scale-routing stats | blocks | loads:FILE (None: stats; scale.py)
-    engine: str = "vllm"  # --engine: whose measured op tables price the GPU ops (cost/op_tables.py)
+    engine: str | None = None  # --engine: whose measured op tables price the GPU ops (cost/op_tables.py; None: vllm)
     engine_version: str | None = None  # --engine-version (None: the tables' current version)
 
 
@@ -55,12 +55,13 @@ class Setup:
     sim: Simulator
     calibration: Calibration | None = None  # this-machine: what it was calibrated on (None: a description)
     not_priced: tuple[str, ...] = ()  # simulate --recipe: keys priced as something else (cost.simulate.priced_instead)
+    engine_correction: str = ""  # --calibrate-on engine: the correction's label (engine_calibration.py)
 
     def calibrated_on(self) -> str:
         """What the estimates are calibrated on: the calibration's label, or the hardware description's source."""
-        if self.calibration is not None:
-            return self.calibration.label()
-        return f"priced on {self.hardware.name}: {self.hardware.source}"
+        base = self.calibration.label() if self.calibration is not None else \
+            f"priced on {self.hardware.name}: {self.hardware.source}"
+        return f"{base}; {self.engine_correction}" if self.engine_correction else base
 
     def limits(self) -> Limits:
         """What the pruning rules need (the most requests in flight: each replica's in a steady state)."""
@@ -77,9 +78,9 @@ def prepare(inp: Inputs) -> Setup:
                         ("--output-len", inp.output_len), ("--nodes", inp.nodes)):
         if value is not None and value < 1:
             raise MoetuneError(f"{name} must be at least 1")
-    if inp.calibrate_on not in ("microbenchmarks", "trace"):
-        raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace")
-    if inp.engine not in ENGINES:
+    if inp.calibrate_on not in ("microbenchmarks", "trace", "engine"):
+        raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace, engine")
+    if inp.engine is not None and inp.engine not in ENGINES:
         raise MoetuneError(f"--engine {inp.engine!r} is not one of {', '.join(ENGINES)}")
     base = load_recipe(inp.recipe) if inp.recipe else None
     source = load_source(Path(inp.trace), inp.scale_model, inp.scale_routing)
@@ -90,7 +91,7 @@ def prepare(inp: Inputs) -> Setup:
     hw, cal = hardware_for(inp, source, base)
     sim = Simulator(source, hw, base.engine.chunked_prefill, cal.multipliers() if cal else None, cal)
     sim.spec_acceptance = inp.spec_acceptance
-    sim.tables = choose(hw.name, inp.engine, inp.engine_version) if hw.name != "this-machine" else None
+    sim.tables = choose(hw.name, inp.engine or "vllm", inp.engine_version) if hw.name != "this-machine" else None
     if cal is not None and cal.source == "microbenchmarks":  # a recipe path of its own is timed on its own
         from moetune.search.cost.calibrate import priced_config
         sim.base_config = priced_config(source, base)

