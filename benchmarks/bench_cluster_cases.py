@@ -1,6 +1,14 @@
 """The cluster cases of the search (estimated, on the simulator): Mixtral-8x7B and Qwen3-30B-A3B on
 8×H200, DeepSeek-V3 on 8 and 16×H200; input 1,024 / output 256 tokens; TTFT ≤ 1 s and TPOT ≤ 50 ms
-(medians, the study's constraints) in a steady state (closed loop at each concurrency per replica).
+(medians, the study's constraints) in a steady state: by default (`--concurrency 0`) each trial at the
+highest closed-loop concurrency per replica whose TTFT / TPOT P90 meet them (cost/slo_load.py), else
+a closed loop at each concurrency given per replica.
+
+2026-12-05 (issue 38), 80 trials a case, each run alone on the CPU lock (load 2.1–5.1 at its start),
+main at --concurrency 256 → this load search: 80 trials wall / trial median / P99 s — Mixtral 12.7 /
+0.09 / 0.56 → 13.3 / 0.10 / 0.36; Qwen3 28.4 / 0.15 / 1.20 → 26.4 / 0.20 / 1.15; DeepSeek-V3 8×H200
+27.2 / 0.24 / 1.49 → 46.9 / 0.41 / 1.03; 16×H200 41.8 / 0.39 / 1.27 → 51.6 / 0.43 / 1.77 (docs/search.md
+"Numbers (2026-12-05 …)" has the winners).
 For each case and concurrency: the winner, tok/s per GPU, TTFT/TPOT P50 and P99, memory per GPU,
 its phase breakdown, and the time each simulated trial took (median, P99).
 
@@ -73,8 +81,10 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
         times.append(now - last[0])
         last[0] = now
 
+    load = (dict(num_requests=4 * concurrency, concurrency=concurrency) if concurrency
+            else dict(slo_ttft_ms=1000.0, slo_tpot_ms=50.0))  # 0: the load the SLOs allow, found per trial (P90)
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
-                    num_requests=4 * concurrency, concurrency=concurrency, scale_routing=scale_routing)
+                    scale_routing=scale_routing, **load)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
     result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
@@ -102,6 +112,7 @@ def row(name: str, hw: str, c: int, result, times) -> str:
     phases = m.get("phases_ms", {}).get("decode", {})
     ranked = sorted(((k, v) for k, v in phases.items() if k not in ("step", "steps")), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {v:.1f}" for k, v in ranked[:3])
+    c = c or (m.get("detail", {}).get("load") or {}).get("concurrency", "")  # the load found (P90 SLOs)
     return (f"| {name} | {hw} | {c} | {w.deployment.label()} | {w.seeded or 'sampled'} | "
             f"{m['output_tok_s_per_gpu']:,.0f} | {p('ttft', 'p50'):.0f} / {p('ttft', 'p99'):.0f} | "
             f"{p('tpot', 'p50'):.1f} / {p('tpot', 'p99'):.1f} | {m['peak_mem_gb']:.1f} | {top} | {tail}")
@@ -154,7 +165,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
     ap.add_argument("--trials", type=int, default=30)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[0],
+                    help="closed-loop concurrency per replica; 0 (default): the highest meeting TTFT/TPOT P90")
     ap.add_argument("--scale-routing", default=None, help="stats (default) | blocks | loads:FILE")
     ap.add_argument("--no-reference-trials", action="store_true", help="the study without its seeded trials")
     ap.add_argument("--cases", default="0,1,2,3", help="which CASES (indices)")

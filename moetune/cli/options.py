@@ -93,6 +93,11 @@ WarmupOpt = typer.Option(None, "--warmup-requests", help="Requests excluded from
 ArrivalSeedOpt = typer.Option(0, "--arrival-seed", help="Seed of the Poisson arrivals.")
 SloTtftOpt = typer.Option(None, "--slo-ttft-ms", help="Goodput: a request's TTFT limit (ms).")
 SloTpotOpt = typer.Option(None, "--slo-tpot-ms", help="Goodput: a request's TPOT limit (ms).")
+SloPercentileOpt = typer.Option(90.0, "--slo-percentile", help="The percentile of the steady window's requests the "
+                                "SLOs apply at (default 90). On GPU hardware with an SLO and no --concurrency / "
+                                "--request-rate / --burst, each deployment runs the highest concurrency meeting them.")
+BurstOpt = flag(False, "--burst", help="Every request at t=0 (the default on this-machine; on GPU hardware the "
+                "default is the steady state: the load the SLOs allow, else --concurrency 256 per replica).")
 
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
@@ -187,6 +192,8 @@ class TraceArgs:
     arrival_seed: int = 0
     slo_ttft_ms: Optional[float] = None
     slo_tpot_ms: Optional[float] = None
+    slo_percentile: float = 90.0
+    burst: bool = False
     calibrate_on: str = "microbenchmarks"
     recalibrate: bool = False
     spec_acceptance: Optional[float] = None
@@ -213,7 +220,8 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
             ("output_len", Optional[int], OutputLenOpt), ("concurrency", Optional[int], ConcurrencyOpt),
             ("request_rate", Optional[float], RateOpt), ("warmup_requests", Optional[int], WarmupOpt),
             ("arrival_seed", int, ArrivalSeedOpt), ("slo_ttft_ms", Optional[float], SloTtftOpt),
-            ("slo_tpot_ms", Optional[float], SloTpotOpt)]
+            ("slo_tpot_ms", Optional[float], SloTpotOpt), ("slo_percentile", float, SloPercentileOpt),
+            ("burst", bool, BurstOpt)]
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
          ("scale_model", Optional[str], ScaleModelOpt), ("scale_routing", Optional[str], ScaleRoutingOpt),
          *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt), ("recalibrate", bool, RecalibrateOpt),

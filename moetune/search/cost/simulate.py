@@ -78,6 +78,7 @@ from moetune.search.cost.precision import Precision, precision
 from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.schedule_fast import compiled_schedule
+from moetune.search.cost.slo_load import evaluate_at_slo, load_cap, load_key
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
 from moetune.search.cost.vector import vector_reason
@@ -160,6 +161,7 @@ class Simulator:
         self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
         self.tables = self.measured = None  # op_tables: the chosen tables (--engine; None: roofline), bound to d
+        self.load_hints: dict = {}  # ranks per replica → the load last found meeting the SLOs (slo_load.py)
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -195,6 +197,8 @@ class Simulator:
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
         total, d = workload or self.src.workload, self.stored(d)
+        if total.find_load:  # the highest concurrency meeting the SLOs, each probe priced as below
+            return evaluate_at_slo(lambda w: self.evaluate(d, w), total, load_cap(d), self.load_hints, load_key(d))
         one = self._evaluate_replica if not d.prefill_workers else partial(disagg.evaluate, self)  # P/D: disagg.py
         return over_replicas(one(d, replica_workload(total, d.replicas)), total, d.replicas, self.hw.max_ranks)
 

@@ -24,6 +24,7 @@ from moetune.search.study.quality import QUALITY_DETAIL
 from moetune.search.study.sglang_launch import sglang_launch
 from moetune.search.study.space import NEUTRAL, Deployment, to_config, what_if_values
 from moetune.search.study.vllm_launch import vllm_launch
+from moetune.search.study.tables import trial_concurrency
 
 
 def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -> str:
@@ -131,8 +132,9 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
     sources = any("cost_source" in ((r.metrics or {}).get("detail") or {}) for r in rows)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
-                    *(f"{t}_p99_ms" for t in tails), *details,
+        load = any(((r.metrics or {}).get("detail") or {}).get("load") for r in rows)  # the load found (slo_load.py)
+        w.writerow(["trial", "state", *keys, "deployment", *(["concurrency"] if load else []), *objectives,
+                    *metric_keys, *(f"{t}_p99_ms" for t in tails), *details,
                     *(f"{k}_{x}" for k in beside for x in ("estimated", "error")),
                     *(["cost_source"] if sources else []), "workload", "figures", "feasible", "seeded", "reason"])
         for r in rows:
@@ -141,6 +143,7 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
             lat, detail = m.get("latency_ms") or {}, m.get("detail") or {}
             est, err = detail.get("estimate") or {}, detail.get("estimate_error") or {}
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
+                        *([trial_concurrency(m)] if load else []),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
                         *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), *(_fmt(detail.get(k)) for k in details),
                         *(_fmt(x) for k in beside for x in (est.get(k), err.get(k))),
