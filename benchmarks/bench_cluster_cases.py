@@ -16,6 +16,9 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
+  [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
+      benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
+      run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
 
 Every figure is an estimate. Public reference points (their own conditions; not the same workload):
 SGLang's large-scale EP DeepSeek-V3 (96 H100, prefill/decode disaggregated) ~2.8k output tok/s per
@@ -38,6 +41,13 @@ A 300-trial study (`--trials 300 --cases 2` / `--cases 1`): 93 s / 51 s wall.
 
 `--no-reference-trials` (40 trials, load 1.6): Qwen3 4,711 tok/s/GPU (4 replicas × R=2, bf16 experts);
 neither DeepSeek-V3 case finds a feasible trial (0/40 each).
+
+2026-12-05 (issue 38), `--trials 0 --peer PYTHON` with the gpu-db extra (H200 vLLM 0.24.0 tables, both
+sides): Mixtral-8x7B and Qwen3-30B-A3B within 15 % of AIConfigurator's own estimate at every
+configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and EP-8 within 15 % on
+TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
+the peer substitutes those rows, moetune prices the engine's measured 2-node dispatch). The table
+and the gaps op by op: docs/search.md.
 
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
@@ -161,7 +171,26 @@ def main() -> None:
     ap.add_argument("--no-reference-trials", action="store_true", help="the study without its seeded trials")
     ap.add_argument("--cases", default="0,1,2,3", help="which CASES (indices)")
     ap.add_argument("--reference-points", action="store_true", help="also price the public operating points")
+    ap.add_argument("--peer", default=None, help="Python of a venv with aiconfigurator: the peer comparison table")
+    ap.add_argument("--engine", default="vllm", help="vllm | sglang: the tables both sides price with")
+    ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
+    ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
+                    "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
     a = ap.parse_args()
+    cases = [CASES[int(x)] for x in a.cases.split(",") if x]
+    if a.peer:
+        from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
+        from peer_compare import peer_table
+
+        before = loadavg()
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = peer_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp))
+        if a.write_doc:
+            title = f"moetune beside AIConfigurator, {a.engine} {a.engine_version or 'current'} tables (estimated)"
+            write_section(f"peer-{a.engine}", section(f"peer-{a.engine}", title, lines, before, loadavg()),
+                          ROOT / "docs" / "search.md")
+    if not a.trials:
+        return
     print("| model | GPUs | concurrency / replica | winner | seed | output tok/s/GPU (est.) | TTFT P50/P99 ms | "
           "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | feasible / trials | best seeded | best sampled | "
           "trial s median / P99 (setup + first) |")

@@ -55,16 +55,22 @@ NodesOpt = typer.Option(None, "--nodes", help="Nodes of the hardware (default: 1
 ScaleModelOpt = typer.Option(None, "--scale-model", help="config.json of a larger model to replay the routing on.")
 ScaleRoutingOpt = typer.Option(None, "--scale-routing", help="How --scale-model carries the routing over: stats "
                                "(default: each layer's load CV kept, hot experts at random ids), blocks (each source "
-                               "expert a block of target experts: the toy's skew) | loads:FILE (a real deployment's "
+                               "expert a block of target experts: the toy's skew), balanced (every expert equally loaded: the peer "
+                               "tools' uniform routing) | loads:FILE (a real deployment's "
                                "per-layer loads: SGLang's expert-distribution .pt dump, stat or per_token mode, or a moetune run "
                                "directory; vLLM writes no load file).")
+EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine whose measured op tables price "
+                        "the GPU ops (default vllm; the gpu-db extra: pip install \"moetune[gpu-db]\"; without it, or "
+                        "on hardware the tables lack, the roofline, labelled 'roofline (unmeasured)'); search: also "
+                        "the engine `--evaluator engine` and `--remeasure-on` run.")
+EngineVersionOpt = typer.Option(None, "--engine-version", help="The engine version of the measured tables "
+                                "(default: the tables' current one; also current | previous | next).")
 NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: the run's).")
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
                               "cached per machine) | trace (the trace's own phase times) | engine (search: the "
                               "estimates corrected per phase class by the trials measured on an engine in --out).")
-EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine `--evaluator engine` and `--remeasure-on` run.")
 SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                  help="Speculation priced without a measured acceptance (the trace not profiled "
                                       "with that speculator): per-token acceptance 0..1, labelled assumed.")
@@ -191,6 +197,8 @@ class TraceArgs:
     calibrate_on: str = "microbenchmarks"
     recalibrate: bool = False
     spec_acceptance: Optional[float] = None
+    engine: Optional[str] = None
+    engine_version: Optional[str] = None
 
     def inputs(self):
         from moetune.search.study.setup import Inputs
@@ -217,7 +225,8 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
          ("scale_model", Optional[str], ScaleModelOpt), ("scale_routing", Optional[str], ScaleRoutingOpt),
          *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt), ("recalibrate", bool, RecalibrateOpt),
-         ("spec_acceptance", Optional[float], SpecAcceptanceOpt)]
+         ("spec_acceptance", Optional[float], SpecAcceptanceOpt), ("engine", Optional[str], EngineOpt),
+         ("engine_version", Optional[str], EngineVersionOpt)]
 
 
 def model_options(*groups: str):

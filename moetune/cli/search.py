@@ -6,14 +6,13 @@ from typing import Optional, Tuple
 
 import typer
 
-from moetune.cli.options import EngineOpt, OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
+from moetune.cli.options import OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Base recipe (default: the run's model).")
 def search(
     evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here) | "
                                   "engine (each trial's launch file run on --engine, measured with bench-serve)."),
-    engine: Optional[str] = EngineOpt,
     engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="The engine's executable (default: vllm on "
                                              "PATH; for sglang, a python with SGLang installed)."),
     engine_port: int = typer.Option(0, "--engine-port", help="Port the engine serves on (default: a free one per "
@@ -76,7 +75,7 @@ def search(
     printer = Printer(fmt)
     _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
                    grace_s)
-    choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
+    choice = _engine_choice(evaluator, w.engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
     objectives, w = _objectives(objective, w), _slo_limits(w, max_ttft_ms, max_tpot_ms)

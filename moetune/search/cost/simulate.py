@@ -63,6 +63,7 @@ import numpy as np
 
 from moetune.search.cost import disagg
 from moetune.search.cost import mesh as mesh_costs
+from moetune.search.cost import op_tables
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
@@ -79,7 +80,7 @@ from moetune.search.cost.schedule_fast import compiled_schedule
 from moetune.search.cost.slo_load import evaluate_at_slo, load_cap, load_key
 from moetune.search.cost.source import TraceSource
 from moetune.search.cost.steady import poisson_arrivals
-from moetune.search.cost.step_totals import CAPACITY_PRICED, Totals, add_step, half, overlapped
+from moetune.search.cost.step_totals import CAPACITY_PRICED, Totals, add_step, overlapped
 from moetune.search.cost.summary import summarize_steps
 from moetune.search.cost.trace_rows import TraceRows
 from moetune.search.cost.vector import vector_reason
@@ -159,6 +160,7 @@ class Simulator:
         self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
         self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
+        self.tables = self.measured = None  # op_tables: the chosen tables (--engine; None: roofline), bound to d
         self.load_hints: dict = {}  # ranks per replica → the load last found meeting the SLOs (slo_load.py)
 
     # ---- public -------------------------------------------------------------------------------
@@ -433,6 +435,8 @@ class Simulator:
         if own is not None and own[0] == "variant":  # timed on its own path: priced as fp32 × its ratio
             prec = replace(prec, dense_b=float(self.b))
         self.prec = view.prec = prec
+        self.measured = view.measured = op_tables.bind(self.tables, m, view.src.model, d, prec,
+                                                       self.hw.ranks_per_node)
         plan = self.spec_plan(d)
         draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
@@ -450,8 +454,8 @@ class Simulator:
         the memory bandwidth would say far less), the hardware's link figure where the slope is not
         positive; each α is its kind's seconds per call minus the ring's bandwidth term at its payload,
         so each measured size costs exactly what was measured. None where there is no own TP path."""
-        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:
-            return None
+        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:  # GPUs: the all-reduce table's
+            return None if self.measured is None else self.measured.tp_link(tp_costs.group_size(d), kind, self.b)
         G, r = tp_costs.group_size(d), own[1]
         ring = 2 * (G - 1) / G
         bw = self.hw.intra_bw * self.hw.link_eff
@@ -472,7 +476,7 @@ class Simulator:
         counts = ctx.trace.counts(s, t, m)  # [R, Lm, E]
         whole = costs.StepRows.of(s, t, self.hw.grouped_experts)
         halves = 2 if d.overlap and R > 1 else 1  # two-batch overlap: the MoE layers priced per micro-batch
-        st, counts = (whole, counts) if halves == 1 else (half(whole), counts / 2)
+        st, counts = (whole, counts) if halves == 1 else (whole.half(), counts / 2)
         per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
         split = (costs.CapacitySplit.of(counts, st.T, d.capacity_factor, m.K, m.E)
                  if d.capacity_policy in CAPACITY_PRICED else None)
@@ -495,7 +499,8 @@ class Simulator:
         elif own is not None and f"exchange/{sim._kind}" in own[1]:  # measured per MoE layer: 3 collectives
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
-        a2a = costs.all_to_all(sim, counts, prep, links)
+        a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T, st.prefill)
+        expert_s = costs.shared_beside_experts(sim, per_rank, expert_s, a2a)
         totals.a2a_bytes += a2a.bytes * halves
         totals.inter_bytes += a2a.inter_node_bytes * halves
         if halves == 2:
@@ -534,6 +539,7 @@ class Simulator:
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps),
                   "routing": self.src.scale_routing or "trace",  # which routing was replayed (balance.py)
                   "stored_weights": self.src.model.weight_format}  # fp8: the checkpoint's own, priced as stored
+        detail.update(op_tables.trial_figures(self.tables, self.measured, phases))
         plan = self.spec_plan(d)
         if plan is not None:
             detail["speculative"] = {**plan.as_dict(), "draft_s": float(phases.get("draft", np.zeros(1)).sum())}

@@ -1,6 +1,6 @@
 """What a simulated run's steps add up to: seconds per step and per phase line (`Totals`), and how
 one step's per-rank pieces become its time — serially (`add_step`) or under two-batch overlap
-(`overlapped`, from one micro-batch's pieces: `half`)."""
+(`overlapped`, from one micro-batch's pieces: `StepRows.half`)."""
 
 from __future__ import annotations
 
@@ -115,12 +115,6 @@ def add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall
                                       + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0)))
     for phase, value in lines.items():
         totals.phases[phase][t] = value
-
-
-def half(st: costs.StepRows) -> costs.StepRows:
-    """One of two micro-batches of a step: half of every rank's rows, pairs and context (overlap.py)."""
-    return costs.StepRows(st.T / 2, st.B / 2, st.pairs / 2, st.context / 2, st.sampled / 2, st.R,
-                          None if st.spec_seqs is None else st.spec_seqs / 2)
 
 
 def overlapped(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,

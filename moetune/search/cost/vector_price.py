@@ -46,7 +46,9 @@ def price_all(self, d, s, prep, totals, ctx):
     stall, offload = offload_stalls(sim, ctx.offload, d, pieces, expert_s, active, prep)
     if own is not None and own[0] == "variant":
         stall = np.zeros_like(stall)
-    a2a = all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat)
+    a2a = costs.measured_a2a(sim, all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat), st.T,
+                             st.prefill)
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a)
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves
     totals.rank_rows += halves * slots.rows_q.sum(0)

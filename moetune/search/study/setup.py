@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from moetune.config import RunConfig, load_recipe, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.hardware import Hardware, get_hardware
+from moetune.search.cost.op_tables import ENGINES, choose
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator
 from moetune.search.cost.slo_load import DEFAULT_CONCURRENCY
@@ -44,6 +45,8 @@ class Inputs:
     burst: bool = False  # every request at t = 0 (the default on this-machine; on GPU hardware only when asked)
     spec_acceptance: float | None = None  # speculation's per-token acceptance where the trace did not measure it
     scale_routing: str | None = None  # --scale-routing stats | blocks | loads:FILE (None: stats; scale.py)
+    engine: str | None = None  # --engine: whose measured op tables price the GPU ops (cost/op_tables.py; None: vllm)
+    engine_version: str | None = None  # --engine-version (None: the tables' current version)
 
 
 @dataclass
@@ -82,6 +85,8 @@ def prepare(inp: Inputs) -> Setup:
             raise MoetuneError(f"{name} must be at least 1")
     if inp.calibrate_on not in ("microbenchmarks", "trace", "engine"):
         raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace, engine")
+    if inp.engine is not None and inp.engine not in ENGINES:
+        raise MoetuneError(f"--engine {inp.engine!r} is not one of {', '.join(ENGINES)}")
     base = load_recipe(inp.recipe) if inp.recipe else None
     source = load_source(Path(inp.trace), inp.scale_model, inp.scale_routing)
     if base is None:
@@ -91,6 +96,7 @@ def prepare(inp: Inputs) -> Setup:
     hw, cal = hardware_for(inp, source, base)
     sim = Simulator(source, hw, base.engine.chunked_prefill, cal.multipliers() if cal else None, cal)
     sim.spec_acceptance = inp.spec_acceptance
+    sim.tables = choose(hw.name, inp.engine or "vllm", inp.engine_version) if hw.name != "this-machine" else None
     if cal is not None and cal.source == "microbenchmarks":  # a recipe path of its own is timed on its own
         from moetune.search.cost.calibrate import priced_config
         sim.base_config = priced_config(source, base)
