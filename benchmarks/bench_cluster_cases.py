@@ -1,6 +1,14 @@
 """The cluster cases of the search (estimated, on the simulator): Mixtral-8x7B and Qwen3-30B-A3B on
 8×H200, DeepSeek-V3 on 8 and 16×H200; input 1,024 / output 256 tokens; TTFT ≤ 1 s and TPOT ≤ 50 ms
-(medians, the study's constraints) in a steady state (closed loop at each concurrency per replica).
+(medians, the study's constraints) in a steady state: by default (`--concurrency 0`) each trial at the
+highest closed-loop concurrency per replica whose TTFT / TPOT P90 meet them (cost/slo_load.py), else
+a closed loop at each concurrency given per replica.
+
+2026-12-05 (issue 38), 80 trials a case, each run alone on the CPU lock (load 2.1–5.1 at its start),
+main at --concurrency 256 → this load search: 80 trials wall / trial median / P99 s — Mixtral 12.7 /
+0.09 / 0.56 → 13.3 / 0.10 / 0.36; Qwen3 28.4 / 0.15 / 1.20 → 26.4 / 0.20 / 1.15; DeepSeek-V3 8×H200
+27.2 / 0.24 / 1.49 → 46.9 / 0.41 / 1.03; 16×H200 41.8 / 0.39 / 1.27 → 51.6 / 0.43 / 1.77 (docs/search.md
+"Numbers (2026-12-05 …)" has the winners).
 For each case and concurrency: the winner, tok/s per GPU, TTFT/TPOT P50 and P99, memory per GPU,
 its phase breakdown, and the time each simulated trial took (median, P99).
 
@@ -8,6 +16,9 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
+  [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
+      benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
+      run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
 
 Every figure is an estimate. Public reference points (their own conditions; not the same workload):
 SGLang's large-scale EP DeepSeek-V3 (96 H100, prefill/decode disaggregated) ~2.8k output tok/s per
@@ -30,6 +41,13 @@ A 300-trial study (`--trials 300 --cases 2` / `--cases 1`): 93 s / 51 s wall.
 
 `--no-reference-trials` (40 trials, load 1.6): Qwen3 4,711 tok/s/GPU (4 replicas × R=2, bf16 experts);
 neither DeepSeek-V3 case finds a feasible trial (0/40 each).
+
+2026-12-05 (issue 38), `--trials 0 --peer PYTHON` with the gpu-db extra (H200 vLLM 0.24.0 tables, both
+sides): Mixtral-8x7B and Qwen3-30B-A3B within 15 % of AIConfigurator's own estimate at every
+configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and EP-8 within 15 % on
+TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
+the peer substitutes those rows, moetune prices the engine's measured 2-node dispatch). The table
+and the gaps op by op: docs/search.md.
 
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
@@ -63,8 +81,10 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
         times.append(now - last[0])
         last[0] = now
 
+    load = (dict(num_requests=4 * concurrency, concurrency=concurrency) if concurrency
+            else dict(slo_ttft_ms=1000.0, slo_tpot_ms=50.0))  # 0: the load the SLOs allow, found per trial (P90)
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
-                    num_requests=4 * concurrency, concurrency=concurrency, scale_routing=scale_routing)
+                    scale_routing=scale_routing, **load)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
     result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
@@ -92,6 +112,7 @@ def row(name: str, hw: str, c: int, result, times) -> str:
     phases = m.get("phases_ms", {}).get("decode", {})
     ranked = sorted(((k, v) for k, v in phases.items() if k not in ("step", "steps")), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {v:.1f}" for k, v in ranked[:3])
+    c = c or (m.get("detail", {}).get("load") or {}).get("concurrency", "")  # the load found (P90 SLOs)
     return (f"| {name} | {hw} | {c} | {w.deployment.label()} | {w.seeded or 'sampled'} | "
             f"{m['output_tok_s_per_gpu']:,.0f} | {p('ttft', 'p50'):.0f} / {p('ttft', 'p99'):.0f} | "
             f"{p('tpot', 'p50'):.1f} / {p('tpot', 'p99'):.1f} | {m['peak_mem_gb']:.1f} | {top} | {tail}")
@@ -144,12 +165,32 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
     ap.add_argument("--trials", type=int, default=30)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[0],
+                    help="closed-loop concurrency per replica; 0 (default): the highest meeting TTFT/TPOT P90")
     ap.add_argument("--scale-routing", default=None, help="stats (default) | blocks | loads:FILE")
     ap.add_argument("--no-reference-trials", action="store_true", help="the study without its seeded trials")
     ap.add_argument("--cases", default="0,1,2,3", help="which CASES (indices)")
     ap.add_argument("--reference-points", action="store_true", help="also price the public operating points")
+    ap.add_argument("--peer", default=None, help="Python of a venv with aiconfigurator: the peer comparison table")
+    ap.add_argument("--engine", default="vllm", help="vllm | sglang: the tables both sides price with")
+    ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
+    ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
+                    "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
     a = ap.parse_args()
+    cases = [CASES[int(x)] for x in a.cases.split(",") if x]
+    if a.peer:
+        from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
+        from peer_compare import peer_table
+
+        before = loadavg()
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = peer_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp))
+        if a.write_doc:
+            title = f"moetune beside AIConfigurator, {a.engine} {a.engine_version or 'current'} tables (estimated)"
+            write_section(f"peer-{a.engine}", section(f"peer-{a.engine}", title, lines, before, loadavg()),
+                          ROOT / "docs" / "search.md")
+    if not a.trials:
+        return
     print("| model | GPUs | concurrency / replica | winner | seed | output tok/s/GPU (est.) | TTFT P50/P99 ms | "
           "TPOT P50/P99 ms | GB/GPU | decode step: top phases ms | feasible / trials | best seeded | best sampled | "
           "trial s median / P99 (setup + first) |")

@@ -55,16 +55,22 @@ NodesOpt = typer.Option(None, "--nodes", help="Nodes of the hardware (default: 1
 ScaleModelOpt = typer.Option(None, "--scale-model", help="config.json of a larger model to replay the routing on.")
 ScaleRoutingOpt = typer.Option(None, "--scale-routing", help="How --scale-model carries the routing over: stats "
                                "(default: each layer's load CV kept, hot experts at random ids), blocks (each source "
-                               "expert a block of target experts: the toy's skew) | loads:FILE (a real deployment's "
+                               "expert a block of target experts: the toy's skew), balanced (every expert equally loaded: the peer "
+                               "tools' uniform routing) | loads:FILE (a real deployment's "
                                "per-layer loads: SGLang's expert-distribution .pt dump, stat or per_token mode, or a moetune run "
                                "directory; vLLM writes no load file).")
+EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine whose measured op tables price "
+                        "the GPU ops (default vllm; the gpu-db extra: pip install \"moetune[gpu-db]\"; without it, or "
+                        "on hardware the tables lack, the roofline, labelled 'roofline (unmeasured)'); search: also "
+                        "the engine `--evaluator engine` and `--remeasure-on` run.")
+EngineVersionOpt = typer.Option(None, "--engine-version", help="The engine version of the measured tables "
+                                "(default: the tables' current one; also current | previous | next).")
 NumRequestsOpt = typer.Option(None, "--num-requests", help="Requests (default: the run's).")
 InputLenOpt = typer.Option(None, "--input-len", help="Prompt tokens (default: the run's).")
 OutputLenOpt = typer.Option(None, "--output-len", help="Output tokens (default: the run's).")
 CalibrateOnOpt = typer.Option("microbenchmarks", "--calibrate-on", help="this-machine: microbenchmarks (timed now, "
                               "cached per machine) | trace (the trace's own phase times) | engine (search: the "
                               "estimates corrected per phase class by the trials measured on an engine in --out).")
-EngineOpt = typer.Option(None, "--engine", help="vllm | sglang: the serving engine `--evaluator engine` and `--remeasure-on` run.")
 SpecAcceptanceOpt = typer.Option(None, "--spec-acceptance", min=0.0, max=1.0,
                                  help="Speculation priced without a measured acceptance (the trace not profiled "
                                       "with that speculator): per-token acceptance 0..1, labelled assumed.")
@@ -87,6 +93,11 @@ WarmupOpt = typer.Option(None, "--warmup-requests", help="Requests excluded from
 ArrivalSeedOpt = typer.Option(0, "--arrival-seed", help="Seed of the Poisson arrivals.")
 SloTtftOpt = typer.Option(None, "--slo-ttft-ms", help="Goodput: a request's TTFT limit (ms).")
 SloTpotOpt = typer.Option(None, "--slo-tpot-ms", help="Goodput: a request's TPOT limit (ms).")
+SloPercentileOpt = typer.Option(90.0, "--slo-percentile", help="The percentile of the steady window's requests the "
+                                "SLOs apply at (default 90). On GPU hardware with an SLO and no --concurrency / "
+                                "--request-rate / --burst, each deployment runs the highest concurrency meeting them.")
+BurstOpt = flag(False, "--burst", help="Every request at t=0 (the default on this-machine; on GPU hardware the "
+                "default is the steady state: the load the SLOs allow, else --concurrency 256 per replica).")
 
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
@@ -181,9 +192,13 @@ class TraceArgs:
     arrival_seed: int = 0
     slo_ttft_ms: Optional[float] = None
     slo_tpot_ms: Optional[float] = None
+    slo_percentile: float = 90.0
+    burst: bool = False
     calibrate_on: str = "microbenchmarks"
     recalibrate: bool = False
     spec_acceptance: Optional[float] = None
+    engine: Optional[str] = None
+    engine_version: Optional[str] = None
 
     def inputs(self):
         from moetune.search.study.setup import Inputs
@@ -205,11 +220,13 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
             ("output_len", Optional[int], OutputLenOpt), ("concurrency", Optional[int], ConcurrencyOpt),
             ("request_rate", Optional[float], RateOpt), ("warmup_requests", Optional[int], WarmupOpt),
             ("arrival_seed", int, ArrivalSeedOpt), ("slo_ttft_ms", Optional[float], SloTtftOpt),
-            ("slo_tpot_ms", Optional[float], SloTpotOpt)]
+            ("slo_tpot_ms", Optional[float], SloTpotOpt), ("slo_percentile", float, SloPercentileOpt),
+            ("burst", bool, BurstOpt)]
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
          ("scale_model", Optional[str], ScaleModelOpt), ("scale_routing", Optional[str], ScaleRoutingOpt),
          *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt), ("recalibrate", bool, RecalibrateOpt),
-         ("spec_acceptance", Optional[float], SpecAcceptanceOpt)]
+         ("spec_acceptance", Optional[float], SpecAcceptanceOpt), ("engine", Optional[str], EngineOpt),
+         ("engine_version", Optional[str], EngineVersionOpt)]
 
 
 def model_options(*groups: str):

@@ -6,14 +6,13 @@ from typing import Optional, Tuple
 
 import typer
 
-from moetune.cli.options import EngineOpt, OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
+from moetune.cli.options import OutputFormatOpt, ReferenceTrialsOpt, TraceArgs, flag, trace_options
 
 
 @trace_options("Base recipe (default: the run's model).")
 def search(
     evaluator: str = typer.Option("simulate", "--evaluator", help="simulate (cost model) | measure (run here) | "
                                   "engine (each trial's launch file run on --engine, measured with bench-serve)."),
-    engine: Optional[str] = EngineOpt,
     engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="The engine's executable (default: vllm on "
                                              "PATH; for sglang, a python with SGLang installed)."),
     engine_port: int = typer.Option(0, "--engine-port", help="Port the engine serves on (default: a free one per "
@@ -40,8 +39,10 @@ def search(
     what_if: bool = flag(False, "--what-if", help="Also search knobs a recipe cannot say yet "
                                  "(simulate only; none at present: every knob is a recipe key)."),
     max_mem_gb: Optional[float] = typer.Option(None, "--max-mem-gb", help="Constraint: peak GB per rank."),
-    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT."),
-    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT."),
+    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="Constraint: median TTFT (ms); on GPU "
+                                           "hardware also the SLO the load is found by (unless --slo-ttft-ms)."),
+    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="Constraint: median TPOT (ms); on GPU "
+                                           "hardware also the SLO the load is found by (unless --slo-tpot-ms)."),
     max_low_share: Optional[float] = typer.Option(None, "--max-low-share", help="Constraint (quality stand-in): "
                                                                                 "share of copies on low-bit experts."),
     max_kl: Optional[float] = typer.Option(None, "--max-kl", help="Constraint: KL (nats) of the low-bit expert mix "
@@ -69,14 +70,15 @@ def search(
     from moetune.cli import checks
     from moetune.report.terminal import Printer
     from moetune.search.study.optuna_study import Constraints, StudySettings
+    from moetune.search.study.run import SearchSettings
 
     printer = Printer(fmt)
     _check_numbers(max_mem_gb, max_ttft_ms, max_tpot_ms, max_low_share, max_kl, max_dropped_fraction, remeasure,
                    grace_s)
-    choice = _engine_choice(evaluator, engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
+    choice = _engine_choice(evaluator, w.engine, engine_cmd, engine_port, engine_timeout_s, remeasure_on)
     out_dir = Path(out)
     checks.output_dir("--out", out_dir)
-    objectives = _objectives(objective, w)
+    objectives, w = _objectives(objective, w), _slo_limits(w, max_ttft_ms, max_tpot_ms)
     storage = storage or f"sqlite:///{out_dir.resolve() / 'study.db'}"
     n_trials = n_trials if n_trials is not None else (100 if evaluator == "simulate" else 40)
     study_settings = StudySettings(study, storage, objectives, sampler or ("nsga2" if len(objectives) > 1 else "tpe"),
@@ -84,8 +86,6 @@ def search(
                                                                    max_dropped_fraction),
                                    heartbeat_s=max(1, grace_s // 3), grace_s=grace_s,
                                    allow_changed_inputs=allow_changed_inputs, reference_trials=reference_trials)
-    from moetune.search.study.run import SearchSettings
-
     settings = SearchSettings(w.inputs(), study_settings, out_dir, evaluator, space, what_if, remeasure, hf_id=hf_id,
                               quality=quality, engine=choice, remeasure_on=remeasure_on[1] if remeasure_on else 0)
     _run(settings, printer)
@@ -188,3 +188,14 @@ def _run(settings, printer) -> None:
         printer.table(remeasure_table(result.remeasured))
     for name, path in result.files.items():
         printer.line(f"{name}: {path}")
+
+
+def _slo_limits(w, max_ttft_ms, max_tpot_ms):
+    """On GPU hardware --max-ttft-ms / --max-tpot-ms are also the SLOs the load is found by
+    (search/cost/slo_load.py) where --slo-ttft-ms / --slo-tpot-ms are not given."""
+    if w.hardware == "this-machine":
+        return w
+    from dataclasses import replace
+
+    return replace(w, slo_ttft_ms=w.slo_ttft_ms if w.slo_ttft_ms is not None else max_ttft_ms,
+                   slo_tpot_ms=w.slo_tpot_ms if w.slo_tpot_ms is not None else max_tpot_ms)

@@ -80,6 +80,10 @@ def simulate(
     printer.table(phase_table("Phases per step kind (estimated)", m))
     printer.table(metrics_table("Totals (estimated)", m))
     printer.line(balance_sentence(m))
+    if "cost_source" in m.detail:
+        from moetune.search.cost.op_tables import cost_sentence
+
+        printer.line(cost_sentence(m.detail))
     if explain:
         from moetune.search.cost.explain import terms_table
 

@@ -18,7 +18,8 @@ from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.hardware import BUILTIN
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simmodel import SimModel
-from moetune.search.cost.simulate import PHASES, Simulator
+from moetune.search.cost.simulate import Simulator
+from moetune.search.cost.step_totals import PHASES
 from moetune.search.cost.source import TraceSource
 
 GOLDEN = Path(__file__).with_name("estimates_golden.json")
@@ -113,8 +114,8 @@ if __name__ == "__main__":
 def test_the_prefix_counts_and_the_per_step_bincount_give_the_same_estimates(monkeypatch):
     """The trace's copies per expert come from prefix sums where they fit, else from a bincount of each
     step's rows: both are the same integers, so the estimates are the same bits."""
-    import moetune.search.cost.simulate as simulate
+    import moetune.search.cost.trace_rows as trace_rows
 
     fast = estimates()
-    monkeypatch.setattr(simulate, "PREFIX_ELEMS", 0)  # every pool over the budget: the bincount path
+    monkeypatch.setattr(trace_rows, "PREFIX_ELEMS", 0)  # every pool over the budget: the bincount path
     assert estimates() == fast

@@ -69,11 +69,13 @@ def test_max_kl_excludes_int4_measures_each_point_once_and_reuses_the_cache(run_
     assert [r["kl"] for r in csv.DictReader((again / "trials.csv").open())] == [r["kl"] for r in rows]
 
 
-def test_without_max_kl_or_quality_nothing_is_measured(run_dir, tmp_path, count_evals):
+def test_without_max_kl_or_quality_only_the_winners_mix_is_measured(run_dir, tmp_path, count_evals):
     out = tmp_path / "plain"
-    run_search(_settings(run_dir, out, tmp_path, Constraints(), n=2))
-    assert count_evals == [] and not (out / "quality.json").exists()
-    assert "kl" not in next(csv.DictReader((out / "trials.csv").open()))
+    result = run_search(_settings(run_dir, out, tmp_path, Constraints(), n=2))
+    assert len(count_evals) == 1 and (out / "quality.json").exists()  # the trials measured nothing
+    assert result.winner.deployment.quant_low_format in ("int8", "int4")  # below fp8: measured after the study
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert rows[result.winner.number]["kl"] != "" and float(rows[result.winner.number]["kl"]) > 0
 
 
 def test_a_point_without_low_format_is_kl_zero_without_running(run_dir, tmp_path, count_evals):
@@ -85,3 +87,20 @@ def test_a_point_without_low_format_is_kl_zero_without_running(run_dir, tmp_path
                            tmp_path / "quality.json", "cpu")
     assert lookup.quality(Deployment(quant_low_format="none")) == {"kl": 0.0, "top1_agreement": 1.0}
     assert count_evals == [] and lookup.measured == 0 and not (tmp_path / "quality.json").exists()
+
+
+def test_a_winner_below_fp8_has_its_quality_measured_by_default(run_dir, tmp_path, count_evals):
+    """Neither --quality nor --max-kl: the trials measure nothing, the int4 winner's mix is measured after
+    the study and shown beside it (trials.csv, the report)."""
+    out = tmp_path / "out"
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.replace("quant_low_format: [int8, int4]", "quant_low_format: [none, int4]")
+                     .replace("quant_hot_fraction: [0, 0.25]", "quant_hot_fraction: 0"))
+    st = StudySettings("q", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", 2, 0)
+    result = run_search(SearchSettings(Inputs(str(run_dir), "H200", concurrency=8), st, out, "simulate", str(space)))
+    assert result.winner is not None and result.winner.deployment.quant_low_format == "int4"
+    assert len(count_evals) == 1  # the winner's mix only
+    rows = {r["quant_low_format"]: r for r in csv.DictReader((out / "trials.csv").open())}
+    assert 0 < float(rows["int4"]["kl"]) and 0 < float(rows["int4"]["top1_agreement"]) <= 1
+    assert rows["none"]["kl"] == ""  # no low format: nothing measured, nothing shown
+    assert "KL nats (measured)" in (out / "report.md").read_text()

@@ -52,6 +52,17 @@ def test_blocks_reproduce_the_toys_rank_imbalance_and_stats_do_not(run_dir):
     assert toy > 1.2 and s < b - 0.1  # the toy's skew is not copied rank for rank
 
 
+@pytest.mark.parametrize("config,E,K", [(QWEN3, 128, 8), ("recipes/scale/mixtral-8x7b.json", 8, 2)])
+def test_balanced_loads_every_expert_equally_with_distinct_picks(config, E, K):
+    """balanced (the peer comparison's uniform routing): each layer's copies per expert differ by at most
+    one, whatever the source's skew."""
+    ids = skewed_ids()
+    out = scale_routing_ids(ids, 16, read_scale_spec(config), parse_scale_routing("balanced"))
+    c = counts(out, E)
+    assert distinct(out) and out.shape[2] == K
+    assert (c.max(1) - c.min(1) <= 1).all() and load_cv(c).max() < 0.01
+
+
 @pytest.mark.parametrize("config,E,K", [(QWEN3, 128, 8), ("recipes/scale/deepseek-v3.json", 256, 8),
                                         ("recipes/scale/mixtral-8x7b.json", 8, 2)])
 def test_stats_keep_each_layers_load_cv_with_distinct_picks(config, E, K):

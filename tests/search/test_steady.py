@@ -12,7 +12,7 @@ from moetune.search.cost.schedule import SimWorkload, simulate_schedule
 from moetune.search.cost.steady import poisson_arrivals
 from moetune.search.study.setup import Inputs, prepare
 from moetune.search.study.space import Deployment
-from tests.cli_run import moetune
+from tests.cli_run import assert_one_line_error, moetune
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +113,19 @@ def test_simulate_cli_labels_the_workload_and_prints_percentiles(run_dir):
     assert "concurrency 4 per replica" in text and "all figures estimated" in text
     assert "TTFT ms P50 / P90 / P99" in text and "E2E ms P50 / P90 / P99" in text
     assert "16 requests measured" in text and "goodput SLOs: none set" in text
-    burst = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200")
+    burst = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--burst")
     assert burst.returncode == 0 and "burst (every request" in burst.stdout
+    plain = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200")  # GPU hardware: a steady state
+    assert plain.returncode == 0 and "concurrency 256 per replica" in " ".join(plain.stdout.split())
+    found = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--slo-ttft-ms", "1.2",
+                    "--slo-tpot-ms", "1", "--input-len", "64", "--output-len", "16")
+    text = " ".join(found.stdout.split())
+    assert found.returncode == 0 and "the highest concurrency meeting TTFT P90 ≤ 1.2 ms and TPOT P90 ≤ 1 ms" in text
+    assert "concurrency per replica (found)" in text and "probes" in text
+    both = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--burst", "--concurrency", "4")
+    assert_one_line_error(both, "--burst sends every request at t=0")
+    pct = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--slo-percentile", "100")
+    assert_one_line_error(pct, "--slo-percentile must be above 0 and below 100")
 
 
 def test_search_with_goodput_objective_at_a_rate(run_dir, tmp_path):

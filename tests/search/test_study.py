@@ -39,7 +39,7 @@ def load(out: Path, study="s"):
 def test_a_simulated_study_emits_a_loadable_winner_and_its_files(run_dir, tmp_path):
     out = tmp_path / "out"
     result = run_search(settings(run_dir, out, hw="this-machine", n=14))
-    assert len(result.rows) == 14 and result.winner is not None
+    assert len([r for r in result.rows if not r.twin]) == 14 and result.winner is not None  # twins: no budget
     for name in ("winner.yaml", "winner.vllm.sh", "winner.sglang.sh", "trials.csv", "pareto.csv", "report.md",
                  "report.html", "pareto.png"):
         assert (out / name).is_file(), name
@@ -180,6 +180,7 @@ def test_killed_mid_study_the_same_command_finishes_it_without_losing_or_repeati
         # with no point fixed, that copy chooses one of its own like any new trial (seen in a CI run)
         assert not retried[stale].system_attrs.get("fixed_params"), (stale, dump)
     counted = [t for t in trials if t.number != stale and not t.user_attrs.get("surplus")
+               and not t.user_attrs.get("twin")  # a twin of a priced point spends no budget
                and not (t.state.name == "FAIL" and "fail_reason" not in t.user_attrs)]
     assert len(counted) == n
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
@@ -217,7 +218,8 @@ def test_a_worker_that_died_before_its_first_heartbeat_does_not_hold_the_study(r
     rerun = [t for t in trials if retried_number(t) == queued.number]
     assert len(rerun) == 1 and rerun[0].params == point and rerun[0].state.name == "COMPLETE"
     assert not any(retried_number(t) == empty.number for t in trials)
-    counted = [t for t in trials if t.number not in (empty.number, queued.number) and not t.user_attrs.get("surplus")]
+    counted = [t for t in trials if t.number not in (empty.number, queued.number) and not t.user_attrs.get("surplus")
+               and not t.user_attrs.get("twin")]
     assert len(counted) == 6
 
 

@@ -1,6 +1,6 @@
 """How much of an estimate is expert-load imbalance, and which routing it was priced on.
 
-The simulator prices a MoE layer as the slowest rank's (simulate.py `_add_step`); its
+The simulator prices a MoE layer as the slowest rank's (step_totals.py `add_step`); its
 `straggler_wait` phase line is what the slowest rank adds to the mean rank's busy time. So a
 step "with perfect balance" is the step as priced minus that line: every rank at the mean rank's
 expert, attention and permute time (the all-to-all's own skew stays in; estimated like the rest).

@@ -123,7 +123,7 @@ def sources(sent: np.ndarray, t: int) -> np.ndarray:
 
 def price(sim, d: Deployment, s, prep, empty):
     """Every step of schedule s (over the attn_dp groups) priced on d's mesh; prep: the placement over
-    the ep_size EP ranks (Simulator.prepare of `expert_view`), empty: simulate.Totals.empty.
+    the ep_size EP ranks (Simulator.prepare of `expert_view`), empty: step_totals.Totals.empty.
     Returns (step_s [S], phase lines, detail)."""
     m, hw, b = sim.src.model, sim.hw, sim.b
     a, t, e = d.attn_dp, d.tp_size, d.ep_size

@@ -36,5 +36,5 @@ def tbo_layer(pre: np.ndarray, disp: np.ndarray, exp: np.ndarray, comb: np.ndarr
 
 
 def serial_layer(pre, disp, exp, comb, post) -> np.ndarray:
-    """[Lm] the two halves back to back (what `_add_step` prices from the halves' phases)."""
+    """[Lm] the two halves back to back (what `step_totals.add_step` prices from the halves' phases)."""
     return 2 * (pre + disp + exp + comb + post)

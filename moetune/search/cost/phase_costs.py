@@ -32,6 +32,7 @@ class StepRows:
     sampled: np.ndarray  # [R] rows through the LM head (the tokens sampled; a verify's 1 + j rows each)
     R: int
     spec_seqs: np.ndarray | None = None  # [R] decoding sequences that verified a draft (speculative.py)
+    prefill: np.ndarray | None = None  # [R] of T, the prompt tokens (measured attention: op_tables.py)
 
     @classmethod
     def of(cls, s, t: int, grouped_experts: bool) -> "StepRows":
@@ -39,12 +40,20 @@ class StepRows:
         B = s.seqs[t].astype(np.float64) * (0.0 if grouped_experts else 1.0)
         head = s.sampled[t] if s.logits is None else s.logits[t]
         drafting = np.zeros_like(T) if s.drafting is None else s.drafting[t].astype(np.float64)
-        return cls(T, B, s.pairs[t], s.context[t], head.astype(np.float64), T.shape[-1], drafting)
+        return cls(T, B, s.pairs[t], s.context[t], head.astype(np.float64), T.shape[-1], drafting,
+                   s.prefill[t].astype(np.float64))
 
     def take(self, idx) -> "StepRows":
         """These steps' rows (fields [S, R] indexed by idx along the steps)."""
         return StepRows(self.T[idx], self.B[idx], self.pairs[idx], self.context[idx], self.sampled[idx], self.R,
-                        None if self.spec_seqs is None else self.spec_seqs[idx])
+                        None if self.spec_seqs is None else self.spec_seqs[idx],
+                        None if self.prefill is None else self.prefill[idx])
+
+    def half(self) -> "StepRows":
+        """One of two micro-batches: half of every rank's rows, pairs and context (overlap.py)."""
+        return StepRows(self.T / 2, self.B / 2, self.pairs / 2, self.context / 2, self.sampled / 2, self.R,
+                        None if self.spec_seqs is None else self.spec_seqs / 2,
+                        None if self.prefill is None else self.prefill / 2)
 
 
 @dataclass
@@ -74,35 +83,64 @@ class SlotRows:
                    per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.fp8_slot, R))
 
 
+def measured_or(sim, phase: str, roof_s, measure):
+    """The phase's seconds from the measured tables (op_tables.py) where the simulator has them bound
+    and they hold the op (measure(tables) → seconds or None), else roof_s; each counted with its source."""
+    tables = sim.measured
+    if tables is None:
+        return roof_s
+    got = measure(tables)
+    if got is None:
+        tables.note(phase, 0.0, roof_s, "roofline (no table entry)")
+        return roof_s
+    got = np.broadcast_to(got, np.shape(roof_s)).astype(np.float64)
+    tables.note(phase, got, got, tables.backend.label)
+    return got
+
+
+def in_fused_moe(sim, phase: str, roof_s):
+    """permute / unpermute: inside the fused MoE kernel where the experts are measured (0 s), else roof_s."""
+    tables = sim.measured
+    if tables is None or tables.expert_q is None or tables.experts(np.ones(1)) is None:
+        return roof_s
+    tables.note(phase, 0.0, 0.0, "inside the measured fused MoE")
+    return np.zeros(np.shape(roof_s))
+
+
 def attention(sim, st: StepRows) -> np.ndarray:
     m, b, p = sim.src.model, sim.b, sim.prec
     T, B = st.T, st.B
-    return sim.roof(2 * T * m.attn_weights * p.dense_k + m.pair_flops * st.pairs,
-                    np.where(T > 0, m.attn_weights * p.dense_b + st.context * m.kv_elems * p.kv_b + 2 * T * m.D * b, 0),
-                    np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), st.R, "attention")
+    roof_s = sim.roof(2 * T * m.attn_weights * p.dense_k + m.pair_flops * st.pairs,
+                      np.where(T > 0, m.attn_weights * p.dense_b + st.context * m.kv_elems * p.kv_b + 2 * T * m.D * b, 0),
+                      np.where(T > 0, CALLS["attention"][0] + CALLS["attention"][1] * B, 2), st.R, "attention")
+    prefill = st.prefill if st.prefill is not None else np.zeros_like(T)
+    return measured_or(sim, "attention", roof_s, lambda t: t.attention(T, prefill, st.pairs, st.context))
 
 
 def router(sim, st: StepRows) -> np.ndarray:
     m, b, T = sim.src.model, sim.b, st.T
-    return sim.roof(2 * T * m.D * m.E, m.E * m.D * b + T * m.D * b, CALLS["router"][0], st.R, "router")
+    roof_s = sim.roof(2 * T * m.D * m.E, m.E * m.D * b + T * m.D * b, CALLS["router"][0], st.R, "router")
+    return measured_or(sim, "router", roof_s, lambda t: t.gemm(m.E, m.D, "bfloat16", T))
 
 
 def permute(sim, st: StepRows) -> np.ndarray:
     m, b, T = sim.src.model, sim.b, st.T
-    return sim.roof(0 * T, 2 * T * m.K * m.D * b, CALLS["permute"][0], st.R, "permute")
+    return in_fused_moe(sim, "permute", sim.roof(0 * T, 2 * T * m.K * m.D * b, CALLS["permute"][0], st.R, "permute"))
 
 
 def unpermute(sim, st: StepRows) -> np.ndarray:
     m, b, T = sim.src.model, sim.b, st.T
-    return sim.roof(2 * T * m.K * m.D, (T * m.K + T) * m.D * b, CALLS["unpermute"][0], st.R, "unpermute")
+    return in_fused_moe(sim, "unpermute", sim.roof(2 * T * m.K * m.D, (T * m.K + T) * m.D * b,
+                                                   CALLS["unpermute"][0], st.R, "unpermute"))
 
 
 def shared_expert(sim, st: StepRows) -> np.ndarray:
     m, b, T, p = sim.src.model, sim.b, st.T, sim.prec
     if not m.I_shared:
         return np.zeros_like(st.T)
-    return sim.roof(6 * T * m.D * m.I_shared * p.dense_k, 3 * m.D * m.I_shared * p.dense_b + 2 * T * m.D * b,
-                    CALLS["shared_expert"][0], st.R, "shared_expert")
+    roof_s = sim.roof(6 * T * m.D * m.I_shared * p.dense_k, 3 * m.D * m.I_shared * p.dense_b + 2 * T * m.D * b,
+                      CALLS["shared_expert"][0], st.R, "shared_expert")
+    return measured_or(sim, "shared_expert", roof_s, lambda t: t.mlp(m.I_shared, T))
 
 
 # per-rank phases that run once in every MoE layer, each [R] seconds
@@ -115,8 +153,24 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     m, b, hw = sim.src.model, sim.b, sim.hw
     calls = CALLS["experts_fixed"][0] + (0 if hw.grouped_experts else CALLS["expert_slot"][0]) * slots.act_n_q
     rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.fp8_rows_q
-    return sim.roof(6 * rows * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
-                    "experts")
+    roof_s = sim.roof(6 * rows * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
+                      "experts")
+    return measured_or(sim, "experts", roof_s, lambda t: t.experts(slots.rows_q))
+
+
+def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray, a2a: "AllToAll") -> np.ndarray:
+    """With the measured tables bound (the engines' kernels in the engines' schedule), the shared expert
+    runs on a second stream beside the routed path — dispatch, routed experts, combine (vLLM's
+    SharedFusedMoE, SGLang's alternate stream), as the peer prices it: each rank's expert time becomes
+    max(routed, shared − dispatch − combine) and the shared-expert line 0 (in place on per_rank).
+    expert_s: [..., Lm, R], a2a's seconds [..., Lm]; returns the new expert_s."""
+    shared = per_rank["shared_expert"]  # [..., R]
+    if sim.measured is None or not np.any(shared):
+        return expert_s
+    sim.measured.sources["shared_expert"] = "beside the routed path (the engine's second stream)"
+    per_rank["shared_expert"] = np.zeros_like(shared)
+    comm = (np.asarray(a2a.dispatch) + np.asarray(a2a.combine))[..., None]  # [..., Lm, 1]
+    return np.maximum(expert_s, shared[..., None, :] - comm)
 
 
 @dataclass
@@ -152,7 +206,9 @@ def dense_mlp(sim, st: StepRows) -> np.ndarray:
     m, b, T, p = sim.src.model, sim.b, st.T, sim.prec
     if not m.dense_I:
         return np.zeros_like(st.T)
-    return sum(sim.roof(6 * T * m.D * i * p.dense_k, 3 * m.D * i * p.dense_b + 2 * T * m.D * b, CALLS["dense_mlp"][0], st.R, "dense_mlp")
+    return sum(measured_or(sim, "dense_mlp", sim.roof(6 * T * m.D * i * p.dense_k, 3 * m.D * i * p.dense_b
+                                                      + 2 * T * m.D * b, CALLS["dense_mlp"][0], st.R, "dense_mlp"),
+                           lambda t, i=i: t.mlp(i, T))
                for i in m.dense_I)
 
 
@@ -163,6 +219,10 @@ def other(sim, st: StepRows, collective_s: float) -> np.ndarray:
     out = sim.roof(2 * sampled * m.D * m.V, np.where(sampled > 0, m.D * m.V * b, 0),
                    CALLS["lm_head"][0] + CALLS["lm_head"][1] * np.minimum(sampled, B) + CALLS["step"][0]
                    + CALLS["step"][1] * B, st.R, "other")
+    if sim.measured is not None:  # the LM head from the GEMM table, the engine's per-step calls as the roofline's
+        calls = sim.roof(0 * sampled, 0 * sampled, CALLS["step"][0] + CALLS["step"][1] * B, st.R, "other")
+        out = measured_or(sim, "other", out, lambda t: None if (g := t.gemm(m.V, m.D, "bfloat16", sampled)) is None
+                          else g + calls)
     return out + (collective_s if st.R > 1 else 0.0)
 
 
@@ -208,6 +268,25 @@ def all_to_all(sim, counts: np.ndarray, prep, links: Links) -> AllToAll:
     a2a = link.max(0) + CALLS["dispatch"][0] * hw.op_overhead_s  # [Lm] the rows, either way
     lat = links.latency_s
     return AllToAll(a2a + 2 * lat, a2a + lat, 2 * float((intra + inter).sum()), 2 * float(inter.sum()))
+
+
+def measured_a2a(sim, a2a: AllToAll, T: np.ndarray, prefill: np.ndarray | None) -> AllToAll:
+    """a2a with its dispatch / combine seconds from the measured tables (op_tables.py) at the largest
+    rank's tokens, where bound and held; the bytes stay the trace's. T, prefill: [..., R] tokens and
+    prompt tokens per rank."""
+    tables = sim.measured
+    if tables is None or T.shape[-1] == 1:
+        return a2a
+    got = tables.dispatch(T.max(-1), (prefill if prefill is not None else 0 * T).max(-1) > 0)
+    if got is None:
+        for phase, s in (("dispatch", a2a.dispatch), ("combine", a2a.combine)):
+            tables.note(phase, 0.0, s, "roofline (no table entry)")
+        return a2a
+    shape = np.shape(a2a.dispatch)
+    dispatch, combine = (np.broadcast_to(np.asarray(x)[..., None], shape).astype(np.float64) for x in got)
+    for phase, s in (("dispatch", dispatch), ("combine", combine)):
+        tables.note(phase, s, s, tables.backend.label)
+    return AllToAll(dispatch, combine, a2a.bytes, a2a.inter_node_bytes)
 
 
 def offload_stall(sim, offload, d, per_rank: dict, expert_s: np.ndarray, slots: SlotRows, prep) -> np.ndarray:

@@ -24,6 +24,10 @@ keeps the trace's rows, so the steps and tokens the simulator reads are the run'
 the target's expert count (search/cost/scale_loads.py: SGLang's expert-distribution recorder
 dump, a moetune serve/profile run directory); the expert ids are the file's.
 
+`balanced` — every expert of every layer equally loaded (share 1 / E_tgt), the same sampler: a
+uniform routing, as the peer tools price it (benchmarks/bench_cluster_cases.py's comparison with
+AIConfigurator's `balanced` tables); it measures what the trace's imbalance costs, not a real routing.
+
 `blocks` (the old mapping, for comparison) — each source expert e becomes a group of
 m = ceil(E_tgt / E_src) target experts e·m .. e·m + m − 1 (mod E_tgt); a token's k-th target expert
 is in the group of its (k mod K_src)-th source expert, at an offset drawn once per (token, layer)
@@ -43,13 +47,13 @@ import numpy as np
 
 from moetune.errors import MoetuneError
 
-ROUTINGS = ("stats", "blocks", "loads:FILE")
+ROUTINGS = ("stats", "blocks", "balanced", "loads:FILE")
 FLOOR = 1e-3  # the least relative load a target expert keeps (a cold expert is still routed to, rarely)
 
 
 @dataclass(frozen=True)
 class ScaleRouting:
-    kind: str  # "stats" | "blocks" | "loads"
+    kind: str  # "stats" | "blocks" | "balanced" | "loads"
     path: str | None = None  # loads: the dump file or run directory
 
     def label(self) -> str:
@@ -60,8 +64,8 @@ def parse_scale_routing(text: str | None) -> ScaleRouting:
     """`--scale-routing` → ScaleRouting (None: stats)."""
     if text is None or text == "stats":
         return ScaleRouting("stats")
-    if text == "blocks":
-        return ScaleRouting("blocks")
+    if text in ("blocks", "balanced"):
+        return ScaleRouting(text)
     if text.startswith("loads:") and len(text) > len("loads:"):
         return ScaleRouting("loads", text[len("loads:"):])
     raise MoetuneError(f"--scale-routing {text!r} is not one of {', '.join(ROUTINGS)}")
@@ -97,6 +101,8 @@ def scale_routing_ids(ids: np.ndarray, E_src: int, spec, routing: ScaleRouting, 
     E_tgt, Lm_tgt, K_tgt = spec.moe.num_experts, len(spec.moe_layers), spec.moe.router.top_k
     if routing.kind == "blocks":
         return scale_ids(ids, E_src, E_tgt, Lm_tgt, K_tgt, seed)
+    if routing.kind == "balanced":
+        return sample_ids(ids, E_src, np.full((Lm_tgt, E_tgt), 1.0 / E_tgt), K_tgt, seed)
     if routing.kind == "loads":
         from moetune.search.cost.scale_loads import read_target_loads
 

@@ -37,14 +37,27 @@ class SimWorkload:
     warmup: int = 0  # requests excluded from the steady-state figures at the start (and as many at the end)
     slo_ttft_ms: float | None = None  # goodput: a request meets its SLOs when TTFT and TPOT are both within
     slo_tpot_ms: float | None = None
+    slo_percentile: float = 90.0  # the percentile of the steady window's requests the SLOs apply at
+    find_load: bool = False  # the concurrency is found per deployment: the highest meeting the SLOs (slo_load.py)
+    drain: bool = True  # False: a closed loop stops once every request before the last `warmup` has finished (the
+    # drain's own steps set no steady figure; a load search's probes skip them)
 
     @property
     def num_requests(self) -> int:
         return len(self.prompt_lens)
 
     @property
+    def stop_after(self) -> int:
+        """The requests (by index) whose finish ends the schedule: all of them, or those before the drain."""
+        if self.drain or self.mode != "concurrency":
+            return self.num_requests
+        return self.num_requests - min(self.warmup, max(0, (self.num_requests - 1) // 2))
+
+    @property
     def most_in_flight(self) -> int:
         """The most requests ever waiting or running on the replica (what max_num_seqs can use)."""
+        if self.find_load:  # the load is found per deployment, up to every rank's max_num_seqs (slo_load.py)
+            return self.num_requests
         return min(self.num_requests, self.concurrency) if self.mode == "concurrency" else self.num_requests
 
 
@@ -138,8 +151,11 @@ def simulate_schedule(w: SimWorkload, ranks: int, max_num_seqs: int, max_num_bat
     cap = n if w.mode == "burst" else min(n, max(1, w.concurrency))
     for i in range(cap):
         rp.arrive(i)
+    stop = w.stop_after
     while rp.has_work():
         _, finished = rp.step()
+        if (rp.last[:stop] >= 0).all():  # the schedule ends here: no one joins after its last step
+            break
         for _ in range(min(finished, n - rp.arrived)):  # closed loop: each finished request is replaced
             rp.arrive(rp.arrived)
     return rp.schedule()

@@ -17,7 +17,8 @@ def fast_schedule(w, ranks: int, max_num_seqs: int, max_num_batched_tokens: int,
     n = w.num_requests
     cap = n if w.mode == "burst" else min(n, max(1, w.concurrency))
     plen = np.asarray(w.prompt_lens, dtype=np.int64)
-    return _compiled()(plen, int(w.output_len), ranks, max_num_seqs, max_num_batched_tokens, chunked, cap)
+    return _compiled()(plen, int(w.output_len), ranks, max_num_seqs, max_num_batched_tokens, chunked, cap,
+                       w.stop_after)
 
 
 def _compiled():
@@ -32,7 +33,7 @@ def _compiled():
     return _COMPILED["run"]
 
 
-def _run(plen, output_len, R, max_seqs, budget0, chunked, cap):  # pragma: no cover - compiled by numba
+def _run(plen, output_len, R, max_seqs, budget0, chunked, cap, stop):  # pragma: no cover - compiled by numba
     n = len(plen)
     computed, generated = np.zeros(n, np.int64), np.zeros(n, np.int64)
     first, last, arrive = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64)
@@ -42,13 +43,13 @@ def _run(plen, output_len, R, max_seqs, budget0, chunked, cap):  # pragma: no co
     n_run = np.zeros(R, np.int64)
     scratch = np.zeros((2, max(max_seqs, 1) + n + 1), np.int64)  # the step's (request, tokens) scheduled
     rows = np.zeros((1024, R, 8), np.int64)
-    done = np.zeros(1, np.int64)  # requests finished so far
+    done = np.zeros(2, np.int64)  # requests finished so far; of them, those before `stop` (the schedule's end)
     arrived, steps = 0, 0
     for i in range(cap):
         _admit(wait, w_tail, i, R)
         arrive[i] = 0
         arrived += 1
-    while (w_tail > w_head).any() or (n_run > 0).any():
+    while ((w_tail > w_head).any() or (n_run > 0).any()) and done[1] < stop:
         if steps == len(rows):
             grown = np.zeros((2 * len(rows), R, 8), np.int64)
             grown[:steps] = rows
@@ -56,10 +57,12 @@ def _run(plen, output_len, R, max_seqs, budget0, chunked, cap):  # pragma: no co
         before = done[0]
         for r in range(R):
             _rank_step(r, steps, rows, plen, output_len, max_seqs, budget0, chunked, computed, generated, first,
-                       last, wait, w_head, w_tail, run, n_run, scratch, done)
+                       last, wait, w_head, w_tail, run, n_run, scratch, done, stop)
         if rows[steps, :, 5].sum() == 0:  # nothing scheduled: no step ever will be (Replay's guard, at once)
             raise RuntimeError("schedule did not finish")
         steps += 1
+        if done[1] >= stop:  # the schedule ends here: no one joins after its last step
+            break
         for _ in range(min(done[0] - before, n - arrived)):  # closed loop: each finished request is replaced
             _admit(wait, w_tail, arrived, R)
             arrive[arrived] = steps
@@ -86,7 +89,7 @@ def _remove(run, n_run, r, i):  # pragma: no cover - compiled by numba
 
 
 def _rank_step(r, step, rows, plen, output_len, max_seqs, budget, chunked, computed, generated, first, last, wait,
-               w_head, w_tail, run, n_run, scratch, done):  # pragma: no cover - compiled by numba
+               w_head, w_tail, run, n_run, scratch, done, stop):  # pragma: no cover - compiled by numba
     """schedule._rank_step on arrays: rank r's row of the step (rows[step, r])."""
     prefill = decode = ns = 0
     for i in run[r, :n_run[r]].copy():  # running sequences first: a decode one token, a prompt what fits
@@ -126,6 +129,8 @@ def _rank_step(r, step, rows, plen, output_len, max_seqs, budget, chunked, compu
             if generated[i] >= output_len:
                 last[i] = step
                 done[0] += 1
+                if i < stop:
+                    done[1] += 1
                 _remove(run, n_run, r, i)
     out = rows[step, r]
     out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7] = (prefill, decode, pairs, context, sampled, ns,

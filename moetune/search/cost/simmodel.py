@@ -36,6 +36,7 @@ class SimModel:
     heads: int = 0  # attention (query) heads, split by tensor parallelism; 0: not known (a hand-made model)
     weight_format: str = "none"  # the checkpoint's own weights: none (the model dtype) | fp8 (config.json's
     # quantization_config quant_method fp8, DeepSeek-V3 style: dense projections and every routed expert)
+    mla: tuple[int, ...] = ()  # MLA's (q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head) (op_tables.py); () GQA
 
     @property
     def Lm(self) -> int:
@@ -76,4 +77,6 @@ def sim_model(spec: ModelSpec, name: str = "") -> SimModel:
                     spec.moe.shared_intermediate_size, spec.num_layers, tuple(spec.moe_layers), dense,
                     spec.vocab_size, weights, kv, pair, spec.tie_word_embeddings,
                     att.num_kv_heads if isinstance(att, GQASpec) else 0, spec.model_type, spec.moe.router.n_group,
-                    isinstance(att, GQASpec) and att.qk_norm == "full", heads=att.num_heads)
+                    isinstance(att, GQASpec) and att.qk_norm == "full", heads=att.num_heads,
+                    mla=() if isinstance(att, GQASpec) else (att.q_lora_rank or 0, att.kv_lora_rank,
+                                                             att.qk_nope_head_dim, att.qk_rope_head_dim, att.v_head_dim))

@@ -45,7 +45,7 @@ A replicated expert's copies split evenly over its replicas (token-index splitti
 average); replica j of an expert is active when the expert has more than j copies.
 
 Each piece is one function of phase_costs.py, keyed by the phase vocabulary; `_price` walks the
-steps and `_add_step` adds the pieces up (the reference: the study prices every step at once with
+steps and `step_totals.add_step` adds the pieces up (the reference: the study prices every step at once with
 its vectorised twin, vector.py / vector_price.py, equal within float rounding, where `vector_reason`
 allows; `reference = True` keeps the loop). `CALLS` (phase_costs.py: torch calls per phase, fixed +
 per sequence) describes moetune's own engine; on GPUs a call is one kernel launch. On
@@ -63,6 +63,7 @@ import numpy as np
 
 from moetune.search.cost import disagg
 from moetune.search.cost import mesh as mesh_costs
+from moetune.search.cost import op_tables
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import speculative as spec_costs
 from moetune.search.cost import tp as tp_costs
@@ -72,19 +73,20 @@ from moetune.search.cost.hardware import Hardware
 from moetune.search.cost.memory import RankMemory, memory_reason, rank_memory
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.offload import OffloadState
-from moetune.search.cost.overlap import serial_layer, tbo_layer
 from moetune.search.cost.precision import Precision, precision
 from moetune.search.cost.replicas import over_replicas, replica_workload
 from moetune.search.cost.schedule import Replay, Schedule, SimWorkload, simulate_schedule
 from moetune.search.cost.schedule_fast import compiled_schedule
+from moetune.search.cost.slo_load import evaluate_at_slo, load_cap, load_key
 from moetune.search.cost.source import TraceSource
-from moetune.search.cost.steady import poisson_arrivals, request_latency, steady_figures
+from moetune.search.cost.steady import poisson_arrivals
+from moetune.search.cost.step_totals import CAPACITY_PRICED, Totals, add_step, overlapped
+from moetune.search.cost.summary import summarize_steps
+from moetune.search.cost.trace_rows import TraceRows
 from moetune.search.cost.vector import vector_reason
 from moetune.search.cost.vector_price import price_all
 
-PHASES = ("attention", "router", "permute", "dispatch", "experts", "offload_wait", "combine", "unpermute",
-          "shared_expert", "dense_mlp", "other", "straggler_wait")
-CAPACITY_PRICED = ("drop", "buffer")  # capacity policies the trace prices (reroute needs the routers' scores)
+
 
 
 def unpriced_reason(d: Deployment) -> str | None:
@@ -158,6 +160,8 @@ class Simulator:
         self.reference = False  # True: every schedule priced step by step (the twin of vector_price.py)
         self._placements: dict = {}  # (policy, E, R, Lm, N, nodes) → the placement (trace loads fixed)
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
+        self.tables = self.measured = None  # op_tables: the chosen tables (--engine; None: roofline), bound to d
+        self.load_hints: dict = {}  # ranks per replica → the load last found meeting the SLOs (slo_load.py)
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -193,6 +197,8 @@ class Simulator:
     def evaluate(self, d: Deployment, workload: SimWorkload | None = None) -> Metrics:
         """One replica priced (its share of the workload), carried to all of them (replicas.py)."""
         total, d = workload or self.src.workload, self.stored(d)
+        if total.find_load:  # the highest concurrency meeting the SLOs, each probe priced as below
+            return evaluate_at_slo(lambda w: self.evaluate(d, w), total, load_cap(d), self.load_hints, load_key(d))
         one = self._evaluate_replica if not d.prefill_workers else partial(disagg.evaluate, self)  # P/D: disagg.py
         return over_replicas(one(d, replica_workload(total, d.replicas)), total, d.replicas, self.hw.max_ranks)
 
@@ -334,7 +340,7 @@ class Simulator:
 
     def _price(self, d: Deployment, s: Schedule, prep: Prepared):
         """Every lock-step priced piece by piece (phase_costs.py) on one rank's shapes (`rank_view`),
-        then added up (`_add_step`), plus the tensor-parallel collectives (tp.py)."""
+        then added up (`step_totals.add_step`), plus the tensor-parallel collectives (tp.py)."""
         ctx = self.pricing(d)
         totals = Totals.empty(s.num_steps, self.src.model.Lm, d.ep_size, ctx.tp_lat > 0, d.capacity_policy,
                               ctx.spec is not None, bool(d.overlap and d.ep_size > 1))
@@ -429,6 +435,8 @@ class Simulator:
         if own is not None and own[0] == "variant":  # timed on its own path: priced as fp32 × its ratio
             prec = replace(prec, dense_b=float(self.b))
         self.prec = view.prec = prec
+        self.measured = view.measured = op_tables.bind(self.tables, m, view.src.model, d, prec,
+                                                       self.hw.ranks_per_node)
         plan = self.spec_plan(d)
         draft = self.draft_model(plan.path) if plan is not None and plan.method == "draft" else None
         return Pricing(TraceRows(self.src), offload, costs.Links.of(self.hw, d.ep_size), view, tp_lat, plan, draft)
@@ -446,8 +454,8 @@ class Simulator:
         the memory bandwidth would say far less), the hardware's link figure where the slope is not
         positive; each α is its kind's seconds per call minus the ring's bandwidth term at its payload,
         so each measured size costs exactly what was measured. None where there is no own TP path."""
-        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:
-            return None
+        if own is None or own[0] != "tp" or f"allreduce/{kind}" not in own[1]:  # GPUs: the all-reduce table's
+            return None if self.measured is None else self.measured.tp_link(tp_costs.group_size(d), kind, self.b)
         G, r = tp_costs.group_size(d), own[1]
         ring = 2 * (G - 1) / G
         bw = self.hw.intra_bw * self.hw.link_eff
@@ -468,7 +476,7 @@ class Simulator:
         counts = ctx.trace.counts(s, t, m)  # [R, Lm, E]
         whole = costs.StepRows.of(s, t, self.hw.grouped_experts)
         halves = 2 if d.overlap and R > 1 else 1  # two-batch overlap: the MoE layers priced per micro-batch
-        st, counts = (whole, counts) if halves == 1 else (_half(whole), counts / 2)
+        st, counts = (whole, counts) if halves == 1 else (whole.half(), counts / 2)
         per_rank = {phase: cost(sim, st) for phase, cost in costs.RANK_PHASES.items()}  # each [R]
         split = (costs.CapacitySplit.of(counts, st.T, d.capacity_factor, m.K, m.E)
                  if d.capacity_policy in CAPACITY_PRICED else None)
@@ -491,15 +499,16 @@ class Simulator:
         elif own is not None and f"exchange/{sim._kind}" in own[1]:  # measured per MoE layer: 3 collectives
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
-        a2a = costs.all_to_all(sim, counts, prep, links)
+        a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T, st.prefill)
+        expert_s = costs.shared_beside_experts(sim, per_rank, expert_s, a2a)
         totals.a2a_bytes += a2a.bytes * halves
         totals.inter_bytes += a2a.inter_node_bytes * halves
         if halves == 2:
             totals.add_slots(slots, prep)  # the other micro-batch's rows
-            _overlapped(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, whole),
+            overlapped(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, whole),
                         costs.other(sim, whole, step_lat), len(m.dense_I), overflow)
         else:
-            _add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
+            add_step(totals, t, per_rank, expert_s, stall, a2a, costs.dense_mlp(sim, st),
                       costs.other(sim, st, step_lat), len(m.dense_I), overflow)
         if ctx.spec is not None:  # the drafter's own passes (cost/speculative.py), on the step's critical path
             peek = ctx.trace.peek(int(whole.spec_seqs.max()), m)[-1]  # [E] the next decode rows' last MoE layer
@@ -530,130 +539,12 @@ class Simulator:
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps),
                   "routing": self.src.scale_routing or "trace",  # which routing was replayed (balance.py)
                   "stored_weights": self.src.model.weight_format}  # fp8: the checkpoint's own, priced as stored
+        detail.update(op_tables.trial_figures(self.tables, self.measured, phases))
         plan = self.spec_plan(d)
         if plan is not None:
             detail["speculative"] = {**plan.as_dict(), "draft_s": float(phases.get("draft", np.zeros(1)).sum())}
         return summarize_steps(True, gpus(d), w, s.prefill.sum(1), s.decode.sum(1),
                                s.sampled.sum(1), step_s, s.first_step, s.last_step, mem.total, phases, detail, arrival_s)
-
-
-def summarize_steps(estimated: bool, ranks: int, w: SimWorkload, prefill, decode, sampled, step_s, first, last,
-                    peak_bytes: float, phases: dict | None, detail: dict, arrival_s=None) -> Metrics:
-    """Shared by both evaluators: per-step token counts and seconds → Metrics (module docstring of
-    metrics.py; arrival_s [n]: None for a burst, every request at 0)."""
-    prefill, decode, sampled, step_s = (np.asarray(x, dtype=np.float64) for x in (prefill, decode, sampled, step_s))
-    end = np.cumsum(step_s)
-    has_prefill = prefill > 0
-    decode_only = ~has_prefill & (decode > 0)
-    pre_s, dec_s = step_s[has_prefill].sum(), step_s[decode_only].sum()  # decode tok/s: tokens emitted (a
-    # decode-only step samples one per decode, a verify 1 to k + 1 per sequence)
-    makespan = float(end[-1]) if len(end) else 0.0
-    ttft = end[np.asarray(first)] if len(first) else np.zeros(1)
-    tpot = ((end[np.asarray(last)] - ttft) / max(w.output_len - 1, 1)) if len(last) else np.zeros(1)
-    generated = float(sampled.sum())
-    m = Metrics(
-        estimated=estimated,
-        prefill_tok_s=float(prefill.sum() / pre_s) if pre_s > 0 else 0.0,
-        decode_tok_s=float(sampled[decode_only].sum() / dec_s) if dec_s > 0 else 0.0,
-        output_tok_s=generated / makespan if makespan > 0 else 0.0,
-        output_tok_s_per_rank=generated / makespan / ranks if makespan > 0 else 0.0,
-        ttft_ms=float(1e3 * np.median(ttft)), tpot_ms=float(1e3 * np.median(tpot)),
-        peak_mem_gb=peak_bytes / 1e9, ranks=ranks, phases_ms=_per_kind(phases, step_s, prefill, decode), detail=detail)
-    if len(first) and makespan > 0:
-        _add_latency(m, w, end, sampled, np.asarray(first), np.asarray(last), arrival_s)
-    return m
-
-
-def _per_kind(phases: dict | None, step_s, prefill, decode) -> dict:
-    has_prefill = prefill > 0
-    kinds = {"prefill": has_prefill & (decode == 0), "decode": ~has_prefill & (decode > 0),
-             "mixed": has_prefill & (decode > 0)}
-    per_kind = {}
-    if phases:
-        for kind, mask in kinds.items():
-            if mask.any():
-                per_kind[kind] = {p: float(1e3 * v[mask].mean()) for p, v in phases.items()}
-                per_kind[kind]["step"] = float(1e3 * step_s[mask].mean())
-                per_kind[kind]["steps"] = int(mask.sum())
-    return per_kind
-
-
-def _add_latency(m: Metrics, w: SimWorkload, end, sampled, first, last, arrival_s) -> None:
-    """Per-request percentiles and the steady-state window (steady.py); a burst keeps its whole-run figures."""
-    arrival = np.zeros(len(first)) if arrival_s is None else np.asarray(arrival_s, dtype=np.float64)
-    lat = request_latency(w, end, first, last, arrival)
-    fig = steady_figures(w, end, sampled, lat, arrival, m.ranks)
-    m.workload, m.latency_ms, m.request_s, m.goodput_rps = (fig["workload"], fig["latency_ms"], fig["request_s"],
-                                                            fig["goodput_rps"])
-    if w.mode != "burst":
-        m.output_tok_s, m.output_tok_s_per_rank = fig["output_tok_s"], fig["output_tok_s_per_rank"]
-        m.ttft_ms, m.tpot_ms = fig["latency_ms"]["ttft"]["p50"], fig["latency_ms"]["tpot"]["p50"]
-        m.detail = {**m.detail, "steady": fig["steady"]}
-
-
-class TraceRows:
-    """The trace's rows handed out in recorded order, cycling: prompt tokens from the prefill rows,
-    decode tokens from the decode rows (the prefill rows when the trace has none)."""
-
-    def __init__(self, src: TraceSource):
-        self.src, self.pre_cursor, self.dec_cursor = src, 0, 0
-        self._prefix: dict[int, np.ndarray | None] = {}
-
-    def peek(self, n: int, m) -> np.ndarray:
-        """[Lm, E] copies per expert of the next n decode rows, the cursor left where it is."""
-        decode = self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids
-        return self._run(decode, self.dec_cursor, n, m) if n else np.zeros((m.Lm, m.E))
-
-    def counts(self, s: Schedule, t: int, m) -> np.ndarray:
-        """[R, Lm, E] copies per expert that each rank's tokens of step t send."""
-        R = s.prefill.shape[1]
-        counts = np.zeros((R, m.Lm, m.E))
-        decode = self.src.decode_ids if len(self.src.decode_ids) else self.src.prefill_ids
-        for r in range(R):
-            p, dd = int(s.prefill[t, r]), int(s.decode[t, r])
-            if p:
-                counts[r] += self._run(self.src.prefill_ids, self.pre_cursor, p, m)
-                self.pre_cursor += p
-            if dd:
-                counts[r] += self._run(decode, self.dec_cursor, dd, m)
-                self.dec_cursor += dd
-        return counts
-
-    def _run(self, pool: np.ndarray, cursor: int, n: int, m) -> np.ndarray:
-        """[Lm, E] copies per expert of n rows of `pool` from `cursor`, cycling: a difference of the
-        pool's prefix counts where they fit PREFIX_ELEMS, else a bincount of the rows (same integers)."""
-        prefix = self._prefix_of(pool, m)
-        if prefix is None:
-            return _bincount(_take(pool, cursor, n), m)
-        N = len(pool)
-        wraps, rem = divmod(n, N)
-        start = cursor % N
-        out = wraps * prefix[N] + (prefix[start + rem] - prefix[start] if start + rem <= N
-                                   else prefix[N] - prefix[start] + prefix[start + rem - N])
-        return out.reshape(m.Lm, m.E)
-
-    def _prefix_of(self, pool: np.ndarray, m) -> np.ndarray | None:
-        """[N + 1, Lm·E] copies per expert of the pool's first i rows (None: too large to keep)."""
-        key = id(pool)
-        if key not in self._prefix:
-            N = len(pool)
-            if (N + 1) * m.Lm * m.E > PREFIX_ELEMS:
-                self._prefix[key] = None
-            else:
-                flat = (np.arange(m.Lm)[None, :, None] * m.E + pool.astype(np.int64)).reshape(N, -1)  # [N, Lm·K]
-                rows = np.zeros((N + 1, m.Lm * m.E), dtype=np.int64)
-                np.add.at(rows, (np.repeat(np.arange(1, N + 1), flat.shape[1]), flat.reshape(-1)), 1)
-                self._prefix[key] = np.cumsum(rows, axis=0)
-        return self._prefix[key]
-
-
-PREFIX_ELEMS = 16_000_000  # prefix counts kept per pool (int64: 128 MB at most)
-
-
-def _bincount(ids: np.ndarray, m) -> np.ndarray:
-    """[Lm, E] copies per expert of rows ids [T, Lm, K]."""
-    flat = (np.arange(m.Lm)[None, :, None] * m.E + ids.astype(np.int64)).reshape(-1)
-    return np.bincount(flat, minlength=m.Lm * m.E).reshape(m.Lm, m.E)
 
 
 @dataclass
@@ -673,140 +564,6 @@ def _one_step(row: np.ndarray) -> Schedule:
     """A one-step Schedule of an [R, 6] row (what the per-step pricing reads)."""
     none = np.zeros(0, dtype=np.int64)
     return Schedule(*(row[None, :, k] for k in range(6)), none, none, None, row[None, :, 6], row[None, :, 7])
-
-
-@dataclass
-class Totals:
-    """What the steps add up to: seconds per step and per phase line, and the run's detail counters."""
-
-    step_s: np.ndarray  # [S]
-    phases: dict  # PHASES → [S]
-    rank_rows: np.ndarray  # [Lm, R] expert rows computed per rank, over the run
-    a2a_bytes: float = 0.0
-    inter_bytes: float = 0.0
-    low_copies: float = 0.0
-    all_copies: float = 0.0
-    capacity: str = "none"  # the capacity policy priced (CAPACITY_PRICED), else none
-    routed: float = 0.0  # copies the trace routed (under a capacity)
-    over: float = 0.0  # of which beyond capacity: dropped (drop) or in the second pass (buffer)
-
-    @classmethod
-    def empty(cls, S: int, Lm: int, R: int, tp: bool = False, capacity: str = "none",
-              spec: bool = False, overlap: bool = False) -> "Totals":
-        capacity = capacity if capacity in CAPACITY_PRICED else "none"
-        names = (PHASES + (tp_costs.TP_PHASES if tp else ())  # the TP lines only where TP runs
-                 + (("overflow",) if capacity == "buffer" else ())  # the second pass only under buffer
-                 + (("draft",) if spec else ())  # the drafter only under speculation
-                 + (("overlap_hidden",) if overlap else ()))  # two-batch overlap: seconds hidden (step = Σ − it)
-        return cls(np.zeros(S), {k: np.zeros(S) for k in names}, np.zeros((Lm, R)), capacity=capacity)
-
-    def add_capacity(self, split: costs.CapacitySplit, counts: np.ndarray) -> None:
-        self.routed += float(counts.sum())
-        self.over += float(split.over.sum())
-
-    def add_line(self, t: int, phase: str, seconds: float) -> None:
-        """One more piece on step t's critical path, its own phase line."""
-        self.phases[phase][t] = seconds
-        self.step_s[t] += seconds
-
-    def add_tp(self, t: int, seconds: dict[str, float]) -> None:
-        """Step t's tensor-parallel collectives: each its own phase line, all on the step's critical path."""
-        for phase, value in seconds.items():
-            self.phases[phase][t] = value
-            self.step_s[t] += value
-
-    def scale_step(self, t: int, factor: float, keep: tuple[str, ...] = ()) -> None:
-        """Step t and each of its phase lines × factor (this-machine's calibrated path factor), but the
-        lines in `keep` (priced from their own measurement: the EP exchange)."""
-        kept = sum(self.phases[p][t] for p in keep)
-        self.step_s[t] = (self.step_s[t] - kept) * factor + kept
-        for name, v in self.phases.items():
-            if name not in keep:
-                v[t] *= factor
-
-    def add_slots(self, slots: costs.SlotRows, prep: Prepared) -> None:
-        self.rank_rows += slots.rows_q
-        self.low_copies += float((slots.slot_rows * prep.low_share_slot).sum())
-        self.all_copies += float(slots.slot_rows.sum())
-
-    def detail(self, R: int, offload: OffloadState | None) -> dict:
-        rl = self.rank_rows
-        out = {
-            "rank_imbalance": float(np.mean(rl.max(1) / np.maximum(rl.mean(1), 1e-12))) if R > 1 else 1.0,
-            "a2a_bytes": self.a2a_bytes, "inter_node_bytes": self.inter_bytes,
-            "low_precision_share": self.low_copies / self.all_copies if self.all_copies else 0.0,
-            "offload_stall_s": float(self.phases["offload_wait"].sum()),
-        }
-        if offload is not None:
-            out.update(cache_hit_rate=1 - offload.misses / max(offload.needs, 1),
-                       fetched_bytes=offload.fetched_bytes, wasted_prefetch_bytes=offload.wasted_bytes)
-        if self.capacity != "none":
-            share = self.over / self.routed if self.routed else 0.0
-            out.update(dropped_fraction=share if self.capacity == "drop" else 0.0,
-                       buffered_fraction=share if self.capacity == "buffer" else 0.0)
-        return out
-
-
-def _add_step(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,
-              dense: np.ndarray, other: np.ndarray, dense_layers: int, overflow: np.ndarray | None = None) -> None:
-    """Step t's time and phase lines from its pieces ([R] per rank, [Lm, R] per layer and rank):
-    layer = max_r(attention + router + permute) + dispatch + max_q(experts + stall) + combine
-    [+ overflow: buffer's second pass, [Lm]] + max_r(unpermute + shared); the straggler wait is what
-    the slowest rank adds to the mean one (the second pass's own wait is inside its line)."""
-    att, Lm = per_rank["attention"], expert_s.shape[0]
-    pre = att + per_rank["router"] + per_rank["permute"]  # [R]
-    post = per_rank["unpermute"] + per_rank["shared_expert"]
-    exp_stall = expert_s + stall  # [Lm, R]
-    layer = pre.max() + a2a.dispatch + exp_stall.max(1) + a2a.combine + post.max()  # [Lm]
-    if overflow is not None:
-        layer = layer + overflow
-        totals.phases["overflow"][t] = float(overflow.sum())
-    busy = (pre + post).mean() + exp_stall.mean(1)  # [Lm]
-    dense_t = (att * dense_layers + dense).max() if dense_layers else 0.0
-    totals.step_s[t] = float(layer.sum() + dense_t + other.max())
-    lines = {phase: float(c.mean() * (Lm + dense_layers if phase == "attention" else Lm)) for phase, c in per_rank.items()}
-    lines.update(dispatch=float(a2a.dispatch.sum()), combine=float(a2a.combine.sum()),
-                 experts=float(expert_s.mean(1).sum()), offload_wait=float(stall.mean(1).sum()),
-                 dense_mlp=float(dense.mean()), other=float(other.max()),
-                 straggler_wait=float((layer - busy - a2a.dispatch - a2a.combine
-                                       - (0 if overflow is None else overflow)).clip(min=0).sum()
-                                      + (dense_t - (att * dense_layers + dense).mean() if dense_layers else 0)))
-    for phase, value in lines.items():
-        totals.phases[phase][t] = value
-
-
-def _half(st: costs.StepRows) -> costs.StepRows:
-    """One of two micro-batches of a step: half of every rank's rows, pairs and context (overlap.py)."""
-    return costs.StepRows(st.T / 2, st.B / 2, st.pairs / 2, st.context / 2, st.sampled / 2, st.R,
-                          None if st.spec_seqs is None else st.spec_seqs / 2)
-
-
-def _overlapped(totals: Totals, t: int, per_rank: dict, expert_s: np.ndarray, stall: np.ndarray, a2a,
-                dense: np.ndarray, other: np.ndarray, dense_layers: int, overflow: np.ndarray | None) -> None:
-    """Step t under two-batch overlap from one micro-batch's pieces (overlap.py): the phase lines are
-    both halves' (twice one's), the step is the overlapped schedule; `overlap_hidden` is what it hides."""
-    two = {k: 2 * v for k, v in per_rank.items()}
-    both = costs.AllToAll(2 * a2a.dispatch, 2 * a2a.combine, 2 * a2a.bytes, 2 * a2a.inter_node_bytes)
-    _add_step(totals, t, two, 2 * expert_s, 2 * stall, both, dense, other, dense_layers,
-              None if overflow is None else 2 * overflow)
-    pre = (per_rank["attention"] + per_rank["router"] + per_rank["permute"]).max()
-    post = (per_rank["unpermute"] + per_rank["shared_expert"]).max()
-    exp = (expert_s + stall).max(1) + (0 if overflow is None else overflow)  # [Lm]
-    pre_l, post_l = np.full_like(exp, pre), np.full_like(exp, post)
-    hidden = float((serial_layer(pre_l, a2a.dispatch, exp, a2a.combine, post_l)
-                    - tbo_layer(pre_l, a2a.dispatch, exp, a2a.combine, post_l)).sum())
-    totals.step_s[t] -= hidden
-    totals.phases["overlap_hidden"][t] = hidden
-
-
-def _take(pool: np.ndarray, cursor: int, n: int) -> np.ndarray:
-    """n rows of `pool` from `cursor`, cycling."""
-    N = len(pool)
-    start = cursor % N
-    if start + n <= N:
-        return pool[start: start + n]
-    idx = (start + np.arange(n)) % N
-    return pool[idx]
 
 
 def _verify_fused(d: Deployment) -> bool:

@@ -74,7 +74,8 @@ def steady_figures(w: SimWorkload, end: np.ndarray, sampled: np.ndarray, lat: La
         good &= lat.ttft[part] * 1e3 <= w.slo_ttft_ms
     if w.slo_tpot_ms is not None:
         good &= lat.tpot[part] * 1e3 <= w.slo_tpot_ms
-    pct = {name: {f"p{q}": float(1e3 * np.percentile(v[part], q)) for q in PERCENTILES}
+    qs = sorted(set(PERCENTILES) | {w.slo_percentile})  # the SLOs' own percentile too (slo_load.py)
+    pct = {name: {f"p{q:g}": float(1e3 * np.percentile(v[part], q)) for q in qs}
            for name, v in (("ttft", lat.ttft), ("tpot", lat.tpot), ("e2e", lat.e2e))}
     return {"workload": label(w), "latency_ms": pct, "output_tok_s": tokens / span,
             "output_tok_s_per_rank": tokens / span / ranks, "request_s": requests_s,

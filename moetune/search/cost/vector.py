@@ -125,10 +125,15 @@ class Windows:
                + self.dec.window(self.dec.prefix, keys[:, 2], keys[:, 3]))
         return out.reshape(len(keys), self.pre.Lm, self.pre.E)
 
-    def sent(self, to_rank: np.ndarray) -> np.ndarray:
+    def sent(self, to_rank: np.ndarray, plain: bool = False) -> np.ndarray:
         """[S, R, Lm, R] copies rank r sends to rank q in each step (to_rank [Lm, E, R]): each pool's
-        windows priced once per distinct (start, rows), where the rank takes rows from it."""
+        windows priced once per distinct (start, rows), where the rank takes rows from it; compiled
+        (slots_fast.py) unless `plain` (this numpy reference)."""
         S, R = self.prefill.shape
+        if not plain:
+            from moetune.search.cost.slots_fast import sent_sums
+
+            return sent_sums(self, to_rank).reshape(S, R, self.pre.Lm, to_rank.shape[2])
         out = np.zeros((S, R, self.pre.Lm * to_rank.shape[2]))
         for pool, start, n in ((self.pre, self.pre_start, self.prefill), (self.dec, self.dec_start, self.decode)):
             taking = n > 0
@@ -151,10 +156,15 @@ class Slots:
     all: np.ndarray
 
 
-def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False):
+def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False, plain: bool = False):
     """Each step's SlotRows sums (priced once per distinct window), and with keep_active each step's
-    active slots [S, Lm, P] (the offload caches read them), else None."""
+    active slots [S, Lm, P] (the offload caches read them), else None. Without keep_active, compiled in
+    one pass (slots_fast.py) unless `plain` (this numpy reference)."""
     keys, inv = win.step_keys()
+    if not keep_active and not plain:
+        from moetune.search.cost.slots_fast import slot_sums
+
+        return Slots(*(p[inv] for p in slot_sums(win, keys, prep, R, halves))), None
     U, Lm = len(keys), win.pre.Lm
     parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
     active = np.zeros((U,) + prep.phy2log.shape, dtype=bool) if keep_active else None
@@ -198,6 +208,5 @@ def all_to_all(sim, sent: np.ndarray, links: costs.Links, latency: np.ndarray) -
 
 
 def half(st: costs.StepRows) -> costs.StepRows:
-    """One of two micro-batches (simulate._half over every step)."""
-    return costs.StepRows(st.T / 2, st.B / 2, st.pairs / 2, st.context / 2, st.sampled / 2, st.R,
-                          None if st.spec_seqs is None else st.spec_seqs / 2)
+    """One of two micro-batches (StepRows.half over every step)."""
+    return st.half()

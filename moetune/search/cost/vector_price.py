@@ -1,6 +1,6 @@
 """Simulator._price over every step at once (vector.py says how): the same pieces as
-`Simulator._price_step`, each an array over the steps, added up as `simulate._add_step` /
-`_overlapped` add one step's."""
+`Simulator._price_step`, each an array over the steps, added up as `step_totals.add_step` /
+`overlapped` add one step's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from moetune.search.cost.vector import Slots, Windows, all_to_all, half, slots_o
 
 
 def price_all(self, d, s, prep, totals, ctx):
-    """Fill `totals` (simulate.Totals.empty for s) with every step's seconds and phase lines; returns
+    """Fill `totals` (step_totals.Totals.empty for s) with every step's seconds and phase lines; returns
     the run's offload figures (offload_fast.FastOffload, None without offloading).
     self: the Simulator, ctx: its `pricing(d)` (the pieces are priced on its rank view)."""
     sim, m, R = ctx.sim, self.src.model, d.ep_size
@@ -46,7 +46,9 @@ def price_all(self, d, s, prep, totals, ctx):
     stall, offload = offload_stalls(sim, ctx.offload, d, pieces, expert_s, active, prep)
     if own is not None and own[0] == "variant":
         stall = np.zeros_like(stall)
-    a2a = all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat)
+    a2a = costs.measured_a2a(sim, all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat), st.T,
+                             st.prefill)
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a)
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves
     totals.rank_rows += halves * slots.rows_q.sum(0)
@@ -101,7 +103,7 @@ def offload_stalls(sim, offload, d, pieces: dict, expert_s, active, prep):
 
 
 def add_steps(totals, per_rank: dict, expert_s, stall, a2a, dense, other, dense_layers: int) -> None:
-    """simulate._add_step over every step: per_rank [S, R], expert_s / stall [S, Lm, R], a2a [S, Lm]."""
+    """step_totals.add_step over every step: per_rank [S, R], expert_s / stall [S, Lm, R], a2a [S, Lm]."""
     att, Lm = per_rank["attention"], expert_s.shape[1]
     pre = att + per_rank["router"] + per_rank["permute"]  # [S, R]
     post = per_rank["unpermute"] + per_rank["shared_expert"]
@@ -120,7 +122,7 @@ def add_steps(totals, per_rank: dict, expert_s, stall, a2a, dense, other, dense_
 
 
 def overlapped(totals, per_rank: dict, expert_s, stall, a2a, dense, other, dense_layers: int) -> None:
-    """simulate._overlapped over every step (one micro-batch's pieces)."""
+    """step_totals.overlapped over every step (one micro-batch's pieces)."""
     two = {k: 2 * v for k, v in per_rank.items()}
     both = costs.AllToAll(2 * a2a.dispatch, 2 * a2a.combine, 2 * a2a.bytes, 2 * a2a.inter_node_bytes)
     add_steps(totals, two, 2 * expert_s, 2 * stall, both, dense, other, dense_layers)

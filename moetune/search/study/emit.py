@@ -14,6 +14,7 @@ import yaml
 
 from moetune.config import RunConfig
 from moetune.search.cost.describe import describe
+from moetune.search.cost.op_tables import cost_sentence
 from moetune.search.study.disagg_launch import disagg_text
 from moetune.search.study.flag_table import LAUNCHERS, PLACEHOLDERS, check, flag_table
 from moetune.search.study.launch import Launch, ServeTarget, shell_args, world
@@ -23,6 +24,7 @@ from moetune.search.study.quality import QUALITY_DETAIL
 from moetune.search.study.sglang_launch import sglang_launch
 from moetune.search.study.space import NEUTRAL, Deployment, to_config, what_if_values
 from moetune.search.study.vllm_launch import vllm_launch
+from moetune.search.study.tables import trial_concurrency
 
 
 def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -> str:
@@ -43,6 +45,7 @@ def recipe_text(cfg: RunConfig, d: Deployment, metrics: dict | None, how: str) -
             if k in metrics:
                 text += f"#   {k}: {metrics[k]:.4g} ({tag})\n"
         detail = metrics.get("detail") or {}
+        text += f"#   {cost_sentence(detail)}\n" if "cost_source" in detail else ""
         if "kl" in detail:  # --max-kl / --quality: the expert mix's quality (quality.py)
             text += (f"#   kl: {detail['kl']:.4g} nats, top1_agreement: {detail['top1_agreement']:.4f} (measured by "
                      "moetune eval on the trace's model: see quality.json)\n")
@@ -123,24 +126,28 @@ def write_csv(rows: list[TrialRow], path: Path, objectives: tuple[str, ...]) -> 
     metric_keys = ("output_tok_s", "output_tok_s_per_rank", "prefill_tok_s", "decode_tok_s", "ttft_ms", "tpot_ms",
                    "output_tok_s_per_gpu", "request_s", "goodput_rps", "peak_mem_gb")
     tails = ("ttft", "tpot", "e2e")  # P99 ms of each (steady.py)
-    details = [k for k in (*CAPACITY_DETAIL, *QUALITY_DETAIL)
+    details = [k for k in (*CAPACITY_DETAIL, *QUALITY_DETAIL, "measured_share")
                if any(k in ((r.metrics or {}).get("detail") or {}) for r in rows)]
     beside = ESTIMATE_BESIDE if any("estimate" in ((r.metrics or {}).get("detail") or {}) for r in rows) else ()
+    sources = any("cost_source" in ((r.metrics or {}).get("detail") or {}) for r in rows)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "state", *keys, "deployment", *objectives, *metric_keys,
-                    *(f"{t}_p99_ms" for t in tails), *details,
-                    *(f"{k}_{x}" for k in beside for x in ("estimated", "error")), "workload", "figures", "feasible",
-                    "seeded", "reason"])
+        load = any(((r.metrics or {}).get("detail") or {}).get("load") for r in rows)  # the load found (slo_load.py)
+        w.writerow(["trial", "state", *keys, "deployment", *(["concurrency"] if load else []), *objectives,
+                    *metric_keys, *(f"{t}_p99_ms" for t in tails), *details,
+                    *(f"{k}_{x}" for k in beside for x in ("estimated", "error")),
+                    *(["cost_source"] if sources else []), "workload", "figures", "feasible", "seeded", "reason"])
         for r in rows:
             m = r.metrics or {}
             tag = "" if not m else ("estimated" if m.get("estimated") else "measured")
             lat, detail = m.get("latency_ms") or {}, m.get("detail") or {}
             est, err = detail.get("estimate") or {}, detail.get("estimate_error") or {}
             w.writerow([r.number, r.state, *(r.params.get(k, "") for k in keys), r.deployment.label(),
+                        *([trial_concurrency(m)] if load else []),
                         *((r.values or [""] * len(objectives))), *(_fmt(m.get(k)) for k in metric_keys),
                         *(_fmt((lat.get(t) or {}).get("p99")) for t in tails), *(_fmt(detail.get(k)) for k in details),
                         *(_fmt(x) for k in beside for x in (est.get(k), err.get(k))),
+                        *([detail.get("cost_source", "")] if sources else []),
                         m.get("workload", ""), tag, r.feasible, r.seeded or "", r.reason or ""])
 
 
@@ -176,7 +183,9 @@ def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None
     for launch in (vllm_launch(d, target), sglang_launch(d, target, str(placed[1]) if placed else None)):
         as_run = price(launch.as_run) if launch.unsupported else None
         path = out / f"winner.{launch.engine}.sh"
-        path.write_text(launch_text(launch, target, d.label(), as_run))
+        text, detail = launch_text(launch, target, d.label(), as_run).split("\n", 2), (metrics or {}).get("detail") or {}
+        cost = [f"# {cost_sentence(detail)}"] if "cost_source" in detail else []
+        path.write_text("\n".join([*text[:2], *cost, *text[2:]]))
         files[launch.engine] = path
     if placed:
         files.update(placement=placed[0], sglang_location=placed[1])

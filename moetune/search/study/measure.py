@@ -216,7 +216,7 @@ def _sized(cfg: RunConfig, w: SimWorkload, extra: dict | None) -> RunConfig:
 def _to_metrics(result: dict, w: SimWorkload, R: int, act_bytes: float, capacity_policy: str = "none") -> Metrics:
     import numpy as np
 
-    from moetune.search.cost.simulate import summarize_steps
+    from moetune.search.cost.summary import summarize_steps
 
     ranks = result["ranks"]
     S = len(ranks[0]["step_s"])

@@ -28,7 +28,7 @@ from moetune.errors import MoetuneError
 from moetune.search.study.evaluate import Evaluator
 from moetune.search.cost.metrics import OBJECTIVES, Metrics
 from moetune.search.study.repair import fit_memory, repair
-from moetune.search.study.space import Deployment, Limits, Space, canonical, prune
+from moetune.search.study.space import NEUTRAL, Deployment, Limits, Space, canonical, prune
 
 SAMPLERS = ("tpe", "nsga2", "grid", "random")
 
@@ -45,6 +45,7 @@ class Constraints:
     max_low_share: float | None = None  # share of copies on low-bit experts (the cheap stand-in)
     max_kl: float | None = None  # KL of the expert mix vs full precision (quality.py: measured by moetune eval)
     max_dropped_fraction: float | None = None  # copies a capacity drops / all copies (simulated or measured)
+    slo_load: bool = False  # the load is found per trial (cost/slo_load.py): infeasible where no load meets the SLOs
 
     def _limits(self, m: Metrics) -> list[tuple[str, float | None, float]]:
         """(flag, limit, the metrics' value) of each constraint."""
@@ -55,16 +56,27 @@ class Constraints:
                 ("--max-dropped-fraction", self.max_dropped_fraction, m.detail.get("dropped_fraction", 0.0))]
 
     def values(self, m: Metrics) -> list[float]:
-        return [float(value - limit) for _, limit, value in self._limits(m) if limit is not None]
+        return [float(value - limit) for _, limit, value in self._limits(m) if limit is not None] + \
+            ([_load_value(m)] if self.slo_load else [])
 
     def violations(self, m: Metrics) -> list[str]:
         """Each limit the metrics break, in words: why a completed trial is not feasible."""
+        load = (m.detail or {}).get("load") or {}
         return [f"{flag[6:].replace('-', '_')} {value:.4g} over {flag} {limit:g}"
-                for flag, limit, value in self._limits(m) if limit is not None and value > limit]
+                for flag, limit, value in self._limits(m) if limit is not None and value > limit] + \
+            ([f"SLOs not met even at concurrency 1: {', '.join(load.get('missed') or [])}"]
+             if load and not load.get("met", True) else [])
 
     def count(self) -> int:
         return sum(x is not None for x in (self.max_mem_gb, self.max_ttft_ms, self.max_tpot_ms, self.max_low_share,
-                                           self.max_kl, self.max_dropped_fraction))
+                                           self.max_kl, self.max_dropped_fraction)) + int(self.slo_load)
+
+
+def _load_value(m: Metrics) -> float:
+    """The load search's constraint (cost/slo_load.py): −1 met at the load found, +1 not met even at
+    concurrency 1."""
+    load = (m.detail or {}).get("load") or {}
+    return -1.0 if load.get("met", True) else 1.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,7 @@ class TrialRow:
     feasible: bool = True
     canonical: dict | None = None  # the deployment the trial ran (its moot knobs at their twin's values)
     seeded: str | None = None  # the reference deployment (seeds.py) the study queued as this trial, or None
+    twin: bool = False  # a twin of a point priced before: its result reused, no trial of the budget spent
 
     @property
     def deployment(self) -> Deployment:
@@ -191,16 +204,46 @@ def make_sampler(s: StudySettings, space: Space):
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=s.seed, constraints_func=cons, population_size=20)
-    return optuna.samplers.TPESampler(seed=s.seed, constraints_func=cons, multivariate=True, n_startup_trials=10)
+    return optuna.samplers.TPESampler(seed=s.seed, constraints_func=cons, multivariate=True, group=True,
+                                      n_startup_trials=10)  # group: the conditional knobs (`suggest`) modelled together
 
 
 def _constraints_func(trial) -> list[float]:
     return trial.user_attrs.get("constraints", [1.0])
 
 
-def suggest(trial, space: Space) -> Deployment:
-    values = {k.name: trial.suggest_categorical(k.name, list(k.values)) for k in space.knobs}
+def suggest(trial, space: Space, conditional: bool = True) -> Deployment:
+    """The trial's point. `conditional` (every sampler but grid): a knob that is moot given the knobs drawn
+    before it (`moot`) is not drawn and keeps its neutral value, the one `canonical` would give it, so the
+    sampler draws in the canonical space rather than among twins of one point."""
+    values: dict = {}
+    for k in space.knobs:
+        if conditional and len(k.values) > 1 and moot(k.name, {**NEUTRAL, **values}):
+            continue
+        values[k.name] = trial.suggest_categorical(k.name, list(k.values))
     return Deployment(**{**Deployment().as_dict(), **values})
+
+
+def moot(name: str, v: dict) -> bool:
+    """Whether knob `name` changes nothing given the values `v` of the knobs before it (space.canonical's and
+    deploy_knobs.canonical_deploy's rules, and repair's: offloading runs on one rank)."""
+    if name in ("redundant_experts", "placement", "overlap"):
+        return v["ep_size"] == 1
+    if name == "quant_hot_fraction":
+        return v["quant_low_format"] == "none"
+    if name == "offload_resident_fraction":
+        return v["ep_size"] > 1
+    if name in ("offload_prefetch_depth", "offload_eviction"):
+        return v["offload_resident_fraction"] >= 1
+    if name == "offload_hints":
+        return v["offload_resident_fraction"] >= 1 or not v["offload_prefetch_depth"]
+    if name == "capacity_factor":
+        return v["capacity_policy"] == "none"
+    if name == "moe_a2a":  # deploy_knobs.canonical_deploy's rules
+        return not v["attn_dp"] or v["ep_size"] == 1
+    if name in ("decode_workers", "prefill_ep", "prefill_tp", "prefill_expert_tp", "prefill_tokens"):
+        return not v["prefill_workers"]
+    return False
 
 
 def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluator,
@@ -222,7 +265,7 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
             trial.set_user_attr("surplus", True)
             study.stop()
             raise optuna.TrialPruned("budget reached by other trials")
-        d = suggest(trial, space)
+        d = suggest(trial, space, conditional=s.sampler != "grid")
         trial.set_user_attr("constraints", [1.0] * max(s.constraints.count(), 1))
         d, repaired = repair(d, limits.num_experts, limits.max_ranks)
         reason = prune(d, limits)
@@ -243,6 +286,8 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         if reused is not None:
             metrics = reused.user_attrs["metrics"]
             trial.set_user_attr("reused_from", reused.number)
+            if s.sampler != "grid":  # a twin of a priced point spends no budget (`_counted`; the grid visits its own)
+                trial.set_user_attr("twin", True)
         else:
             try:
                 metrics = evaluator.evaluate(d).as_dict()
@@ -259,10 +304,12 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
         return values[0] if len(values) == 1 else values
 
     def after(study_, frozen):
+        trials = study_.get_trials(deepcopy=False)
+        done = _counted_done(study_, trials)
         if on_trial is not None and not frozen.user_attrs.get("surplus"):
-            on_trial(to_row(frozen), _counted_done(study_))
-        if _counted_done(study_) >= s.n_trials:
-            study_.stop()
+            on_trial(to_row(frozen), done)
+        if done >= s.n_trials or _twins_in_a_row(trials) >= max(TWIN_RUN, s.n_trials):
+            study_.stop()  # the budget spent, or the space holds no more new points the sampler finds
 
     _requeue_stale(study)
     if _counted_done(study) < s.n_trials:
@@ -372,8 +419,26 @@ def _counted(trials) -> list:
     import optuna
 
     retried = {retried_number(t) for t in trials}
-    return [t for t in trials if not t.user_attrs.get("surplus") and t.number not in retried
+    return [t for t in trials if not t.user_attrs.get("surplus") and not t.user_attrs.get("twin")
+            and t.number not in retried
             and not (t.state == optuna.trial.TrialState.FAIL and not t.params)]
+
+
+TWIN_RUN = 10  # twins in a row (at least; or --n-trials of them) after which a study stops: no new point is found
+
+
+def _twins_in_a_row(trials) -> int:
+    """The finished trials since the last one that was not a twin (a priced point, a prune, a failure)."""
+    import optuna
+
+    run = 0
+    for t in sorted(trials, key=lambda t: -t.number):
+        if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
+            continue
+        if not t.user_attrs.get("twin"):
+            break
+        run += 1
+    return run
 
 
 def _rank(study, number: int) -> int:
@@ -383,11 +448,13 @@ def _rank(study, number: int) -> int:
     return sum(1 for t in _counted(trials) if t.number < number and t.state != optuna.trial.TrialState.WAITING)
 
 
-def _counted_done(study) -> int:
+def _counted_done(study, trials=None) -> int:
+    """Finished trials that count against the budget (`trials`: the study's, when already read)."""
     import optuna
 
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return sum(1 for t in _counted(study.get_trials(deepcopy=False)) if t.state in done)
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    return sum(1 for t in _counted(trials) if t.state in done)
 
 
 def _finished_twin(study, trial, key: str, wait_s: float = 120.0):
@@ -426,7 +493,8 @@ def to_row(t) -> TrialRow:
     reason = "; ".join([*([reason] if reason else []), *twin]) or None
     cons = a.get("constraints") or []
     return TrialRow(t.number, t.state.name, dict(t.params), list(t.values) if t.values else None,
-                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical, a.get("seeded"))
+                    a.get("metrics"), reason, all(c <= 0 for c in cons), canonical, a.get("seeded"),
+                    bool(a.get("twin")))
 
 
 def rows(study) -> list[TrialRow]:
@@ -447,7 +515,7 @@ def pareto(study) -> list[TrialRow]:
     front = [r for r in done if not any(dominates(o, r) for o in done if o is not r)]
     unique, seen = [], set()
     for r in sorted(front, key=lambda r: [-s * v for s, v in zip(sign, r.values)]):
-        key = json.dumps(r.params, sort_keys=True)
+        key = _point(r)
         if key not in seen:
             seen.add(key)
             unique.append(r)
@@ -460,8 +528,13 @@ def ranked(study) -> list[TrialRow]:
     done = [r for r in rows(study) if r.state == "COMPLETE" and r.feasible and r.values]
     unique, seen = [], set()
     for r in sorted(done, key=lambda r: -sign * r.values[0]):
-        key = json.dumps(r.params, sort_keys=True)
+        key = _point(r)
         if key not in seen:
             seen.add(key)
             unique.append(r)
     return unique
+
+
+def _point(r: TrialRow) -> str:
+    """The deployment a row ran, as a key: twins (one canonical point) are one row of a ranking."""
+    return json.dumps(r.canonical if r.canonical is not None else r.params, sort_keys=True)

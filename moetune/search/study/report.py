@@ -14,6 +14,7 @@ from moetune.report.markdown import table_markdown
 from moetune.report.tables import Table
 from moetune.search.cost.balance import balance_sentence, gain_sentence
 from moetune.search.cost.metrics import OBJECTIVES, Metrics
+from moetune.search.cost.op_tables import cost_sentence
 from moetune.search.study.forms import form_sentence
 from moetune.search.study.optuna_study import TrialRow
 from moetune.search.study.tables import phase_table, states_table, trials_table
@@ -144,6 +145,8 @@ def render(title: str, rows: list[TrialRow], ranked: list[TrialRow], front: list
     why += why_it_wins(winner, baseline) if baseline is not None else []
     win_p, base_p = phases or (winner, baseline)
     why.append("Winner: " + balance_sentence(win_p))
+    if "cost_source" in winner.detail:  # simulated on GPU hardware: which tables priced it (op_tables.py)
+        why.append(cost_sentence(winner.detail))
     form = form_sentence(rows, objectives[0])  # aggregated vs disaggregated, where both were tried
     why += [form] if form else []
     front_title = f"Pareto front ({len(front)} feasible non-dominated trials)"

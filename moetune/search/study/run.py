@@ -13,6 +13,7 @@ from moetune.search.study.engine_report import measured_first
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.precision import dense_knob
+from moetune.search.cost.slo_load import DEFAULT_CONCURRENCY
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.seeds import reference_seeds
 from moetune.search.study.setup import Inputs, Setup, prepare
@@ -108,6 +109,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
     check_settings(settings.study)
     setup = prepare(settings.inputs)
+    if setup.workload.find_load:  # each trial's load is the highest meeting the SLOs: none meets → infeasible
+        settings = replace(settings, study=replace(settings.study, constraints=replace(
+            settings.study.constraints, slo_load=True)))
     m = setup.source.model
     overrides = read_space_file(settings.space_file) if settings.space_file else None
     here = setup.hardware.name == "this-machine"
@@ -130,7 +134,9 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     settings.out.mkdir(parents=True, exist_ok=True)
     try:
         inputs = study_inputs(settings.inputs.trace, space.grid())
-        seeds = reference_seeds(space, limits, setup.hardware.ranks_per_node, evaluator.memory_rule()) \
+        seed_lim = replace(limits, requests=DEFAULT_CONCURRENCY) if setup.workload.find_load else limits  # the
+        # load is found per trial: the seeds hold the default concurrency per replica in one decode batch
+        seeds = reference_seeds(space, seed_lim, setup.hardware.ranks_per_node, evaluator.memory_rule()) \
             if settings.study.reference_trials else None
         study = run_study(replace(settings.study, inputs=inputs), space, limits, evaluator, on_trial, seeds)
     except MoetuneError:
@@ -139,15 +145,16 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
 
             shutil.rmtree(settings.out, ignore_errors=True)
         raise
-    return finish(settings, setup, study, evaluator, lookup)
+    return finish(settings, setup, study, evaluator, lookup or winner_quality(settings, setup, space, study))
 
 
-def quality_lookup(settings: SearchSettings, setup: Setup, space):
+def quality_lookup(settings: SearchSettings, setup: Setup, space, winner_only: bool = False):
     """The quality lookup of a search that asks for it (--quality or --max-kl) over a space with a low-bit
-    format; None otherwise (nothing measured: the default search stays as cheap as before)."""
+    format; None otherwise (each trial measures nothing). `winner_only`: the lookup `winner_quality` prices
+    a winner below fp8 with, asked or not."""
     from moetune.search.study.quality import QualityLookup, has_low_bit
 
-    asked = settings.quality or settings.study.constraints.max_kl is not None
+    asked = settings.quality or settings.study.constraints.max_kl is not None or winner_only
     if not asked or not has_low_bit(space):
         return None
     src = setup.source
@@ -160,6 +167,42 @@ def quality_lookup(settings: SearchSettings, setup: Setup, space):
                          settings.out / "quality.json", kernel_backend(setup.base), stand_in=stand_in)
 
 
+BELOW_FP8 = ("int8", "int4")  # expert formats whose quality the search measures for its winner by default
+
+
+def winner_quality(settings: SearchSettings, setup: Setup, space, study):
+    """Quality priced by default: when the winner's experts are in a format below fp8 and no trial measured
+    its quality (neither --quality nor --max-kl), its KL / top-1 are measured now (moetune eval's function,
+    cached in OUT/quality.json) and shown beside it (`with_quality`: its rows, trials.csv, the report).
+    Returns the lookup, or None where nothing was measured."""
+    best = ranked(study)
+    if not best or best[0].deployment.quant_low_format not in BELOW_FP8:
+        return None
+    lookup = quality_lookup(settings, setup, space, winner_only=True)
+    if lookup is None:
+        return None
+    lookup.quality(best[0].deployment)  # measured once, cached: `with_quality` reads it
+    return lookup
+
+
+def with_quality(lookup, rows: list[TrialRow]) -> list[TrialRow]:
+    """Rows whose metrics lack KL / top-1 given them where the lookup's cache holds their mix (no measuring)."""
+    from moetune.search.study.quality import read_cache
+
+    if lookup is None:
+        return rows
+    cache = read_cache(lookup.path)
+    for r in rows:
+        d, m = r.deployment, r.metrics or {}
+        detail = m.get("detail") or {}
+        if "kl" in detail or d.quant_low_format == "none":
+            continue
+        entry = cache.get(lookup.key(d.quant_low_format, d.quant_hot_fraction))
+        if entry is not None:
+            r.metrics = {**m, "detail": {**detail, "kl": entry["kl"], "top1_agreement": entry["top1_agreement"]}}
+    return rows
+
+
 def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, lookup=None) -> SearchResult:
     from moetune.report.table import Table
     from moetune.search.study.emit import write_csv, write_winner
@@ -167,7 +210,7 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     from moetune.search.study.report import render, write_report
     from moetune.search.study.tables import remeasure_table
 
-    all_rows, best, front = rows(study), ranked(study), pareto(study)
+    all_rows, best, front = (with_quality(lookup, r) for r in (rows(study), ranked(study), pareto(study)))
     objectives = settings.study.objectives
     out = settings.out
     write_csv(all_rows, out / "trials.csv", objectives)

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 from moetune.config import RunConfig, load_recipe, parse_config
 from moetune.errors import MoetuneError
 from moetune.search.cost.hardware import Hardware, get_hardware
+from moetune.search.cost.op_tables import ENGINES, choose
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator
+from moetune.search.cost.slo_load import DEFAULT_CONCURRENCY
 from moetune.search.cost.source import TraceSource, load_source
 from moetune.search.study.space import Limits
 
@@ -39,8 +41,12 @@ class Inputs:
     arrival_seed: int = 0
     slo_ttft_ms: float | None = None  # goodput's per-request limits
     slo_tpot_ms: float | None = None
+    slo_percentile: float = 90.0  # the SLOs apply at this percentile of the steady window's requests
+    burst: bool = False  # every request at t = 0 (the default on this-machine; on GPU hardware only when asked)
     spec_acceptance: float | None = None  # speculation's per-token acceptance where the trace did not measure it
     scale_routing: str | None = None  # --scale-routing stats | blocks | loads:FILE (None: stats; scale.py)
+    engine: str | None = None  # --engine: whose measured op tables price the GPU ops (cost/op_tables.py; None: vllm)
+    engine_version: str | None = None  # --engine-version (None: the tables' current version)
 
 
 @dataclass
@@ -66,8 +72,10 @@ class Setup:
         from moetune.search.cost.speculative import mtp_layers
 
         mtp = mtp_layers(self.source.model_path) if self.source.scaled_from is None else 0
-        return Limits(m.E, m.K, self.hardware.max_ranks, self.workload.most_in_flight, self.workload.mode != "burst",
-                      model=m, mtp_layers=mtp)
+        w = self.workload
+        return Limits(m.E, m.K, self.hardware.max_ranks, w.most_in_flight, w.mode != "burst", model=m,
+                      mtp_layers=mtp, max_model_len=max(w.prompt_lens) + w.output_len,
+                      chunked_prefill=self.base.engine.chunked_prefill)
 
 
 def prepare(inp: Inputs) -> Setup:
@@ -77,6 +85,8 @@ def prepare(inp: Inputs) -> Setup:
             raise MoetuneError(f"{name} must be at least 1")
     if inp.calibrate_on not in ("microbenchmarks", "trace", "engine"):
         raise MoetuneError(f"--calibrate-on {inp.calibrate_on!r} is not one of microbenchmarks, trace, engine")
+    if inp.engine is not None and inp.engine not in ENGINES:
+        raise MoetuneError(f"--engine {inp.engine!r} is not one of {', '.join(ENGINES)}")
     base = load_recipe(inp.recipe) if inp.recipe else None
     source = load_source(Path(inp.trace), inp.scale_model, inp.scale_routing)
     if base is None:
@@ -86,6 +96,7 @@ def prepare(inp: Inputs) -> Setup:
     hw, cal = hardware_for(inp, source, base)
     sim = Simulator(source, hw, base.engine.chunked_prefill, cal.multipliers() if cal else None, cal)
     sim.spec_acceptance = inp.spec_acceptance
+    sim.tables = choose(hw.name, inp.engine or "vllm", inp.engine_version) if hw.name != "this-machine" else None
     if cal is not None and cal.source == "microbenchmarks":  # a recipe path of its own is timed on its own
         from moetune.search.cost.calibrate import priced_config
         sim.base_config = priced_config(source, base)
@@ -102,23 +113,61 @@ def _recipe_of(base: RunConfig, trace: str, d) -> RunConfig:
 def workload(inp: Inputs, run: SimWorkload) -> SimWorkload:
     """The run's workload with the command line's changes. A steady-state mode defaults to enough
     requests for a steady window (4·C in a closed loop, 100 at a rate) and excludes C (closed loop)
-    or a fifth of them (rate) at each end."""
+    or a fifth of them (rate) at each end. Which mode (`load_mode`): --burst, --concurrency and
+    --request-rate as asked; else on GPU hardware the steady state the SLOs allow (the concurrency
+    found per deployment, slo_load.py) when an SLO is given, DEFAULT_CONCURRENCY when none is; else
+    (this-machine, where `measure` runs bursts) a burst."""
+    mode = load_mode(inp)
+    if mode == "find":
+        return _find_load_template(inp, run)
+    concurrency = inp.concurrency or (DEFAULT_CONCURRENCY if mode == "concurrency" else 0)
+    steady_n = {"burst": 0, "concurrency": 4 * concurrency, "rate": 100}[mode]
+    n = inp.num_requests or max(run.num_requests, steady_n)
+    warmup = inp.warmup_requests if inp.warmup_requests is not None else \
+        {"burst": 0, "concurrency": concurrency, "rate": n // 5}[mode]
+    return SimWorkload(_lens(inp, run, n), inp.output_len or run.output_len, mode, concurrency,
+                       inp.request_rate or 0.0, inp.arrival_seed, warmup, inp.slo_ttft_ms, inp.slo_tpot_ms,
+                       inp.slo_percentile)
+
+
+def load_mode(inp: Inputs) -> str:
+    """burst | concurrency | rate | find (the highest concurrency meeting the SLOs), user mistakes raised."""
     for name, value in (("--concurrency", inp.concurrency), ("--request-rate", inp.request_rate),
                         ("--slo-ttft-ms", inp.slo_ttft_ms), ("--slo-tpot-ms", inp.slo_tpot_ms)):
         if value is not None and value <= 0:
             raise MoetuneError(f"{name} must be above 0")
+    if not 0 < inp.slo_percentile < 100:
+        raise MoetuneError("--slo-percentile must be above 0 and below 100")
     if inp.concurrency is not None and inp.request_rate is not None:
         raise MoetuneError("--concurrency and --request-rate are two workloads: give one")
+    if inp.burst and (inp.concurrency is not None or inp.request_rate is not None):
+        raise MoetuneError("--burst sends every request at t=0: drop --concurrency / --request-rate")
     if inp.warmup_requests is not None and inp.warmup_requests < 0:
         raise MoetuneError("--warmup-requests must be at least 0")
-    mode = "concurrency" if inp.concurrency else "rate" if inp.request_rate else "burst"
-    steady_n = {"burst": 0, "concurrency": 4 * (inp.concurrency or 0), "rate": 100}[mode]
-    n = inp.num_requests or max(run.num_requests, steady_n)
-    lens = (inp.input_len,) * n if inp.input_len else tuple((run.prompt_lens * (n // len(run.prompt_lens) + 1))[:n])
-    warmup = inp.warmup_requests if inp.warmup_requests is not None else \
-        {"burst": 0, "concurrency": inp.concurrency or 0, "rate": n // 5}[mode]
-    return SimWorkload(lens, inp.output_len or run.output_len, mode, inp.concurrency or 0, inp.request_rate or 0.0,
-                       inp.arrival_seed, warmup, inp.slo_ttft_ms, inp.slo_tpot_ms)
+    if inp.concurrency:
+        return "concurrency"
+    if inp.request_rate:
+        return "rate"
+    if inp.burst or inp.hardware == "this-machine":
+        return "burst"
+    return "find" if inp.slo_ttft_ms is not None or inp.slo_tpot_ms is not None else "concurrency"
+
+
+def _lens(inp: Inputs, run: SimWorkload, n: int) -> tuple[int, ...]:
+    return (inp.input_len,) * n if inp.input_len else tuple((run.prompt_lens * (n // len(run.prompt_lens) + 1))[:n])
+
+
+UNBOUNDED_LOAD = 1024 * 16  # requests per replica when --num-requests does not bound the load: 1024 seqs × 16 ranks
+
+
+def _find_load_template(inp: Inputs, run: SimWorkload) -> SimWorkload:
+    """The workload each deployment's load search starts from (slo_load.at_concurrency makes each probe's):
+    the prompts and output length, the SLOs, and as many requests as may be in flight per replica:
+    --num-requests (a bound on the load searched), else enough that every rank's max_num_seqs is held
+    (the memory rule prices the KV cache of the sequences a rank holds; `most_in_flight`: that bound)."""
+    n = inp.num_requests or UNBOUNDED_LOAD
+    return SimWorkload(_lens(inp, run, n), inp.output_len or run.output_len, "concurrency", 0, 0.0, inp.arrival_seed,
+                       0, inp.slo_ttft_ms, inp.slo_tpot_ms, inp.slo_percentile, find_load=True)
 
 
 def hardware_for(inp: Inputs, source: TraceSource, base: RunConfig) -> tuple[Hardware, Calibration | None]:

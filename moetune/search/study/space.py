@@ -9,8 +9,8 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | tp_size | parallel.tp_size (searched when --space names it, else the base recipe's value) | 1, 2, 4, 8 up to the hardware's ranks | not 1 or the group size G = max(tp_size, expert_tp_size); R × G > ranks available; G does not divide the heads, vocabulary or a dense intermediate size, or neither divides nor is a multiple of the KV heads |
 | expert_tp_size | parallel.expert_tp_size | 1, 2, 4, 8 up to the hardware's ranks | not 1 or G; G does not divide the expert (or shared expert) intermediate size |
 | replicas | — (one moetune process is one replica; emitted as the engines' data-parallel size) | divisors of the hardware's GPUs | replicas × R × G > GPUs; replicas > 1 and replicas × R × G ≠ GPUs (nodes × GPUs per node = replicas × ranks per replica) |
-| max_num_seqs | engine.max_num_seqs | 8 .. 1024, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them) |
-| max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs (not one decode per sequence) |
+| max_num_seqs | engine.max_num_seqs | 8 .. 1024, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them; never moot when the load is found per trial, cost/slo_load.py) |
+| max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs; below the longest request (prompt + output) with chunked prefill off (both refused by the engines: `engine_refuses`) |
 | quant_low_format | quant.low / quant.experts | none, fp8, int8, int4 (= int4-g64) | — |
 | quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
 | offload_resident_fraction | offload.resident_experts | 1, 0.75, 0.5, 0.25 of a rank's slots | fewer resident slots per rank than top-K; ep_size > 1 (offloading runs on one rank) |
@@ -247,6 +247,8 @@ class Limits:
     per_replica: bool = False  # True: `requests` is each replica's (steady state); False: split over replicas
     model: SimModel | None = None  # the sizes a tensor-parallel split must divide (None: not checked)
     mtp_layers: int = 0  # the model's MTP modules (config.json num_nextn_predict_layers): what mtp:K drafts with
+    max_model_len: int = 0  # the longest request (prompt + output tokens): engines size their batch rules by it
+    chunked_prefill: bool = True  # the recipe's engine.chunked_prefill
 
 
 def prune(d: Deployment, lim: Limits) -> str | None:
@@ -268,12 +270,26 @@ def prune(d: Deployment, lim: Limits) -> str | None:
                 "(nodes × GPUs per node = replicas × ranks per replica)")
     if (E + N) % R:
         return f"ep_size {R} does not divide the {E} experts + {N} redundant slots"
-    if d.max_num_batched_tokens < d.max_num_seqs:
-        return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below max_num_seqs {d.max_num_seqs} "
-                "(not one decode per running sequence)")
+    refused = engine_refuses(d, lim)
+    if refused is not None:
+        return refused
     if d.offload_resident_fraction < 1 and R > 1:  # RunConfig refuses the pair: never a trial, never a winner
         return f"offload with ep_size {R} is not supported yet (offloading runs on one rank)"
     return _prune_speculative(d, lim) or _prune_what_if(d, lim)
+
+
+def engine_refuses(d: Deployment, lim: Limits) -> str | None:
+    """The batch-limit pairs the serving engines refuse at start-up (vLLM SchedulerConfig's checks:
+    max_num_batched_tokens ≥ max_num_seqs, and ≥ max_model_len without chunked prefill; SGLang's
+    --chunked-prefill-size has no lower bound, so vLLM's rules bound both), in words, or None."""
+    if d.max_num_batched_tokens < d.max_num_seqs:
+        return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below max_num_seqs {d.max_num_seqs}: "
+                "engines refuse it (vLLM: must be ≥ max_num_seqs; not one decode per running sequence)")
+    if not lim.chunked_prefill and d.max_num_batched_tokens < lim.max_model_len:
+        return (f"max_num_batched_tokens {d.max_num_batched_tokens} is below the longest request's "
+                f"{lim.max_model_len} tokens with chunked prefill off: engines refuse it (vLLM: must be ≥ "
+                "max_model_len unless chunked prefill is enabled)")
+    return None
 
 
 def _prune_speculative(d: Deployment, lim: Limits) -> str | None:

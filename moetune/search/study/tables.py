@@ -28,11 +28,15 @@ def metrics_table(title: str, m: Metrics) -> Table:
         ("TPOT ms (median)", "tpot_ms"), ("requests/s", "request_s"), ("goodput requests/s (SLOs met)", "goodput_rps"),
         ("peak memory GB per rank", "peak_mem_gb"))]
     for name, pcts in m.latency_ms.items():
-        rows.append([f"{name.upper()} ms P50 / P90 / P99", " / ".join(f"{v:,.4g}" for v in pcts.values()), tag])
+        label = " / ".join(k.upper() for k in pcts)  # P50 / P90 / P99, and the SLOs' own percentile
+        rows.append([f"{name.upper()} ms {label}", " / ".join(f"{v:,.4g}" for v in pcts.values()), tag])
     steady = m.detail.get("steady")
     if steady:
         rows.append(["steady state", f"{steady['measured_requests']} requests measured, {steady['excluded_each_end']} "
                                      f"excluded at each end (warm-up, drain)", ""])
+    load = m.detail.get("load")
+    if load:  # the steady state the SLOs allow (cost/slo_load.py)
+        rows.append(["concurrency per replica (found)", load_words(load), tag])
     spec = m.detail.get("speculative")
     if spec:  # cost/speculative.py: the plan priced, its acceptance measured or assumed
         rows.append(["speculative", f"{spec['method']}:{spec['k']}, {spec['tokens_per_verify']:.2f} tokens per verify; "
@@ -71,21 +75,36 @@ def trials_table(rows: list[TrialRow], objectives: tuple[str, ...], top: int = 1
     def has(key: str) -> bool:
         return any(key in ((r.metrics or {}).get("detail") or {}) for r in rows[:top])
 
-    dropped, kl, beside = has("dropped_fraction"), has("kl"), has("estimate")
-    cols = ["trial", "deployment", *objectives, "TTFT ms", "TPOT ms", "GB/rank", *(["dropped"] if dropped else []),
-            *(["KL nats (measured)", "top-1 (measured)"] if kl else []),
+    dropped, kl, beside, load = has("dropped_fraction"), has("kl"), has("estimate"), has("load")
+    cols = ["trial", "deployment", *(["concurrency"] if load else []), *objectives, "TTFT ms", "TPOT ms", "GB/rank",
+            *(["dropped"] if dropped else []), *(["KL nats (measured)", "top-1 (measured)"] if kl else []),
             *(["output tok/s (estimated)", "error"] if beside else []), "figures"]
     out = []
     for r in rows[:top]:
         m = r.metrics or {}
         detail = m.get("detail") or {}
         share = detail.get("dropped_fraction")
-        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), describe(r.deployment), *(f"{v:,.4g}" for v in (r.values or [])),
+        out.append([f"{r.number} (seeded: {r.seeded})" if r.seeded else str(r.number), describe(r.deployment),
+                    *([str(trial_concurrency(m))] if load else []), *(f"{v:,.4g}" for v in (r.values or [])),
                     f"{m.get('ttft_ms', 0):.4g}", f"{m.get('tpot_ms', 0):.4g}", f"{m.get('peak_mem_gb', 0):.3g}",
                     *([f"{share:.2%}" if share is not None else ""] if dropped else []),
                     *(_quality_cells(detail) if kl else []), *(_estimate_cells(detail) if beside else []),
                     _tag(m)])
     return Table(title or f"Best {min(top, len(rows))} trials", cols, out, quality_note if kl else "")
+
+
+def trial_concurrency(m: dict) -> int | str:
+    """The closed-loop concurrency per replica a trial ran: found by its load search, else the workload's ('')."""
+    load = (m.get("detail") or {}).get("load")
+    return load["concurrency"] if load else ""
+
+
+def load_words(load: dict) -> str:
+    """The load search's outcome in words (cost/slo_load.py)."""
+    probes = ", ".join(f"{c}{'✓' if ok else '✗'}" for c, ok in load["probes"])
+    if not load["met"]:
+        return f"none: SLOs at P{load['slo_percentile']:g} not met even at 1 ({'; '.join(load['missed'])}); probes {probes}"
+    return f"{load['concurrency']} ({load['ended']}, cap {load['cap']}); probes {probes}"
 
 
 def _estimate_cells(detail: dict) -> list[str]:

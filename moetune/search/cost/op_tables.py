@@ -1,0 +1,505 @@
+"""Measured GPU op costs: NVIDIA's kernel tables (the `gpu-db` extra) priced at each step's real
+per-rank shapes, with the roofline (hardware.py) as the fallback where a table has no entry.
+
+`pip install "moetune[gpu-db]"` installs `aiconfigurator-core` (Apache-2.0): measured latencies of
+GEMMs (bf16 / fp8 / fp8-block), fused MoE per quant mode, context and generation attention (MLA
+too), custom all-reduce and NCCL collectives, per system (h100_sxm, h200_sxm, b200_sxm, ...), engine
+(vllm, sglang) and engine version. `--engine` / `--engine-version` pick the tables (default: vllm at
+the package's current version). Without the extra, or on hardware the tables lack (this-machine, a
+YAML file), every op keeps the datasheet roofline, labelled `roofline (unmeasured)`.
+
+How an op of one step is priced (each on the rank's own shapes: the TP split, `tp.tp_model`):
+
+| phase | table op | at |
+|---|---|---|
+| attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
+| attention (MLA) | vLLM: its MLA module (projections included); SGLang: q/KV down-projection + q up-projection + the absorbed BMMs + the MLA kernel + o (`mla_projections`) | as above |
+| router | GEMM (E × D, bf16) | tokens |
+| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load |
+| permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
+| shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path: `phase_costs.shared_beside_experts`) | tokens |
+| other | GEMM LM head (V × D, bf16) + the per-step calls (roofline) | sampled rows |
+| dispatch, combine | DeepEP low-latency (decode steps) / high-throughput (steps with a prompt) where measured at the EP size and node count, else the engine's own MoE dispatch | the largest rank's tokens |
+| TP collectives | custom all-reduce, fitted to tp.tp_collectives' α + bytes / B at the step kind's payloads | |
+
+A curve per op and deployment shape is sampled once from the tables (tokens on a grid from 1 to
+2^17, attention on a batch × KV-length grid) and each step is priced with numpy interpolation
+(`np.interp`, bilinear on the 2-D grids), so a trial's thousands of steps cost a few array
+operations. Every priced phase records its source (`Measured.sources`) and its measured seconds;
+`trial_figures` turns them into a trial's `measured_share` of its step time.
+
+The table interface (`OpBackend.latency_ms(op, x, y)`) has two implementations: `AicBackend` (the
+real package) and `ParquetBackend` (GEMM rows of a `gemm_perf.parquet` in the package's own on-disk
+layout: what the tests use without the extra).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+UNMEASURED = "roofline (unmeasured)"
+ENGINES = ("vllm", "sglang")
+SYSTEMS = {"H100": "h100_sxm", "H200": "h200_sxm", "B200": "b200_sxm"}  # moetune's hardware → the tables' system
+PACKAGE = "aiconfigurator_core"
+MEASURED_SOURCES = ("silicon", "mixed")  # the package's per-value provenance counted as measured
+TOKENS = np.unique(np.concatenate([np.arange(1, 17), np.round(2 ** np.arange(4, 17.01, 0.25))])).astype(np.int64)
+BATCH = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+KV_LEN = np.array([16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768])
+PROMPT = np.array([16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
+
+
+# ---- the ops a table is asked about ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gemm:
+    n: int
+    k: int
+    quant: str  # bfloat16 | fp8 | fp8_block
+
+
+@dataclass(frozen=True)
+class Moe:
+    D: int
+    I: int  # the whole expert's intermediate size (the table splits it by tp)
+    K: int
+    E: int
+    tp: int
+    ep: int
+    quant: str  # bfloat16 | fp8 | fp8_block | int4_wo
+
+
+@dataclass(frozen=True)
+class Attention:
+    context: bool  # prefill (context attention: x batch, y prompt) | decode (x batch, y KV length)
+    heads: int
+    kv_heads: int  # 0: MLA
+    head_dim: int
+    kv_quant: str  # bfloat16 | fp8
+    module: bool = False  # MLA module (projections included)
+
+
+@dataclass(frozen=True)
+class MlaBmm:
+    """MLA's absorbed batched matmul before (pre) or after (post) the attention kernel, x tokens."""
+
+    heads: int
+    pre: bool
+    quant: str  # bfloat16 | fp8
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    D: int  # a message of x tokens × D elements
+    G: int  # ranks
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The engine's MoE dispatch (pre) or combine (post) among ep ranks of attention-DP groups."""
+
+    D: int
+    K: int
+    E: int
+    ep: int
+    pre: bool
+    quant: str
+    engine: str
+
+
+@dataclass(frozen=True)
+class DeepEP:
+    """DeepEP's all-to-all (low-latency kernels for decode, high-throughput for prefill) over ep ranks."""
+
+    low_latency: bool
+    dispatch: bool  # dispatch | combine
+    D: int
+    K: int
+    E: int
+    ep: int
+    nodes: int
+
+
+Op = Gemm | Moe | Attention | MlaBmm | AllReduce | Dispatch | DeepEP
+
+
+class OpBackend(Protocol):
+    """One engine's tables on one system: a latency in ms, or None where there is no entry."""
+
+    label: str
+
+    def latency_ms(self, op: Op, x: int, y: int = 1) -> float | None: ...
+
+
+# ---- the real package -----------------------------------------------------------------------------
+
+def installed() -> bool:
+    return importlib.util.find_spec(PACKAGE) is not None
+
+
+class AicBackend:
+    """aiconfigurator-core's tables for (system, engine, version) through its op-list interface."""
+
+    def __init__(self, system: str, engine: str, version: str | None):
+        from importlib.metadata import version as pkg_version
+
+        from aiconfigurator_core.sdk import perf_database
+        from aiconfigurator_core.sdk.engine import EngineHandle
+
+        slots = perf_database.get_version_slots(system, engine) or {}
+        self.version = version or slots.get("current") or "current"
+        self.db = perf_database.get_database(system, engine, self.version)
+        if self.db is None:
+            raise LookupError(f"no {engine} {self.version} tables for {system}")
+        self.handle = EngineHandle.for_database(self.db)
+        self.label = f"aiconfigurator-core {pkg_version('aiconfigurator-core')}: {system} {engine} {self.version}"
+
+    def latency_ms(self, op: Op, x: int, y: int = 1) -> float | None:
+        from aiconfigurator_core.sdk.engine import build_ops_json
+
+        built = self._op(op)
+        context = (isinstance(op, Attention) and op.context) or (isinstance(op, DeepEP) and not op.low_latency)
+        try:
+            _, ms, _, source = self.handle.evaluate_ops_json(build_ops_json([built]), is_context=context,
+                                                             batch_size=int(x), s=int(y))[0]
+        except Exception:  # the package raises its own errors for a shape without rows
+            return None
+        return float(ms) if source in MEASURED_SOURCES and ms > 0 else None
+
+    def _op(self, op: Op):
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
+        if isinstance(op, Gemm):
+            return ops.GEMM("gemm", 1, op.n, op.k, common.GEMMQuantMode[op.quant])
+        if isinstance(op, Moe):
+            return ops.MoE("moe", 1, op.D, op.I, op.K, op.E, op.tp, op.ep, common.MoEQuantMode[op.quant],
+                           "balanced", 1)
+        if isinstance(op, DeepEP):
+            backend = "deepep_ll" if op.low_latency else "deepep_ht"
+            return ops.MoEAllToAll("a2a", 1, phase="dispatch" if op.dispatch else "combine", comm_dtype="default",
+                                   comm_backend=backend, hidden_size=op.D, topk=op.K, num_experts=op.E,
+                                   moe_ep_size=op.ep, node_num=op.nodes, sms=0 if op.low_latency else 20,
+                                   attention_tp_size=1)
+        if isinstance(op, Dispatch):
+            return ops.MoEDispatch("dispatch", 1, op.D, op.K, op.E, 1, op.ep, op.ep, op.pre,
+                                   quant_mode=common.MoEQuantMode[op.quant], backend=op.engine)
+        if isinstance(op, AllReduce):
+            return ops.CustomAllReduce("allreduce", 1, op.D, op.G)
+        if isinstance(op, MlaBmm):
+            return ops.MLABmm("bmm", 1, op.heads, common.GEMMQuantMode[op.quant], if_pre=op.pre)
+        kv = common.KVCacheQuantMode[op.kv_quant]
+        fmha = common.FMHAQuantMode.bfloat16
+        if op.module:
+            return ops.MLAModule("mla", 1, op.context, op.heads, kv, fmha, common.GEMMQuantMode.fp8_block,
+                                 native_num_heads=op.heads)
+        if op.kv_heads == 0:
+            return (ops.ContextMLA("mla", 1, op.heads, kv, fmha) if op.context
+                    else ops.GenerationMLA("mla", 1, op.heads, kv))
+        if op.context:
+            return ops.ContextAttention("attn", 1, op.heads, op.kv_heads, kv, fmha, head_size=op.head_dim)
+        return ops.GenerationAttention("attn", 1, op.heads, op.kv_heads, kv, head_size=op.head_dim)
+
+
+class ParquetBackend:
+    """GEMM rows of a `gemm_perf.parquet` in the package's layout (columns gemm_dtype, m, n, k,
+    latency in ms): a measured (n, k, dtype) is interpolated in m; anything else has no entry."""
+
+    def __init__(self, path: str | Path, label: str | None = None):
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(str(path)).to_pydict()
+        rows: dict[tuple, list] = {}
+        for q, m, n, k, ms in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"]):
+            rows.setdefault((int(n), int(k), str(q)), []).append((int(m), float(ms)))
+        self.rows = {key: np.array(sorted(v)).T for key, v in rows.items()}  # (n, k, q) → [2, M] (m, ms)
+        self.label = label or f"file {path}"
+
+    def latency_ms(self, op: Op, x: int, y: int = 1) -> float | None:
+        if not isinstance(op, Gemm) or (op.n, op.k, op.quant) not in self.rows:
+            return None
+        m, ms = self.rows[(op.n, op.k, op.quant)]
+        return float(np.interp(x, m, ms))
+
+
+# ---- which tables a run uses ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TableChoice:
+    """What `--engine` / `--engine-version` resolved to on the run's hardware."""
+
+    engine: str
+    version: str | None
+    backend: OpBackend | None  # None: the roofline
+    note: str  # what prices the ops, in words
+
+    @property
+    def label(self) -> str:
+        return self.backend.label if self.backend is not None else UNMEASURED
+
+
+def choose(hardware_name: str, engine: str = "vllm", version: str | None = None) -> TableChoice:
+    """The tables for a hardware name (H100, H200, B200), or the roofline with the reason."""
+    system = SYSTEMS.get(hardware_name.upper())
+    if not installed():
+        return TableChoice(engine, version, None, f"{UNMEASURED}: install moetune[gpu-db] for measured op tables")
+    if system is None:
+        return TableChoice(engine, version, None, f"{UNMEASURED}: the measured tables have no {hardware_name}; "
+                           "its datasheet roofline prices every op")
+    try:
+        backend = _aic_backend(system, engine, version)
+    except Exception as exc:  # an unknown version, a system without that engine's tables
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return TableChoice(engine, version, None, f"{UNMEASURED}: no {engine} {version or 'current'} tables for "
+                           f"{system} ({first[:160]})")
+    return TableChoice(engine, backend.version, backend, f"measured: {backend.label}; roofline where it has no entry")
+
+
+@lru_cache(maxsize=8)
+def _aic_backend(system: str, engine: str, version: str | None) -> AicBackend:
+    return AicBackend(system, engine, version)
+
+
+# ---- curves: sampled once, priced with numpy ------------------------------------------------------
+
+@lru_cache(maxsize=512)
+def curve(backend: OpBackend, op: Op) -> np.ndarray | None:
+    """[2, n] (tokens, seconds) of a one-variable op, or None where the table has no entry at all."""
+    ys = [backend.latency_ms(op, int(x)) for x in TOKENS]
+    keep = [i for i, y in enumerate(ys) if y is not None]
+    if len(keep) < 2:
+        return None
+    return np.stack([TOKENS[keep].astype(np.float64), np.array([ys[i] for i in keep]) * 1e-3])
+
+
+@lru_cache(maxsize=128)
+def grid(backend: OpBackend, op: Attention) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(batch [nb], length [nl], seconds [nb, nl]) of an attention op, or None (a missing point:
+    the nearest measured one along the length)."""
+    lengths = PROMPT if op.context else KV_LEN
+    sec = np.array([[backend.latency_ms(op, int(b), int(s)) or np.nan for s in lengths] for b in BATCH]) * 1e-3
+    if np.isnan(sec).all():
+        return None
+    for row in sec:  # fill holes from the nearest measured length
+        ok = ~np.isnan(row)
+        if ok.any():
+            row[~ok] = np.interp(np.nonzero(~ok)[0], np.nonzero(ok)[0], row[ok])
+    good = ~np.isnan(sec).any(1)
+    if good.sum() < 1:
+        return None
+    return BATCH[good].astype(np.float64), lengths.astype(np.float64), sec[good]
+
+
+def at(c: np.ndarray, x) -> np.ndarray:
+    """Seconds of curve c at x (0 at x ≤ 0; linear past the last point)."""
+    x = np.asarray(x, dtype=np.float64)
+    xs, ys = c
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    inside = np.interp(x, xs, ys)
+    out = np.where(x > xs[-1], ys[-1] + (x - xs[-1]) * slope, inside)
+    return np.where(x > 0, out, 0.0)
+
+
+def at2(g, x, y) -> np.ndarray:
+    """Seconds of grid g at (x, y): bilinear in (batch, length), linear past the grid's last batch and
+    below its first (x < 1: that share of one sequence)."""
+    bs, ls, sec = g
+    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    per_len = np.stack([np.interp(y, ls, row) for row in sec], axis=-1)  # [..., nb]
+    i = np.clip(np.searchsorted(bs, x) - 1, 0, max(len(bs) - 2, 0))
+    if len(bs) == 1:
+        return np.where(x > 0, per_len[..., 0] * np.maximum(x, 1) / bs[0], 0.0)
+    x0, x1 = bs[i], bs[i + 1]
+    y0 = np.take_along_axis(per_len, i[..., None], -1)[..., 0]
+    y1 = np.take_along_axis(per_len, (i + 1)[..., None], -1)[..., 0]
+    w = (np.maximum(x, bs[0]) - x0) / (x1 - x0)
+    out = y0 + w * (y1 - y0)
+    return np.where(x > 0, np.where(x < bs[0], out * x / bs[0], out), 0.0)  # a fraction of a batch: its share
+
+
+# ---- one deployment's measured ops ----------------------------------------------------------------
+
+@dataclass
+class Measured:
+    """The tables bound to one deployment's per-rank shapes; each method gives seconds (the shape of
+    its inputs) or None where the tables have no entry (the caller keeps the roofline)."""
+
+    backend: OpBackend
+    model: object  # SimModel: the whole model
+    rank: object  # SimModel: one rank's shapes (tp.tp_model)
+    tp: int
+    etp: int
+    ep: int
+    dense_q: str
+    expert_q: str | None  # None: a format the tables lack (mixed hot/cold formats)
+    kv_q: str
+    engine: str = "vllm"
+    nodes: int = 1  # nodes the EP group spans
+    seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
+    sources: dict = field(default_factory=dict)  # phase → the label of what priced it
+
+    def gemm(self, n: int, k: int, quant: str, tokens) -> np.ndarray | None:
+        c = curve(self.backend, Gemm(int(n), int(k), quant))
+        return None if c is None else at(c, tokens)
+
+    def attention(self, T, prefill, pairs, context) -> np.ndarray | None:
+        """[...] seconds of one layer's attention on each rank."""
+        r, m = self.rank, self.model
+        heads = max(1, m.heads // self.tp) if m.heads else 0
+        if not heads:
+            return None
+        decode = np.maximum(T - prefill, 0)
+        dec_len = np.where(decode > 0, context / np.maximum(decode, 1), 0)  # decode-only ranks: KV per sequence
+        # a rank with prompt tokens: b prompts of s tokens with b·s = T and b·s²/2 = its (query, key) pairs
+        prompt = np.maximum(2 * pairs / np.maximum(T, 1), 1)
+        prompts = T / prompt
+        if m.kv_heads:
+            dh = m.kv_elems // (2 * m.kv_heads)
+            kvh = max(1, m.kv_heads // self.tp)
+            proj = [self.gemm((heads + 2 * kvh) * dh, m.D, self.dense_q, T),
+                    self.gemm(m.D, heads * dh, self.dense_q, T)]
+            ops = (Attention(False, heads, kvh, dh, self.kv_q), Attention(True, heads, kvh, dh, self.kv_q))
+        else:
+            module = (Attention(False, heads, 0, 0, self.kv_q, True), Attention(True, heads, 0, 0, self.kv_q, True))
+            g = [grid(self.backend, o) for o in module] if self.engine == "vllm" else [None]  # vLLM's own module rows
+            if all(x is not None for x in g):
+                return np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
+            proj = self.mla_projections(heads, T)
+            ops = (Attention(False, heads, 0, 0, self.kv_q), Attention(True, heads, 0, 0, self.kv_q))
+        g = [grid(self.backend, o) for o in ops]
+        if any(p is None for p in proj) or any(x is None for x in g):
+            return None
+        kernel = np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
+        return sum(proj) + kernel
+
+    def mla_projections(self, heads: int, T) -> list:
+        """MLA's projections as the engines run them (SGLang's op list): the down-projection of q and the
+        latent KV, q's up-projection, the absorbed BMMs before and after the kernel, o; one GEMM of all
+        the rank's projection weights where the model gives no MLA shapes."""
+        m, q = self.model, self.dense_q
+        if not m.mla:
+            return [self.gemm(self.rank.attn_weights // m.D, m.D, q, T)]
+        q_lora, kv_lora, nope, rope, v = m.mla
+        bmm = "bfloat16" if q == "bfloat16" else "fp8"
+        down = self.gemm((q_lora or heads * (nope + rope)) + kv_lora + rope, m.D, q, T)
+        up = [self.gemm(heads * (nope + rope), q_lora, q, T)] if q_lora else []
+        bmms = [None if (c := curve(self.backend, MlaBmm(heads, pre, bmm))) is None else at(c, T)
+                for pre in (True, False)]
+        return [down, *up, *bmms, self.gemm(m.D, heads * v, q, T)]
+
+    def experts(self, rows_q) -> np.ndarray | None:
+        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K)."""
+        m = self.model
+        if self.expert_q is None:
+            return None
+        c = curve(self.backend, Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, self.expert_q))
+        return None if c is None else at(c, np.asarray(rows_q) * self.ep / m.K)
+
+    def mlp(self, inter: int, tokens) -> np.ndarray | None:
+        """A dense (or shared-expert) MLP of one rank's intermediate size: gate/up + down GEMMs."""
+        up, down = self.gemm(2 * inter, self.model.D, self.dense_q, tokens), self.gemm(self.model.D, inter,
+                                                                                       self.dense_q, tokens)
+        return None if up is None or down is None else up + down
+
+    def dispatch(self, tokens, prefill) -> tuple[np.ndarray, np.ndarray] | None:
+        """(dispatch s, combine s) of one MoE layer at the largest rank's tokens (expert parallelism
+        with attention data-parallel ranks): DeepEP's tables (low-latency kernels in decode steps,
+        high-throughput in steps with a prompt) where measured at this EP size and node count, else the
+        engine's own dispatch table, else None. prefill: bool, the step has prompt tokens."""
+        m, q = self.model, self.expert_q or "bfloat16"
+        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, self.ep, self.nodes))
+                for ll in (True, False) for side in (True, False)]
+        if all(c is not None for c in deep):
+            ll_d, ll_c, ht_d, ht_c = deep
+            return (np.where(prefill, at(ht_d, tokens), at(ll_d, tokens)),
+                    np.where(prefill, at(ht_c, tokens), at(ll_c, tokens)))
+        pre, post = (curve(self.backend, Dispatch(m.D, m.K, m.E, self.ep, side, q, self.engine))
+                     for side in (True, False))
+        return None if pre is None or post is None else (at(pre, tokens), at(post, tokens))
+
+    def tp_link(self, G: int, kind: str, act_bytes: int) -> tuple[float, float | None, float] | None:
+        """(α s, gather α, link B/s) of the TP group's all-reduces (tp.tp_collectives' ring form) fitted to
+        the all-reduce table at the step kind's payloads (decode 8 → 256 tokens, prefill 1k → 8k)."""
+        c = curve(self.backend, AllReduce(self.model.D, G))
+        if c is None:
+            return None
+        lo, hi = (8, 256) if kind == "decode" else (1024, 8192)
+        l1, l2 = at(c, np.array([lo, hi]))
+        slope = (l2 - l1) / (hi - lo)  # s per token
+        if slope <= 0:
+            return None
+        bw = 2 * (G - 1) / G * self.model.D * act_bytes / slope
+        alpha = max(float(l1 - slope * lo), 0.0)
+        for phase in ("tp_allreduce", "tp_embed", "tp_gather"):  # priced from the table's fit: all measured
+            self.seconds[phase] = [1.0, 1.0]
+            self.sources[phase] = f"{self.backend.label} (all-reduce fit)"
+        return alpha, None, bw
+
+    def note(self, phase: str, measured_s, total_s, source: str) -> None:
+        """Count a phase's priced seconds (measured part, all) and its source."""
+        acc = self.seconds.setdefault(phase, [0.0, 0.0])
+        acc[0] += float(np.sum(measured_s))
+        acc[1] += float(np.sum(total_s))
+        self.sources.setdefault(phase, source)
+
+    def share_of(self, phase: str) -> float:
+        acc = self.seconds.get(phase)
+        return acc[0] / acc[1] if acc and acc[1] > 0 else 0.0
+
+
+def bind(choice: TableChoice | None, model, rank, d, prec, ranks_per_node: int = 8) -> Measured | None:
+    """The measured ops of deployment d (None: the roofline prices everything). model: the whole
+    SimModel (its weight_format fp8: the checkpoint's block-wise fp8), rank: one rank's shapes."""
+    if choice is None or choice.backend is None:
+        return None
+    fp8_checkpoint = model.weight_format == "fp8"
+    block = fp8_checkpoint or choice.engine == "sglang"  # sglang's fp8 kernels are block-wise
+    fp8 = "fp8_block" if block else "fp8"
+    dense_q = fp8 if prec.dense_b < 2 else "bfloat16"
+    low, hot = d.quant_low_format, d.quant_hot_fraction
+    if low == "none" or hot >= 1:
+        expert_q = fp8 if fp8_checkpoint else "bfloat16"
+    elif hot > 0:
+        expert_q = None
+    else:
+        expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
+    return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
+                    "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine,
+                    nodes=max(1, -(-d.ep_size // ranks_per_node)))
+
+
+def sources_of(meas: Measured | None) -> dict[str, str]:
+    return {} if meas is None else dict(meas.sources)
+
+
+def trial_figures(choice: TableChoice | None, meas: Measured | None, phases: dict) -> dict:
+    """A trial's cost-source figures (Metrics.detail): `cost_source` (the tables' label, or
+    `roofline (unmeasured)`), `measured_share` (of the step seconds, the share priced from
+    measurements: each phase line × the measured share of that phase's priced seconds) and
+    `op_sources` (phase → what priced it). Nothing where no tables were chosen (this-machine)."""
+    if choice is None:  # not GPU hardware (this-machine: its own calibration prices it)
+        return {}
+    if meas is None:
+        return {"cost_source": choice.label, "measured_share": 0.0, "op_sources": {}, "cost_note": choice.note}
+    derived = {"straggler_wait": "experts", "overlap_hidden": "experts"}  # lines that are a measured phase's
+    total = sum(float(np.sum(v)) for v in phases.values() if v is not None)
+    measured = sum(float(np.sum(v)) * meas.share_of(derived.get(p, p)) for p, v in phases.items() if v is not None)
+    return {"cost_source": meas.backend.label, "measured_share": measured / total if total > 0 else 0.0,
+            "op_sources": sources_of(meas), "cost_note": choice.note}
+
+
+def cost_sentence(detail: dict | None) -> str:
+    """Which tables priced a trial, in words (the report, the winner's recipe and launch files)."""
+    detail = detail or {}
+    source = detail.get("cost_source", UNMEASURED)
+    if source == UNMEASURED:
+        note = detail.get("cost_note") or UNMEASURED
+        return f"GPU op costs: {note}" if note != UNMEASURED else f"GPU op costs: {UNMEASURED}"
+    ops = ", ".join(sorted(p for p, s in (detail.get("op_sources") or {}).items() if s.startswith(source)))
+    return (f"GPU op costs: {100 * detail.get('measured_share', 0.0):.0f} % of the step time from measured tables "
+            f"({source}: {ops}); the rest roofline (unmeasured)")
