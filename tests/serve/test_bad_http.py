@@ -2,37 +2,16 @@
 431 for an oversized head, no traceback for a client that leaves during its upload, and a
 non-streaming client that resets its connection frees its slot within a few engine steps."""
 
-import logging
 import socket
 import time
 
 import httpx
 import pytest
 
+from tests.serve.openai_errors import error_of as _error, logged  # noqa: F401 (a fixture)
 from tests.serve.conftest import API_KEY, start_server, wait_for
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-
-
-def _error(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    err = response.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
-
-
-@pytest.fixture
-def logged():
-    """Log records of uvicorn and moetune while the test runs (the server runs in this process)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "moetune")]
-    for lg in loggers:
-        lg.addHandler(handler)
-    yield records
-    for lg in loggers:
-        lg.removeHandler(handler)
 
 
 @pytest.mark.parametrize("raw,words", [

@@ -8,31 +8,11 @@ import logging
 import httpx
 import pytest
 
+from tests.serve.openai_errors import error_of as _error, logged  # noqa: F401 (a fixture)
 from tests.serve.conftest import API_KEY
 
 JSON = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 SURROGATE = b"\xed\xa0\x80"  # U+D800 encoded as if it were a character: not UTF-8
-
-
-def _error(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    err = response.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
-
-
-@pytest.fixture
-def logged():
-    """Log records of uvicorn and moetune while the test runs (the server runs in this process)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "moetune")]
-    for lg in loggers:
-        lg.addHandler(handler)
-    yield records
-    for lg in loggers:
-        lg.removeHandler(handler)
 
 
 # -- bytes the tokenizer cannot take ------------------------------------------------------------
