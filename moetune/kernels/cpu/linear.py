@@ -12,6 +12,8 @@ vector tiles, one fp32 scale per block); int4 weights against up to `runtime.Q4_
 theirs (x to int16 per group, nibbles unpacked in-register, one fp32 scale per group). Per-block
 scales keep tensor-parallel meshes equal to one rank (`x_block_aligned`). Twins: `linear_q8_ref`,
 `linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
+With `runtime.Q4_INT8_X` on (the default) int4 weights take the interleaved kernels at every M
+instead (`q4r`: x rounded to int8 per group; twin `q4r.linear_q4r_ref`).
 Which is faster at which M is measured in docs/cpu.md.
 """
 
@@ -21,6 +23,7 @@ import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu import runtime
+from moetune.kernels.cpu.q4r import repacked
 from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
@@ -60,6 +63,8 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
     if M == 0 or N == 0:
         return y.zero_()
     with launch(threads, weight_bytes(w)) as k:
+        if w.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X:
+            return _linear_q4r(k, x, w)
         if w.fmt == WeightFormat.INT4 and M <= runtime.Q4_ROWS:
             wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
             k.linear_q4(numpy_view(x), numpy_view(wq), numpy_view(w.scale.float()), y.numpy(), BLOCK_N)
@@ -74,6 +79,15 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
             scale = ones(N) if w.scale is None else w.scale.float()  # [N]
             k.linear_dense(numpy_view(x), numpy_view(w.data), numpy_view(scale), y.numpy(), BLOCK_N)
     return y
+
+
+def _linear_q4r(k, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """An int4 weight through the interleaved kernels (`q4r`), rows past N cut off."""
+    data, scale = repacked(w)  # [Npad, G, H], [Npad/16, G, 16]
+    N = w.data.shape[0]
+    y = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)  # [M, Npad]
+    k.linear_q4r(numpy_view(x), numpy_view(data), numpy_view(scale), y.numpy())
+    return y if data.shape[0] == N else y[:, :N].contiguous()
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None = None) -> torch.Tensor:
