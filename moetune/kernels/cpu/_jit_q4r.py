@@ -63,12 +63,20 @@ def block_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol):
         q4r_tile_1(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
 
 
+SERIAL_X = 16384  # x elements up to which a call rounds x on the calling thread (a parallel region
+# wakes the other threads: more than rounding a few rows costs)
+
+
 @njit(parallel=True, **OPTS)
 def linear_q4r(x, w, s, y):
     M, K, G = x.shape[0], x.shape[1], w.shape[1]
     xq, xd, xc = np.empty((M, K), np.int8), np.empty((M, G), F32), np.empty((M, G), I32)
-    for m in prange(M):
-        quantize_row(x, m, G, xq, xd, xc, m)
+    if M * K <= SERIAL_X:
+        for m in range(M):
+            quantize_row(x, m, G, xq, xd, xc, m)
+    else:
+        for m in prange(M):
+            quantize_row(x, m, G, xq, xd, xc, m)
     for nb in prange(w.shape[0] // ROWS):
         block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS)
 
@@ -104,15 +112,25 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y):
     Gd, Gi = w13.shape[2], w2.shape[2]
     q = (np.empty((N, D), np.int8), np.empty((N, Gd), F32), np.empty((N, Gd), I32))
     qa = (np.empty((N, I), np.int8), np.empty((N, Gi), F32), np.empty((N, Gi), I32))
-    for t in prange(A):
-        for m in range(offsets[active[t]], offsets[active[t] + 1]):
-            quantize_row(x, m, Gd, q[0], q[1], q[2], m)
+    if N * D <= SERIAL_X:
+        for e in active:
+            for m in range(offsets[e], offsets[e + 1]):
+                quantize_row(x, m, Gd, q[0], q[1], q[2], m)
+    else:
+        for t in prange(A):
+            for m in range(offsets[active[t]], offsets[active[t] + 1]):
+                quantize_row(x, m, Gd, q[0], q[1], q[2], m)
     nbi, nbd = I // ROWS, D // ROWS
     for t in prange(A * nbi):
         _up_item(q, offsets, active[t % A], w13, s13, a, t // A)
-    for t in prange(A):
-        for m in range(offsets[active[t]], offsets[active[t] + 1]):
-            quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
+    if N * I <= SERIAL_X:
+        for e in active:
+            for m in range(offsets[e], offsets[e + 1]):
+                quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
+    else:
+        for t in prange(A):
+            for m in range(offsets[active[t]], offsets[active[t] + 1]):
+                quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
     for t in prange(A * nbd):
         e = active[t % A]
         block_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], t // A, y, offsets[e],

@@ -23,7 +23,7 @@ import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu import runtime
-from moetune.kernels.cpu.q4r import repacked
+from moetune.kernels.cpu.q4r import quantize_x_ref, repacked
 from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
@@ -100,11 +100,17 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | N
 X_BLOCK = 64  # x columns per scale against int8 weights (`_simd.XB`; int4 weights: their group)
 
 
-def rounding_rel(block: int) -> float:
+def rounding_rel(block: int, levels: int = 32767) -> float:
     """The integer paths' rounding of x as a relative input error: each element moves by at most
-    absmax(its block) / (2·32767), and Σ_b n_b·absmax_b² ≤ block·‖x‖², so the rounded row x̃ has
-    ‖x̃ − x‖ ≤ √block / (2·32767) · ‖x‖ (blocks of `block` columns)."""
-    return block ** 0.5 / (2 * 32767)
+    absmax(its block) / (2·levels), and Σ_b n_b·absmax_b² ≤ block·‖x‖², so the rounded row x̃ has
+    ‖x̃ − x‖ ≤ √block / (2·levels) · ‖x‖ (blocks of `block` columns; levels: `x_levels`)."""
+    return block ** 0.5 / (2 * levels)
+
+
+def x_levels(w: PackedWeight) -> int:
+    """The largest |xq| of the integer path of w: 127 for int4 on the interleaved kernels (int8 x,
+    `runtime.Q4_INT8_X`), else 32767 (int16 x)."""
+    return 127 if w.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X else 32767
 
 
 def x_block(w: PackedWeight) -> int:
@@ -160,8 +166,10 @@ def linear_q4_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
 
 def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """[M, N]: how far an integer path may be from `linear_ref` by rounding x:
-    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / 32767, `x_block` columns)."""
+    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / `x_levels(w)`, `x_block` columns)."""
     block = x_block(w)
     _, xs = quantize_rows_ref(x, block)  # [M, B]
+    if x_levels(w) == 127:
+        _, xs = quantize_x_ref(x, block)  # [M, G]: int8 x
     wabs = _per_block(dequantize(w).abs(), block).sum(-1)  # [N, B]
     return (xs / 2) @ wabs.t()
