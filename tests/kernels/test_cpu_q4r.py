@@ -114,3 +114,18 @@ def test_experts_match_their_twins(rows, group, threads):
     assert ((got - want).norm() / want.norm()).item() < 1e-5  # flips of the activation's rounding only
     ref = fused_experts_cpu_ref(x, off, w13, w2)  # fp32: x and the activation each rounded to 8 bits
     assert ((got - ref).norm() / ref.norm()).item() < 3e-2
+
+
+def test_a_weight_written_in_place_is_repacked_again():
+    """An offloading store copies experts into its slot tensors: the cached repack follows the bytes."""
+    g = torch.Generator().manual_seed(9)
+    w = quantize_int4(torch.randn(2, 32, 64, generator=g), 32)
+    x = torch.randn(1, 64, generator=g)
+    one = PackedWeight(w.data[0], w.scale[0], WeightFormat.INT4, 32)
+    before = linear(x, one, threads=1)
+    other = quantize_int4(torch.randn(32, 64, generator=g), 32)
+    one.data.copy_(other.data)
+    one.scale.copy_(other.scale)
+    got = linear(x, one, threads=1)
+    assert not torch.equal(got, before)
+    _close(got, x, other)

@@ -91,19 +91,23 @@ def linear_q4r_serial(x, w, s, y):
         block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS)
 
 
+UP_BLOCKS = 4  # blocks of 16 activation columns per work item of the w13 pass (one scratch each)
+
+
 @njit(inline="always", **OPTS)
-def _up_item(q, offsets, e, w13, s13, a, b):
-    """a[rows of e, 16b:16b + 16] = silu(gate)·up of block b (gate block b, up block I/16 + b)."""
+def _up_item(q, offsets, e, w13, s13, a, b0, b1):
+    """a[rows of e, 16b:16b + 16] = silu(gate)·up of blocks b in [b0, b1) (gate block b, up block I/16 + b)."""
     xq, xd, xc = q
     nbi = w13.shape[1] // (2 * ROWS)
     gu = np.empty((4, 2 * ROWS), F32)  # [x rows of a tile, gate | up]
-    for m0 in range(offsets[e], offsets[e + 1], 4):
-        m1 = min(offsets[e + 1], m0 + 4)
-        block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0)
-        block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS)
-        for i in range(m1 - m0):
-            for l in range(ROWS):
-                a[m0 + i, b * ROWS + l] = silu(gu[i, l]) * gu[i, ROWS + l]
+    for b in range(b0, b1):
+        for m0 in range(offsets[e], offsets[e + 1], 4):
+            m1 = min(offsets[e + 1], m0 + 4)
+            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0)
+            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS)
+            for i in range(m1 - m0):
+                for l in range(ROWS):
+                    a[m0 + i, b * ROWS + l] = silu(gu[i, l]) * gu[i, ROWS + l]
 
 
 @njit(parallel=True, **OPTS)
@@ -121,8 +125,10 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y):
             for m in range(offsets[active[t]], offsets[active[t] + 1]):
                 quantize_row(x, m, Gd, q[0], q[1], q[2], m)
     nbi, nbd = I // ROWS, D // ROWS
-    for t in prange(A * nbi):
-        _up_item(q, offsets, active[t % A], w13, s13, a, t // A)
+    nu = (nbi + UP_BLOCKS - 1) // UP_BLOCKS
+    for t in prange(A * nu):
+        u = t // A
+        _up_item(q, offsets, active[t % A], w13, s13, a, u * UP_BLOCKS, min(nbi, (u + 1) * UP_BLOCKS))
     if N * I <= SERIAL_X:
         for e in active:
             for m in range(offsets[e], offsets[e + 1]):
@@ -146,8 +152,7 @@ def experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y):
     for e in active:
         for m in range(offsets[e], offsets[e + 1]):
             quantize_row(x, m, Gd, q[0], q[1], q[2], m)
-        for b in range(I // ROWS):
-            _up_item(q, offsets, e, w13, s13, a, b)
+        _up_item(q, offsets, e, w13, s13, a, 0, I // ROWS)
         for m in range(offsets[e], offsets[e + 1]):
             quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
         for b in range(D // ROWS):

@@ -28,7 +28,7 @@ from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 ROWS = 16  # `_simd_q4r.ROWS`
 CHUNK = 4  # bytes of one row per int32 lane
-_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
 
 
 def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,13 +50,16 @@ def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """`repack(w)`, made once per weight (cached on its data tensor's identity, dropped when it is freed)."""
-    key = id(w.data)
+    """`repack(w)`, made once per weight: cached on its data tensor's identity (dropped when that is
+    freed) and remade when its data or scales were written in place since (torch's version counter:
+    an offloading store copies experts into its slot tensors)."""
+    key, version = id(w.data), (w.data._version, w.scale._version)
     hit = _CACHE.get(key)
-    if hit is None:
-        hit = _CACHE[key] = repack(w)
-        weakref.finalize(w.data, _CACHE.pop, key, None)
-    return hit
+    if hit is None or hit[2] != version:
+        if hit is None:
+            weakref.finalize(w.data, _CACHE.pop, key, None)
+        hit = _CACHE[key] = (*repack(w), version)
+    return hit[0], hit[1]
 
 
 def interleaved(w: PackedWeight) -> bool:
