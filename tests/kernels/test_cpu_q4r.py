@@ -1,5 +1,5 @@
 """The interleaved int4 kernels (`kernels/cpu/q4r.py`, `_jit_q4r.py`, `_simd_q4r.py`; the default with
-`runtime.Q4_INT8_X` on): the repacked layout holds the checkpoint's weights, and `linear` / the grouped
+`runtime.Q4_INT8_X` on): the repacked layout holds the checkpoint's weights (scales in fp16), and `linear` / the grouped
 experts equal their integer twin (x rounded to int8 per group as the kernels round it, exact integer
 sums: `q4r.linear_q4r_ref`) up to one rounding step of x, and the dequantised fp32 reference within
 `q8_bound` (int8 levels), on 1, 3-5, 16 and 70 x rows, N of 1, 15, 17, 37 (not multiples of the 16
@@ -31,7 +31,7 @@ def _unpack_repacked(data: torch.Tensor, scale: torch.Tensor, N: int, group: int
     Npad, G, H = data.shape
     d = data.reshape(Npad // ROWS, G, H // 4, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(Npad, G * H).long()
     q = torch.stack((d & 0xF, d >> 4), -1).reshape(Npad, G, group) - 8  # [Npad, G, group]
-    s = scale.permute(0, 2, 1).reshape(Npad, G)  # [Npad, G]
+    s = scale.view(torch.float16).float().permute(0, 2, 1).reshape(Npad, G)  # [Npad, G]
     return (q.float() * s[..., None]).reshape(Npad, G * group)[:N]
 
 
@@ -42,8 +42,9 @@ def test_repacked_layout_holds_the_weights(group, N):
     w = quantize_int4(torch.randn(N, 3 * group, generator=g), group)
     data, scale = repack(w)
     assert data.shape == (-(-N // ROWS) * ROWS, 3, group // 2) and scale.shape == (-(-N // ROWS), 3, ROWS)
-    assert torch.equal(_unpack_repacked(data, scale, N, group), dequantize(w))
-    assert (scale.permute(0, 2, 1).reshape(-1, 3)[N:] == 0).all()  # padded rows contribute nothing
+    fp16_scales = PackedWeight(w.data, w.scale.half().float(), WeightFormat.INT4, group)  # the copy's scales
+    assert torch.equal(_unpack_repacked(data, scale, N, group), dequantize(fp16_scales))
+    assert (scale.view(torch.float16).permute(0, 2, 1).reshape(-1, 3)[N:] == 0).all()  # padded rows: nothing
 
 
 def test_x_order_is_the_byte_order():

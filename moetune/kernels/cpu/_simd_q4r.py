@@ -3,15 +3,16 @@
 Layout (`q4r.repack`): the int4 rows of a weight in blocks of 16 rows; within a block, for each
 group g and each 4-byte chunk c of the group's bytes, the 4 bytes of row 0, then row 1, ... row 15:
 one 64-byte vector holds chunk c of 16 rows (8 weights each: 4 low nibbles = even columns, 4 high =
-odd columns, the byte order of `formats.quantize_int4`). Scales [NB, G, 16]: the block's 16 rows'
-scales of group g side by side. x is rounded to int8 per group (Q8_0-style: scale absmax/127) in the
+odd columns, the byte order of `formats.quantize_int4`). Scales [NB, G, 16] in fp16 (their bits as
+int16, widened by `vcvtph2ps`; llama.cpp's Q4_0 keeps fp16 scales too): the block's 16 rows' scales of
+group g side by side. x is rounded to int8 per group (Q8_0-style: scale absmax/127) in the
 order of the chunks: for each group, for each chunk c, its 4 even then its 4 odd columns (`xq`),
 with xd [M, G] the group scales and xc [M, G] = −8·Σ_group xq (the nibbles' zero point).
 
   q4r_tile_R(xq, xd, xc, r, w, s, nb, out, orow, ocol)
       out[orow + i, ocol + l] = Σ_g s[nb, g, l]·xd[r + i, g]·(xc[r + i, g] + Σ_{k in g} xq[r + i, k]·q[16·nb + l, k])
       for i < R (1, 2, 4 x rows), l < 16 (the block's rows): w uint8 [Npad, G, H] (interleaved, H bytes
-      per row and group), s fp32 [NB, G, 16], xq int8 [M, K], xd fp32 [M, G], xc int32 [M, G], out fp32.
+      per row and group), s int16 [NB, G, 16] (fp16 bits), xq int8 [M, K], xd fp32 [M, G], xc int32 [M, G], out fp32.
 
 One 64-byte load, one shift and two ands serve 16 weight rows and R x rows; x's 4 even (odd) int8 of a
 chunk are broadcast to the 16 int32 lanes, one lane per weight row, so no horizontal sum is left:
@@ -134,7 +135,7 @@ def _q4r_codegen(R: int):
         xdp = [_row_ptr(context, builder, xd_t, args[1], m, F32)[0] for m in xrows]
         xcp = [_row_ptr(context, builder, xc_t, args[2], m, I32)[0] for m in xrows]
         wp, wary = _row_ptr(context, builder, w_t, args[4], builder.mul(nb, I64(ROWS)), I8)
-        sp = _row_ptr(context, builder, s_t, args[5], nb, F32)[0]
+        sp = _row_ptr(context, builder, s_t, args[5], nb, I16)[0]  # fp16 bits
         ops = [builder.gep(_row_ptr(context, builder, out_t, args[7], builder.add(orow, I64(i)), F32)[0], [ocol])
                for i in range(R)]
         G, H = cgutils.unpack_tuple(builder, wary.shape)[1:]
@@ -153,7 +154,8 @@ def _q4r_codegen(R: int):
                 for i in range(R):
                     xe, xo = _bcast4(builder, xps[i], builder.mul(t, I64(8))), _bcast4(builder, xps[i], builder.add(builder.mul(t, I64(8)), I64(4)))
                     builder.store(_dot8(builder, builder.load(iaccs[i]), lo, xe, hi, xo), iaccs[i])
-            sv = _load(builder, sp, builder.mul(g, I64(ROWS)), VF)
+            sh = _load(builder, sp, builder.mul(g, I64(ROWS)), ir.VectorType(I16, 16))
+            sv = builder.fpext(builder.bitcast(sh, ir.VectorType(ir.HalfType(), 16)), VF)  # vcvtph2ps
             for i in range(R):
                 sc = builder.fmul(sv, _splat(builder, builder.load(builder.gep(xdp[i], [g])), F32, 16), flags=FAST)
                 fv = builder.sitofp(builder.load(iaccs[i]), VF)
@@ -170,7 +172,7 @@ def _q4r_tile(R: int):
         def arr(a, dt, nd):
             return isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" and a.ndim == nd
         if not (arr(xq, types.int8, 2) and arr(xd, types.float32, 2) and arr(xc, types.int32, 2)
-                and arr(w, types.uint8, 3) and arr(s, types.float32, 3) and arr(out, types.float32, 2)):
+                and arr(w, types.uint8, 3) and arr(s, types.int16, 3) and arr(out, types.float32, 2)):
             return None
         return types.void(xq, xd, xc, r, w, s, nb, out, orow, ocol), _q4r_codegen(R)
     return tile

@@ -166,10 +166,13 @@ def linear_q4_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
 
 def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """[M, N]: how far an integer path may be from `linear_ref` by rounding x:
-    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / `x_levels(w)`, `x_block` columns)."""
+    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / `x_levels(w)`, `x_block` columns);
+    int4 on the interleaved kernels also rounds its scales to fp16: + 2⁻¹¹·Σ_k |x[m, k]|·|W[n, k]|."""
     block = x_block(w)
     _, xs = quantize_rows_ref(x, block)  # [M, B]
-    if x_levels(w) == 127:
-        _, xs = quantize_x_ref(x, block)  # [M, G]: int8 x
+    if x_levels(w) == 127:  # int8 x, and the scales in fp16 (≤ 2⁻¹¹ relative each): + 2⁻¹¹·|x|·|W|ᵀ
+        _, xs = quantize_x_ref(x, block)  # [M, G]
+        wabs = dequantize(w).abs()  # [N, K]
+        return (xs / 2) @ _per_block(wabs, block).sum(-1).t() + 2.0 ** -11 * (x.abs() @ wabs.t())
     wabs = _per_block(dequantize(w).abs(), block).sum(-1)  # [N, B]
     return (xs / 2) @ wabs.t()

@@ -10,11 +10,13 @@ the twins, the GPU path and saving.
   data   [..., Npad, G, H] uint8   Npad = N rounded up to 16 (rows past N: zero bytes, scale 0);
                                    bytes of the block of rows 16b..16b+15, group g, in chunks of 4 bytes:
                                    chunk c of row 0, of row 1, ... of row 15, then chunk c + 1
-  scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side
+  scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side, rounded to fp16
+                                   (their bits as int16): 2 bytes per 32 weights at g32 instead of 4,
+                                   as llama.cpp's Q4_0; relative change ≤ 2⁻¹¹ of each scale
 
 x is rounded to int8 per group (`quantize_x_ref`), as llama.cpp's Q8_0 activations: this changes the
 decode numerics against the int16 rounding of the older int4 path (docs/cpu.md, the quality table).
-Twin: `linear_q4r_ref` (the same rounding, exact int64 sums).
+Twin: `linear_q4r_ref` (the same rounding, the scales in fp16, exact int64 sums).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ _CACHE: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
 
 
 def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., Npad/16, G, 16] fp32)."""
+    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., Npad/16, G, 16]: fp16
+    as int16 bits)."""
     if w.fmt != WeightFormat.INT4:
         raise ValueError(f"only int4 weights are repacked, not {w.fmt.name}")
     *lead, N, half = w.data.shape
@@ -46,7 +49,7 @@ def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(lead)
     d = d.permute(*range(n), n, n + 2, n + 3, n + 1, n + 4)  # [..., NB, G, C, 16, 4]
     s = scale.reshape(*lead, NB, ROWS, G).transpose(-1, -2)  # [..., NB, G, 16]
-    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), s.contiguous()
+    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), s.half().contiguous().view(torch.int16)
 
 
 def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,4 +100,5 @@ def linear_q4r_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     b = w.data.to(torch.int64)  # [N, K/2]
     q = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(-1, G, w.group_size) - 8  # [N, G, group]
     acc = torch.einsum("mgk,ngk->mng", xq.to(torch.int64).reshape(M, G, w.group_size), q)  # [M, N, G]
-    return (acc.double() * w.scale.double()[None] * xd.double()[:, None, :]).sum(-1).float()
+    scale = w.scale.half().double()  # [N, G]: the kernels' fp16 scales
+    return (acc.double() * scale[None] * xd.double()[:, None, :]).sum(-1).float()
