@@ -120,6 +120,22 @@ def _dot8(builder, acc, lo, xe, hi, xo):
     return acc
 
 
+def _half_to_float(builder, bits):
+    """<16 x i16> fp16 bits → <16 x float>: `vcvtph2ps` with F16C; without it (generic x86-64, where
+    LLVM would call a runtime helper numba cannot link) in integer ops: normal numbers re-biased,
+    zero and subnormals as mantissa·2⁻²⁴ (no scale is infinite or NaN)."""
+    if _has("f16c"):
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), VF)
+    h = builder.zext(bits, V32)
+    c = lambda v: ir.Constant(V32, [v] * 16)  # noqa: E731
+    sign = builder.shl(builder.and_(h, c(0x8000)), c(16))
+    normal = builder.or_(builder.add(builder.shl(builder.and_(h, c(0x7FFF)), c(13)), c(112 << 23)), sign)
+    tiny = builder.fmul(builder.uitofp(builder.and_(h, c(0x3FF)), VF), ir.Constant(VF, [2.0 ** -24] * 16))
+    tiny = builder.or_(builder.bitcast(tiny, V32), sign)
+    is_tiny = builder.icmp_unsigned("==", builder.and_(h, c(0x7C00)), c(0))
+    return builder.bitcast(builder.select(is_tiny, tiny, normal), VF)
+
+
 def _bcast4(builder, xp, off):
     """The 4 int8 at xp[off] broadcast to every 32-bit lane of a <64 x i8>."""
     v = builder.load(builder.bitcast(builder.gep(xp, [off]), I32.as_pointer()), align=1)
@@ -154,8 +170,7 @@ def _q4r_codegen(R: int):
                 for i in range(R):
                     xe, xo = _bcast4(builder, xps[i], builder.mul(t, I64(8))), _bcast4(builder, xps[i], builder.add(builder.mul(t, I64(8)), I64(4)))
                     builder.store(_dot8(builder, builder.load(iaccs[i]), lo, xe, hi, xo), iaccs[i])
-            sh = _load(builder, sp, builder.mul(g, I64(ROWS)), ir.VectorType(I16, 16))
-            sv = builder.fpext(builder.bitcast(sh, ir.VectorType(ir.HalfType(), 16)), VF)  # vcvtph2ps
+            sv = _half_to_float(builder, _load(builder, sp, builder.mul(g, I64(ROWS)), ir.VectorType(I16, 16)))
             for i in range(R):
                 sc = builder.fmul(sv, _splat(builder, builder.load(builder.gep(xdp[i], [g])), F32, 16), flags=FAST)
                 fv = builder.sitofp(builder.load(iaccs[i]), VF)
