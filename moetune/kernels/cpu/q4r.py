@@ -13,6 +13,7 @@ the twins, the GPU path and saving.
   scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side, rounded to fp16
                                    (their bits as int16): 2 bytes per 32 weights at g32 instead of 4,
                                    as llama.cpp's Q4_0; relative change ≤ 2⁻¹¹ of each scale
+                                   (groups with absmax < 4.3e-4: subnormal, coarser; < ~2e-7: zero)
 
 x is rounded to int8 per group (`quantize_x_ref`), as llama.cpp's Q8_0 activations: this changes the
 decode numerics against the int16 rounding of the older int4 path (docs/cpu.md, the quality table).
