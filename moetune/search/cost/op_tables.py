@@ -125,7 +125,17 @@ class DeepEP:
     nodes: int
 
 
-Op = Gemm | Moe | Attention | MlaBmm | AllReduce | Dispatch | DeepEP
+@dataclass(frozen=True)
+class Nccl:
+    """An NCCL collective (all_gather | reduce_scatter | all_reduce | alltoall) among G ranks of a
+    message of x tokens × D elements (bf16): the gathered / scattered / reduced buffer (collective_tables.py)."""
+
+    op: str
+    D: int
+    G: int
+
+
+Op = Gemm | Moe | Attention | MlaBmm | AllReduce | Dispatch | DeepEP | Nccl
 
 
 class OpBackend(Protocol):
@@ -191,6 +201,8 @@ class AicBackend:
                                    quant_mode=common.MoEQuantMode[op.quant], backend=op.engine)
         if isinstance(op, AllReduce):
             return ops.CustomAllReduce("allreduce", 1, op.D, op.G)
+        if isinstance(op, Nccl):
+            return ops.NCCL("nccl", 1, op.op, op.D, op.G, common.CommQuantMode.half)
         if isinstance(op, MlaBmm):
             return ops.MLABmm("bmm", 1, op.heads, common.GEMMQuantMode[op.quant], if_pre=op.pre)
         kv = common.KVCacheQuantMode[op.kv_quant]
@@ -412,15 +424,38 @@ class Measured:
         high-throughput in steps with a prompt) where measured at this EP size and node count, else the
         engine's own dispatch table, else None. prefill: bool, the step has prompt tokens."""
         m, q = self.model, self.expert_q or "bfloat16"
-        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, self.ep, self.nodes))
-                for ll in (True, False) for side in (True, False)]
-        if all(c is not None for c in deep):
+        deep = self.deepep_curves()
+        if deep is not None:
             ll_d, ll_c, ht_d, ht_c = deep
             return (np.where(prefill, at(ht_d, tokens), at(ll_d, tokens)),
                     np.where(prefill, at(ht_c, tokens), at(ll_c, tokens)))
         pre, post = (curve(self.backend, Dispatch(m.D, m.K, m.E, self.ep, side, q, self.engine))
                      for side in (True, False))
         return None if pre is None or post is None else (at(pre, tokens), at(post, tokens))
+
+    def deepep_curves(self) -> list | None:
+        """DeepEP's [low-latency dispatch, combine, high-throughput dispatch, combine] curves at this EP
+        size and node count; across nodes without rows there, the one-node rows of a full node (EP =
+        GPUs per node, as AIConfigurator substitutes them: its `a2a_covers_parallel`), the source saying
+        so (the dispatch / combine phases' label is set here, before `phase_costs.measured_a2a` notes
+        them). None where neither is measured."""
+        m = self.model
+        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, self.ep, self.nodes))
+                for ll in (True, False) for side in (True, False)]
+        if all(c is not None for c in deep):
+            return deep
+        full = self.ep // self.nodes
+        if self.nodes <= 1 or self.ep % self.nodes:
+            return None
+        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, full, 1))
+                for ll in (True, False) for side in (True, False)]
+        if not all(c is not None for c in deep):
+            return None
+        for phase in ("dispatch", "combine"):
+            self.sources.setdefault(phase, f"{self.backend.label} (DeepEP EP-{full} one-node rows for EP-{self.ep} on "
+                                           f"{self.nodes} nodes: no {self.nodes}-node rows; AIConfigurator "
+                                           "substitutes them the same way)")
+        return deep
 
     def tp_link(self, G: int, kind: str, act_bytes: int) -> tuple[float, float | None, float] | None:
         """(α s, gather α, link B/s) of the TP group's all-reduces (tp.tp_collectives' ring form) fitted to

@@ -239,7 +239,8 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, winner_base(settings, setup), chosen, winner.metrics, how, setup.source.model,
                                 setup.source.loads, serve_target(settings, setup, chosen),
-                                engine_price(settings, setup, evaluator), setup.source.run_dir)
+                                engine_price(settings, setup, evaluator), setup.source.run_dir,
+                                settings.inputs.engine or "vllm")
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     win = Metrics(**winner.metrics)
     figures = engine_outputs(settings, all_rows, engine_pairs, winner, result.files, extra)
