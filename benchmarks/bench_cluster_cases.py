@@ -16,6 +16,8 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
+  [--cross PYTHON [--engine vllm|sglang] [--trials 80] [--write-doc]]   (each tool's winner priced by the other:
+      benchmarks/peer_cross.py)
   [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
       benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
       run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
@@ -69,7 +71,7 @@ CASES = [("Mixtral-8x7B", "mixtral-8x7b.json", "8xH200"), ("Qwen3-30B-A3B", "qwe
 
 
 def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: int, out: Path,
-             scale_routing: str | None = None, seeded: bool = True):
+             scale_routing: str | None = None, seeded: bool = True, engine: str | None = None):
     from moetune.search.study.optuna_study import Constraints, StudySettings
     from moetune.search.study.run import SearchSettings, run_search
     from moetune.search.study.setup import Inputs
@@ -84,7 +86,7 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
     load = (dict(num_requests=4 * concurrency, concurrency=concurrency) if concurrency
             else dict(slo_ttft_ms=1000.0, slo_tpot_ms=50.0))  # 0: the load the SLOs allow, found per trial (P90)
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
-                    scale_routing=scale_routing, **load)
+                    scale_routing=scale_routing, engine=engine, **load)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
     result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
@@ -176,8 +178,22 @@ def main() -> None:
     ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
     ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
                     "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
+    ap.add_argument("--cross", default=None, help="Python of a venv with aiconfigurator: each tool's winner priced by "
+                    "the other (benchmarks/peer_cross.py; --trials per moetune search, default 80 there)")
     a = ap.parse_args()
     cases = [CASES[int(x)] for x in a.cases.split(",") if x]
+    if a.cross:
+        from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
+        from peer_cross import cross_table
+
+        before = loadavg()
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = cross_table(a.trace, cases, a.cross, a.engine, a.trials or 80, Path(tmp))
+        if a.write_doc:
+            title = f"each tool's winner priced by the other, {a.engine} tables (estimated)"
+            write_section(f"cross-{a.engine}", section(f"cross-{a.engine}", title, lines, before, loadavg()),
+                          ROOT / "docs" / "search.md")
+        return
     if a.peer:
         from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
         from peer_compare import peer_table
