@@ -69,7 +69,8 @@ def peer_spec(d, concurrency: int, detail: dict, fp8_checkpoint: bool, engine: s
     dis = detail.get("disagg") or {}
     (ptp, pdp, pmtp, pmep), (dtp, ddp, dmtp, dmep) = mesh_of(pre), mesh_of(dec)
     return {"mode": "disagg", **q, "prefill_tp_size": ptp, "prefill_attention_dp_size": pdp,
-            "prefill_moe_tp_size": pmtp, "prefill_moe_ep_size": pmep, "prefill_batch_size": int(dis.get("prefill_batch", 1)),
+            "prefill_moe_tp_size": pmtp, "prefill_moe_ep_size": pmep,
+            "prefill_batch_size": int(dis.get("prefill_batch", 1)),
             "prefill_num_workers": d.prefill_workers * d.replicas, "decode_tp_size": dtp,
             "decode_attention_dp_size": ddp, "decode_moe_tp_size": dmtp, "decode_moe_ep_size": dmep,
             "decode_batch_size": int(dis.get("decode_batch", 1)), "decode_num_workers": d.decode_workers * d.replicas}
@@ -95,8 +96,8 @@ def deployment_of(row: dict, gpus: int):
     if "(d)bs" not in row:
         tp, dp, mtp, mep = (int(row[k]) for k in ("tp", "dp", "moe_tp", "moe_ep"))
         bs = int(row["bs"])
-        d = Deployment(max_num_seqs=bs, max_num_batched_tokens=int(row.get("ctx_tokens") or ISL), replicas=gpus // (tp * dp),
-                       cuda_graph_max_bs=bs, **_mesh_knobs(tp, dp, mtp, mep), **_formats(row))
+        d = Deployment(max_num_seqs=bs, max_num_batched_tokens=int(row.get("ctx_tokens") or ISL),
+                       replicas=gpus // (tp * dp), cuda_graph_max_bs=bs, **_mesh_knobs(tp, dp, mtp, mep), **_formats(row))
         return d, bs * dp
     dec = _mesh_knobs(*(int(row[f"(d){k}"]) for k in ("tp", "dp", "moe_tp", "moe_ep")))
     ptp, pdp, pmtp, pmep = (int(row[f"(p){k}"]) for k in ("tp", "dp", "moe_tp", "moe_ep"))

@@ -108,7 +108,8 @@ def test_a_disaggregated_trial_records_each_workers_sources_and_its_measured_sha
     m = _sim(table, workload=LOOP).evaluate(d)
     dis = m.detail["disagg"]
     assert m.detail["cost_source"] == "h200 vllm 0.24.0 gemm rows"
-    assert m.detail["op_sources"]["decode:other"] == m.detail["op_sources"]["prefill:other"] == "h200 vllm 0.24.0 gemm rows"
+    ops = m.detail["op_sources"]
+    assert ops["decode:other"] == ops["prefill:other"] == "h200 vllm 0.24.0 gemm rows"
     assert 0 < dis["prefill_measured_share"] < 1 and 0 < dis["decode_measured_share"] < 1
     lo, hi = sorted((dis["prefill_measured_share"], dis["decode_measured_share"]))
     assert lo <= m.detail["measured_share"] <= hi  # the two weighted by a request's seconds in each

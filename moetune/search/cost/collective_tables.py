@@ -82,7 +82,8 @@ def a2a_exchange(meas, d, per_node: int, a2a: AllToAll, gpu_rows: np.ndarray, co
                  prefill: np.ndarray) -> AllToAll:
     """The all-to-all mode's AllToAll (seconds [S, Lm]) from DeepEP's tables at each GPU's own rows
     (gpu_rows [S]: the largest), else NCCL's all-to-all at the larger of a GPU's copies out and in
-    (copies [S, Lm]: the most of any GPU in each layer), else a2a (the roofline) as it is. prefill: [S] bool, the step has prompt tokens."""
+    (copies [S, Lm]: the most of any GPU in each layer), else a2a (the roofline) as it is.
+    prefill: [S] bool, the step has prompt tokens."""
     if meas is None:
         return a2a
     N = d.ep_size

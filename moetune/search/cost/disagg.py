@@ -105,7 +105,7 @@ def kv_transfer(sim, d: Deployment, prompt: float) -> dict:
             "seconds": lat + nbytes / (lanes * bw * hw.link_eff)}
 
 
-def one_step(sim, d: Deployment, rows: list[tuple[float, float, float, float, float, float]]) -> tuple[np.ndarray, dict]:
+def one_step(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndarray, dict]:
     """([S] seconds, cost-source figures) of the steps `rows` = (prefill, decode, pairs, context, sampled, seqs)
     per attention-DP rank; the figures as an aggregated trial's (op_tables.trial_figures of the tables bound
     to d by Simulator.price_schedule)."""

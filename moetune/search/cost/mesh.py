@@ -202,7 +202,7 @@ def _attention_tp(sim, d: Deployment, st: costs.StepRows, totals) -> None:
     m, hw = sim.src.model, sim.hw
     group = replace(d, ep_size=1, expert_tp_size=1, attn_dp=0)
     T, sampled = st.T.max(1), st.sampled.max(1)
-    links = {}  # step kind → (α, B/s): the custom all-reduce table's fit where bound (Measured.tp_link), else the roofline
+    links = {}  # step kind → (α, B/s): the custom all-reduce table's fit (Measured.tp_link), else the roofline
     for kind in ("prefill", "decode"):
         fit = sim.measured.tp_link(d.tp_size, kind, sim.b) if sim.measured is not None else None
         links[kind] = (fit[0], fit[2]) if fit is not None else link(hw, d.tp_size)[::-1]
