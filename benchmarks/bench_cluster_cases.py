@@ -16,8 +16,8 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
-  [--cross PYTHON [--engine vllm|sglang] [--trials 80] [--write-doc]]   (each tool's winner priced by the other:
-      benchmarks/peer_cross.py)
+  [--cross PYTHON [--engine vllm|sglang] [--trials 80] [--measured-only] [--write-doc]]   (each tool's winner priced
+      by the other: benchmarks/peer_cross.py; --measured-only: moetune's search over the expert formats the tables hold)
   [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
       benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
       run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
@@ -71,7 +71,8 @@ CASES = [("Mixtral-8x7B", "mixtral-8x7b.json", "8xH200"), ("Qwen3-30B-A3B", "qwe
 
 
 def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: int, out: Path,
-             scale_routing: str | None = None, seeded: bool = True, engine: str | None = None):
+             scale_routing: str | None = None, seeded: bool = True, engine: str | None = None,
+             space_file: str | None = None):
     from moetune.search.study.optuna_study import Constraints, StudySettings
     from moetune.search.study.run import SearchSettings, run_search
     from moetune.search.study.setup import Inputs
@@ -89,7 +90,7 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
                     scale_routing=scale_routing, engine=engine, **load)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
-    result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
+    result = run_search(SearchSettings(inputs, st, out, "simulate", space_file=space_file), on_trial)
     return result, times
 
 
@@ -180,6 +181,8 @@ def main() -> None:
                     "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
     ap.add_argument("--cross", default=None, help="Python of a venv with aiconfigurator: each tool's winner priced by "
                     "the other (benchmarks/peer_cross.py; --trials per moetune search, default 80 there)")
+    ap.add_argument("--measured-only", action="store_true", help="with --cross: moetune's search over the expert "
+                    "formats the tables hold (no hot fraction, no int8): its winner priced from measurements")
     a = ap.parse_args()
     cases = [CASES[int(x)] for x in a.cases.split(",") if x]
     if a.cross:
@@ -188,11 +191,16 @@ def main() -> None:
 
         before = loadavg()
         with tempfile.TemporaryDirectory() as tmp:
-            lines = cross_table(a.trace, cases, a.cross, a.engine, a.trials or 80, Path(tmp))
+            space = None
+            if a.measured_only:
+                space = Path(tmp) / "measured.yaml"
+                space.write_text("quant_low_format: [none, fp8, int4]\nquant_hot_fraction: 0.0\n")
+            lines = cross_table(a.trace, cases, a.cross, a.engine, a.trials or 80, Path(tmp), space)
         if a.write_doc:
-            title = f"each tool's winner priced by the other, {a.engine} tables (estimated)"
-            write_section(f"cross-{a.engine}", section(f"cross-{a.engine}", title, lines, before, loadavg()),
-                          ROOT / "docs" / "search.md")
+            key = f"cross-{a.engine}" + ("-measured" if a.measured_only else "")
+            title = (f"each tool's winner priced by the other, {a.engine} tables"
+                     + (", moetune's search over measured expert formats" if a.measured_only else "") + " (estimated)")
+            write_section(key, section(key, title, lines, before, loadavg()), ROOT / "docs" / "search.md")
         return
     if a.peer:
         from doc_section import loadavg, section, write_section  # benchmarks/, beside this script

@@ -140,7 +140,7 @@ def _fig(x: dict, tok: str, ttft: str, tpot: str) -> str:
 
 
 def cross_case(name: str, config: str, hw: str, trace: str, peer_python: str, engine: str, trials: int,
-               tmp: Path) -> str:
+               tmp: Path, space: Path | None = None) -> str:
     """One markdown row: moetune's winner on both, the peer's best on both, and the two ratios moetune / peer."""
     from bench_cluster_cases import run_case  # benchmarks/, beside this script
 
@@ -149,7 +149,8 @@ def cross_case(name: str, config: str, hw: str, trace: str, peer_python: str, en
     gpus = int(hw.split("x")[0])
     models = peer_models(tmp / "models", peer_python)
     model_dir = str(models / PEER_MODELS[config])
-    result, _ = run_case(trace, config, hw, 0, trials, tmp / f"out-{config}-{gpus}", engine=engine)
+    result, _ = run_case(trace, config, hw, 0, trials, tmp / f"out-{config}-{gpus}", engine=engine,
+                         space_file=str(space) if space else None)
     w = result.winner
     if w is None:
         ours = "no feasible trial | – | – "
@@ -189,11 +190,13 @@ HEADER = ["| case | moetune winner (concurrency / replica) | moetune: tok/s/GPU 
           "|---|---|---|---|---|---|---|---|---|"]
 
 
-def cross_table(trace: str, cases: list, peer_python: str, engine: str, trials: int, tmp: Path) -> list[str]:
+def cross_table(trace: str, cases: list, peer_python: str, engine: str, trials: int, tmp: Path,
+                space: Path | None = None) -> list[str]:
+    """The table (markdown lines) over the cases; space: a --space file for moetune's searches (None: the default)."""
     lines = list(HEADER)
     print("\n" + "\n".join(lines), flush=True)
     for name, config, hw in cases:
-        lines.append(cross_case(name, config, hw, trace, peer_python, engine, trials, tmp))
+        lines.append(cross_case(name, config, hw, trace, peer_python, engine, trials, tmp, space))
         print(lines[-1], flush=True)
     return lines
 

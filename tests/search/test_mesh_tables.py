@@ -14,6 +14,7 @@ import pytest
 from moetune.search.cost import collective_tables, op_tables
 from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.op_tables import Measured, TableChoice
+from moetune.search.cost.phase_costs import AllToAll
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simmodel import SimModel
 from tests.cli_run import moetune
@@ -89,6 +90,42 @@ def test_a_collective_without_rows_at_its_node_span_keeps_the_roofline():
     share = 31 / 32 * 100 / (31 / 32 * 100 + 7 / 8 * 100)  # the reduce-scatter's part of the roofline's bytes
     assert out32[0] == pytest.approx(5.0 * share + lin("all_gather", 100.0, D))
     assert 0 < big.share_of("combine") < 1
+
+
+class OneNodeDeepEP:
+    """DeepEP rows measured on one node at EP 8 only (as vLLM's H200 tables): each kernel c + x µs, its own c."""
+
+    label = "one-node deepep"
+    C = {(True, True): 10.0, (True, False): 20.0, (False, True): 30.0, (False, False): 40.0}  # (ll, dispatch) → µs
+
+    def latency_ms(self, op, x, y=1):
+        if not isinstance(op, op_tables.DeepEP) or (op.ep, op.nodes) != (8, 1):
+            return None
+        return (self.C[(op.low_latency, op.dispatch)] + x) * 1e-3
+
+
+def test_inter_node_deepep_is_priced_from_one_nodes_rows_and_says_so():
+    """EP-16 on two nodes with one-node EP-8 rows only: those rows at the rank's tokens (the peer's substitution),
+    the dispatch / combine source naming it; EP-4 (no rows at all): None (the caller's next table or roofline)."""
+    meas = _meas(OneNodeDeepEP(), 7168, ep=16, nodes=2, E=256, K=8)
+    tokens, prefill = np.array([1.0, 64.0, 512.0]), np.array([False, False, True])
+    dispatch, combine = meas.dispatch(tokens, prefill)
+    np.testing.assert_allclose(dispatch, (np.where(prefill, 30.0, 10.0) + tokens) * 1e-6, rtol=1e-9)
+    np.testing.assert_allclose(combine, (np.where(prefill, 40.0, 20.0) + tokens) * 1e-6, rtol=1e-9)
+    assert "EP-8 one-node rows for EP-16 on 2 nodes" in meas.sources["dispatch"]
+    assert meas.sources["dispatch"].startswith("one-node deepep")  # listed among the measured ops
+    assert _meas(OneNodeDeepEP(), 7168, ep=4, nodes=1, E=256, K=8).deepep_curves() is None
+
+
+def test_a_tp_attention_mesh_dispatches_each_gpus_own_rows_through_deepep():
+    """TP-8 attention × EP-8 experts: each GPU sends T / 8 of its group's rows; the DeepEP rows at that count."""
+    meas = _meas(OneNodeDeepEP(), 7168, ep=8, tp=8, E=256, K=8)
+    d = Deployment(ep_size=8, tp_size=8, attn_dp=1)
+    roof = AllToAll(np.ones((2, 3)), np.ones((2, 3)), np.zeros(2), np.zeros(2))
+    T = np.array([64.0, 4096.0])  # the group's rows in a decode and a prompt step
+    got = collective_tables.a2a_exchange(meas, d, 8, roof, T / 8, np.zeros((2, 3)), np.array([False, True]))
+    np.testing.assert_allclose(got.dispatch[:, 0], (np.array([10.0, 30.0]) + T / 8) * 1e-6, rtol=1e-9)
+    assert got.dispatch.shape == (2, 3) and meas.share_of("combine") == pytest.approx(1.0)
 
 
 def test_a_mesh_trial_binds_the_tables_to_its_own_mesh(table):  # noqa: F811
