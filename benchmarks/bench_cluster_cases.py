@@ -182,7 +182,7 @@ def main() -> None:
     ap.add_argument("--cross", default=None, help="Python of a venv with aiconfigurator: each tool's winner priced by "
                     "the other (benchmarks/peer_cross.py; --trials per moetune search, default 80 there)")
     ap.add_argument("--measured-only", action="store_true", help="with --cross: moetune's search over the expert "
-                    "formats the tables hold (no hot fraction, no int8): its winner priced from measurements")
+                    "formats and EP sizes the tables hold (peer_cross.MEASURED): its winner priced from measurements")
     a = ap.parse_args()
     cases = [CASES[int(x)] for x in a.cases.split(",") if x]
     if a.cross:
@@ -191,11 +191,7 @@ def main() -> None:
 
         before = loadavg()
         with tempfile.TemporaryDirectory() as tmp:
-            space = None
-            if a.measured_only:
-                space = Path(tmp) / "measured.yaml"
-                space.write_text("quant_low_format: [none, fp8, int4]\nquant_hot_fraction: 0.0\n")
-            lines = cross_table(a.trace, cases, a.cross, a.engine, a.trials or 80, Path(tmp), space)
+            lines = cross_table(a.trace, cases, a.cross, a.engine, a.trials or 80, Path(tmp), a.measured_only)
         if a.write_doc:
             key = f"cross-{a.engine}" + ("-measured" if a.measured_only else "")
             title = (f"each tool's winner priced by the other, {a.engine} tables"

@@ -139,8 +139,19 @@ def _fig(x: dict, tok: str, ttft: str, tpot: str) -> str:
     return f"{x[tok]:,.0f} ({x[ttft]:.0f} / {x[tpot]:.1f})"
 
 
+# --measured-only: moetune's search over what the tables hold — no hot fraction (a mixed-format expert op has no
+# table entry), no int8 experts, EP sizes with fused-MoE rows (powers of two) — so its winner is priced from them
+MEASURED = "quant_low_format: [none, fp8, int4]\nquant_hot_fraction: 0.0\nep_size: {eps}\n"
+
+
+def measured_space(tmp: Path, gpus: int) -> Path:
+    path = tmp / f"measured-{gpus}.yaml"
+    path.write_text(MEASURED.format(eps=[e for e in (1, 2, 4, 8, 16) if e <= gpus]))
+    return path
+
+
 def cross_case(name: str, config: str, hw: str, trace: str, peer_python: str, engine: str, trials: int,
-               tmp: Path, space: Path | None = None) -> str:
+               tmp: Path, measured_only: bool = False) -> str:
     """One markdown row: moetune's winner on both, the peer's best on both, and the two ratios moetune / peer."""
     from bench_cluster_cases import run_case  # benchmarks/, beside this script
 
@@ -150,7 +161,7 @@ def cross_case(name: str, config: str, hw: str, trace: str, peer_python: str, en
     models = peer_models(tmp / "models", peer_python)
     model_dir = str(models / PEER_MODELS[config])
     result, _ = run_case(trace, config, hw, 0, trials, tmp / f"out-{config}-{gpus}", engine=engine,
-                         space_file=str(space) if space else None)
+                         space_file=str(measured_space(tmp, gpus)) if measured_only else None)
     w = result.winner
     if w is None:
         ours = "no feasible trial | – | – "
@@ -191,12 +202,12 @@ HEADER = ["| case | moetune winner (concurrency / replica) | moetune: tok/s/GPU 
 
 
 def cross_table(trace: str, cases: list, peer_python: str, engine: str, trials: int, tmp: Path,
-                space: Path | None = None) -> list[str]:
-    """The table (markdown lines) over the cases; space: a --space file for moetune's searches (None: the default)."""
+                measured_only: bool = False) -> list[str]:
+    """The table (markdown lines) over the cases; measured_only: moetune's searches over `MEASURED`."""
     lines = list(HEADER)
     print("\n" + "\n".join(lines), flush=True)
     for name, config, hw in cases:
-        lines.append(cross_case(name, config, hw, trace, peer_python, engine, trials, tmp, space))
+        lines.append(cross_case(name, config, hw, trace, peer_python, engine, trials, tmp, measured_only))
         print(lines[-1], flush=True)
     return lines
 

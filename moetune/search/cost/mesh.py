@@ -31,6 +31,11 @@ the a attention groups (the schedule runs on a ranks); each MoE layer of a step 
     and the shared expert runs on all T rows at I_shared / f (under all-to-all: on the GPU's T_i / t rows, whole)
 - bw: the node's NVLink figure per GPU when the collective's ranks share a node, else the inter-node one.
 
+With the measured tables bound (op_tables.bind to this mesh, the gpu-db extra) every op above is looked up as in
+an aggregated trial; moe_in / moe_out come from NCCL's and DeepEP's rows at the step's message sizes
+(collective_tables.py) and the attention-TP all-reduces from the custom all-reduce fit (Measured.tp_link),
+each formula above staying where the rows lack the collective.
+
 Priced on GPU hardware (the serving engines' meshes; moetune's CPU engine runs only the legacy mesh),
 closed-loop and burst workloads, without capacity limits, offloading or speculation: `mesh_reason`.
 """

@@ -352,6 +352,7 @@ class Measured:
     kv_q: str
     engine: str = "vllm"
     nodes: int = 1  # nodes the EP group spans
+    per_node: int = 8  # GPUs per node (a full node's DeepEP rows stand in across nodes: deepep_curves)
     seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
     sources: dict = field(default_factory=dict)  # phase → the label of what priced it
 
@@ -444,8 +445,8 @@ class Measured:
                 for ll in (True, False) for side in (True, False)]
         if all(c is not None for c in deep):
             return deep
-        full = self.ep // self.nodes
-        if self.nodes <= 1 or self.ep % self.nodes:
+        full = self.per_node
+        if self.nodes <= 1:
             return None
         deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, full, 1))
                 for ll in (True, False) for side in (True, False)]
@@ -505,7 +506,7 @@ def bind(choice: TableChoice | None, model, rank, d, prec, ranks_per_node: int =
         expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
     return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
                     "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine,
-                    nodes=max(1, -(-d.ep_size // ranks_per_node)))
+                    nodes=max(1, -(-d.ep_size // ranks_per_node)), per_node=ranks_per_node)
 
 
 def sources_of(meas: Measured | None) -> dict[str, str]:
