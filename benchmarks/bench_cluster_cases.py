@@ -48,8 +48,9 @@ neither DeepSeek-V3 case finds a feasible trial (0/40 each).
 sides): Mixtral-8x7B and Qwen3-30B-A3B within 15 % of AIConfigurator's own estimate at every
 configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and EP-8 within 15 % on
 TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
-the peer substitutes those rows, moetune prices the engine's measured 2-node dispatch). The table
-and the gaps op by op: docs/search.md.
+the peer substitutes those rows, moetune priced the engine's measured 2-node dispatch); since moetune
+substitutes them too (op_tables.Measured.deepep_curves), EP-16 TPOT 0.83-1.04x the peer's. The tables
+and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py).
 
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
