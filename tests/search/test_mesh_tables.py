@@ -165,10 +165,11 @@ def test_search_csv_and_launch_files_say_the_cost_source_of_disaggregated_trials
                 "32", "--output-len", "8", "--n-trials", "3", "--seed", "1", "--space", str(space), "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [x for x in csv.DictReader((out / "trials.csv").open()) if x["state"] == "COMPLETE"]
-    assert any(x["deployment"].startswith("1P[") for x in rows), [x["deployment"] for x in rows]
     assert all(x["cost_source"] and x["measured_share"] != "" for x in rows), rows
+    assert all("1P[EP" in x["deployment"] for x in rows)  # prefill_workers 1: every trial disaggregated
     for engine in ("vllm", "sglang"):
         assert "GPU op costs:" in (out / f"winner.{engine}.sh").read_text()
+    assert "GPU op costs:" in (out / "report.md").read_text()
 
 
 def test_the_primary_launch_file_follows_engine(run_dir, big_config, tmp_path):
