@@ -336,10 +336,12 @@ class Measured:
     etp: int
     ep: int
     dense_q: str
-    expert_q: str | None  # None: a format the tables lack (mixed hot/cold formats)
+    expert_q: str | None  # None: a format the tables lack (int8 experts); with hot_q: the low format's
     kv_q: str
     engine: str = "vllm"
     nodes: int = 1  # nodes the EP group spans
+    hot_q: str | None = None  # a hot/low mix (quant.hot_fraction): the hot experts' format (the checkpoint's)
+    hot_share: float = 0.0  # of each MoE layer's experts, the share kept in hot_q (ceil(hot_fraction · E) / E)
     seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
     sources: dict = field(default_factory=dict)  # phase → the label of what priced it
 
@@ -392,13 +394,32 @@ class Measured:
                 for pre in (True, False)]
         return [down, *up, *bmms, self.gemm(m.D, heads * v, q, T)]
 
-    def experts(self, rows_q) -> np.ndarray | None:
-        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K)."""
+    def experts(self, rows_q, low_rows_q=None) -> np.ndarray | None:
+        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K).
+        A hot/low mix (hot_q set) is two fused MoEs, one per format, as an engine runs one kernel per
+        weight format (`mixed_experts`); low_rows_q: of rows_q, those on low-format slots."""
         m = self.model
         if self.expert_q is None:
             return None
-        c = curve(self.backend, Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, self.expert_q))
-        return None if c is None else at(c, np.asarray(rows_q) * self.ep / m.K)
+        low = self._expert_curve(self.expert_q)
+        if self.hot_q is None:
+            return None if low is None else at(low, np.asarray(rows_q) * self.ep / m.K)
+        hot = self._expert_curve(self.hot_q)
+        if low is None or hot is None or low_rows_q is None:
+            return None
+        rows_q = np.asarray(rows_q, dtype=np.float64)
+        low_rows = np.minimum(np.asarray(low_rows_q, dtype=np.float64), rows_q)
+        return mixed_experts(hot, low, rows_q - low_rows, low_rows, self.hot_share, self.ep / m.K)
+
+    def experts_measured(self) -> bool:
+        """Whether the tables price this deployment's expert op (every format it holds has an entry)."""
+        if self.expert_q is None or self._expert_curve(self.expert_q) is None:
+            return False
+        return self.hot_q is None or self._expert_curve(self.hot_q) is not None
+
+    def _expert_curve(self, quant: str) -> np.ndarray | None:
+        m = self.model
+        return curve(self.backend, Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, quant))
 
     def mlp(self, inter: int, tokens) -> np.ndarray | None:
         """A dense (or shared-expert) MLP of one rank's intermediate size: gate/up + down GEMMs."""
@@ -462,15 +483,39 @@ def bind(choice: TableChoice | None, model, rank, d, prec, ranks_per_node: int =
     fp8 = "fp8_block" if block else "fp8"
     dense_q = fp8 if prec.dense_b < 2 else "bfloat16"
     low, hot = d.quant_low_format, d.quant_hot_fraction
+    full = fp8 if fp8_checkpoint else "bfloat16"  # the checkpoint's own expert format
+    mixed = low != "none" and 0 < hot < 1
     if low == "none" or hot >= 1:
-        expert_q = fp8 if fp8_checkpoint else "bfloat16"
-    elif hot > 0:
-        expert_q = None
-    else:
+        expert_q = full
+    else:  # int8 experts: no table holds them (the roofline prices them; study/engine_formats.py)
         expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
     return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
                     "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine,
-                    nodes=max(1, -(-d.ep_size // ranks_per_node)))
+                    nodes=max(1, -(-d.ep_size // ranks_per_node)), hot_q=full if mixed else None,
+                    hot_share=hot_share(hot, model.E) if mixed else 0.0)
+
+
+def hot_share(hot_fraction: float, E: int) -> float:
+    """Of each MoE layer's E experts, the share a hot fraction keeps at full precision (formats.expert_bytes:
+    the hottest ceil(hot_fraction · E))."""
+    return min(E, int(np.ceil(hot_fraction * E))) / E
+
+
+def mixed_experts(hot: np.ndarray, low: np.ndarray, hot_rows, low_rows, share: float, n_per_row: float):
+    """[...] seconds of a rank's hot/low expert mix as the engines would run it: one fused MoE per weight
+    format (a fused-MoE kernel reads one stacked weight tensor of one format), the two in sequence, each
+    looked up at its own shape. Each part is the table's fused MoE (all E experts over the EP ranks, the
+    rank holding E / ep) at the same rows per expert as the part has, scaled by its share of the rank's
+    experts: a part holding share s of the rank's experts with r rows is s · table(r · n_per_row / s)
+    (n_per_row = ep / K: the table's N per row of one rank). The rank is assumed to hold the layer's
+    share of hot experts (`share`); its rows per format are the trace's (placement applied). At equal
+    rows per expert this is s · hot(N) + (1 − s) · low(N), between the all-hot and the all-low op."""
+    hot_rows, low_rows = np.asarray(hot_rows, dtype=np.float64), np.asarray(low_rows, dtype=np.float64)
+    if share <= 0:
+        return at(low, low_rows * n_per_row)
+    if share >= 1:
+        return at(hot, hot_rows * n_per_row)
+    return share * at(hot, hot_rows * n_per_row / share) + (1 - share) * at(low, low_rows * n_per_row / (1 - share))
 
 
 def sources_of(meas: Measured | None) -> dict[str, str]:

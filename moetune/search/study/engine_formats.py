@@ -1,0 +1,63 @@
+"""Expert formats a GPU search may rank: what the serving engines can run, and what the measured
+tables can price.
+
+| rule (GPU hardware only) | why |
+|---|---|
+| a hot/low mix (`quant_low_format` ≠ none, 0 < `quant_hot_fraction` < 1) is pruned | neither vLLM nor SGLang runs per-expert mixed formats in one MoE layer: a fused-MoE layer has one quantization method and one stacked weight tensor of one format for all its experts (vLLM's compressed-tensors picks one scheme per layer from expert 0's projections). moetune's own engine runs it (this-machine searches keep the knob) |
+| with the measured tables bound, an expert op they hold no entry for is pruned (int8 experts; an EP or expert-TP size without rows) | the expert op is the largest op of a step: priced by the roofline alone (its datasheet × efficiency constants, ~1.5× optimistic on these shapes) such a trial would outrank measured ones on the constants, not on the deployment |
+
+`gpu_space` fixes the hot fraction at 0 in a GPU search's space unless `--space` names the knob, so no
+budget is spent sampling points the first rule prunes; the rules still prune a point a `--space`, a
+recipe or a reference trial brings, with the reason in the trials table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moetune.search.cost import op_tables
+from moetune.search.cost import tp as tp_costs
+from moetune.search.cost.deployment import Deployment
+from moetune.search.cost.precision import precision
+
+MIXED = ("quant.hot_fraction {hot:g}: no serving engine runs per-expert mixed formats in one MoE layer "
+         "(vLLM, SGLang: one quantization method and one stacked weight tensor per fused-MoE layer); "
+         "moetune's own engine does (--hardware this-machine)")
+
+
+def gpu_space(space, named: bool):
+    """A GPU search's space with the hot fraction fixed at 0 (unless --space names it: `named`)."""
+    if named:
+        return space
+    knobs = tuple(replace(k, values=(0.0,)) if k.name == "quant_hot_fraction" else k for k in space.knobs)
+    return replace(space, knobs=knobs)
+
+
+def format_reason(sim, d: Deployment) -> str | None:
+    """Why a GPU search does not rank d's expert format (the rules above), or None (this-machine: None)."""
+    if sim.hw.name == "this-machine":
+        return None
+    if d.quant_low_format != "none" and 0 < d.quant_hot_fraction < 1:
+        return MIXED.format(hot=d.quant_hot_fraction)
+    if sim.tables is None or sim.tables.backend is None:
+        return None
+    from moetune.search.cost import disagg
+
+    for x in (disagg.workers(d) if d.prefill_workers else (d,)):
+        reason = _unmeasured_experts(sim, x)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _unmeasured_experts(sim, d: Deployment) -> str | None:
+    d = sim.stored(d)
+    m = sim.src.model
+    tables = op_tables.bind(sim.tables, m, tp_costs.tp_model(m, d), d, precision(d, sim.hw, sim.b),
+                            sim.hw.ranks_per_node)
+    if tables is None or tables.experts_measured():
+        return None
+    fmt = d.quant_low_format if d.quant_low_format != "none" else ("fp8" if m.weight_format == "fp8" else "bf16")
+    return (f"experts: the measured tables ({tables.backend.label}) hold no fused-MoE entry for {fmt} experts "
+            f"at expert TP {d.expert_tp_size} × EP {d.ep_size}; priced by the roofline alone (~1.5× optimistic on "
+            "these shapes) it would outrank measured trials: not ranked")
