@@ -6,6 +6,7 @@ The splitting tests need no extra: the curves are the package's own H200 vLLM 0.
 (Mixtral-8x7B, EP 8, balanced; copied below). The trial tests need the gpu-db extra and skip without it.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,82 @@ def test_the_mixed_op_lies_between_all_bf16_and_all_fp8_at_the_same_rows(run_dir
     lo, hi = np.minimum(bf16, fp8), np.maximum(bf16, fp8)  # vLLM's per-tensor fp8 at EP 4 is slower at few rows
     assert np.all(lo <= got + 1e-15) and np.all(got <= hi + 1e-15)
     assert not np.allclose(got, bf16) and not np.allclose(got, fp8)
+
+
+def _gpu_sim(run_dir, tables=None):
+    from moetune.search.cost.hardware import BUILTIN
+    from moetune.search.cost.simulate import Simulator
+    from moetune.search.cost.source import load_source
+
+    sim = Simulator(load_source(run_dir, str(SCALE / "mixtral-8x7b.json")), BUILTIN["H200"])
+    sim.tables = tables
+    return sim
+
+
+def test_a_gpu_search_prunes_a_per_expert_mix_and_keeps_one_format(run_dir):
+    from moetune.search.study.engine_formats import format_reason
+
+    sim = _gpu_sim(run_dir)  # with or without the tables: no engine serves the mix
+    reason = format_reason(sim, Deployment(ep_size=8, quant_low_format="fp8", quant_hot_fraction=0.125))
+    assert reason is not None and "no serving engine runs per-expert mixed formats" in reason
+    assert format_reason(sim, Deployment(ep_size=8, quant_low_format="fp8")) is None
+    assert format_reason(sim, Deployment(ep_size=8, quant_hot_fraction=0.25)) is None  # no low format: moot
+
+
+def test_this_machine_keeps_the_mix_its_own_engine_runs(run_dir):
+    from moetune.search.cost.hardware import BUILTIN
+    from moetune.search.study.engine_formats import format_reason
+
+    sim = _gpu_sim(run_dir)
+    sim.hw = replace(BUILTIN["H200"], name="this-machine")
+    assert format_reason(sim, Deployment(ep_size=1, quant_low_format="int4", quant_hot_fraction=0.25)) is None
+
+
+def test_a_gpu_space_fixes_the_hot_fraction_unless_named():
+    from moetune.search.study.engine_formats import gpu_space
+    from moetune.search.study.space import build_space
+
+    space = build_space(8, 8)
+    fixed = {k.name: k.values for k in gpu_space(space, set()).knobs}
+    assert fixed["quant_hot_fraction"] == (0.0,) and len(fixed["quant_low_format"]) == 4  # no tables: all
+    assert gpu_space(space, {"quant_hot_fraction"}) == space
+
+
+@pytest.mark.skipif(not op_tables.installed(), reason="needs the gpu-db extra (aiconfigurator-core)")
+def test_with_the_tables_a_gpu_space_leaves_out_what_no_table_prices(run_dir):
+    from moetune.search.study.engine_formats import gpu_space
+    from moetune.search.study.space import build_space
+
+    sim = _gpu_sim(run_dir, op_tables.choose("H200", "vllm"))
+    space = build_space(8, 8)
+    values = {k.name: k.values for k in gpu_space(space, set(), sim).knobs}
+    assert "int8" not in values["quant_low_format"] and "fp8" in values["quant_low_format"]
+    assert 8 in values["ep_size"] and 3 not in values["ep_size"]  # Mixtral: no fused-MoE rows at EP 3
+    named = {k.name: k.values for k in gpu_space(space, {"quant_low_format", "ep_size"}, sim).knobs}
+    assert "int8" in named["quant_low_format"] and 3 in named["ep_size"]
+
+
+@pytest.mark.skipif(not op_tables.installed(), reason="needs the gpu-db extra (aiconfigurator-core)")
+def test_with_the_tables_an_expert_op_they_lack_is_not_ranked(run_dir):
+    from moetune.search.study.engine_formats import format_reason
+
+    sim = _gpu_sim(run_dir, op_tables.choose("H200", "vllm"))
+    reason = format_reason(sim, Deployment(ep_size=8, quant_low_format="int8"))  # no int8 fused-MoE table
+    assert reason is not None and "no fused-MoE entry for int8 experts" in reason
+    assert format_reason(sim, Deployment(ep_size=8, quant_low_format="fp8")) is None
+    assert format_reason(sim, Deployment(ep_size=8, quant_low_format="int4")) is None
+
+
+def test_a_trials_memory_is_at_the_load_it_was_priced_at(run_dir):
+    """The search's trials table and `simulate --recipe` priced the same recipe at the same concurrency with
+    different caps (--num-requests): the KV cache is the sequences in flight at the load priced, not the cap."""
+    from moetune.search.cost.slo_load import at_concurrency
+
+    sim = _gpu_sim(run_dir)
+    m, d = sim.src.model, Deployment(ep_size=2, max_num_seqs=1024)
+    w = sim.src.workload
+    probe = at_concurrency(w, 64)
+    per_token = (max(probe.prompt_lens) + probe.output_len) * m.L * m.kv_elems * sim.b
+    assert sim.memory(d, probe).kv == pytest.approx(32 * per_token)  # 64 in flight over 2 ranks
+    big, small = (at_concurrency(replace(w, prompt_lens=w.prompt_lens * n), 64) for n in (64, 2))
+    assert sim.memory(d, big).kv == sim.memory(d, small).kv

@@ -15,7 +15,7 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 | attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
 | attention (MLA) | vLLM: its MLA module (projections included); SGLang: q/KV down-projection + q up-projection + the absorbed BMMs + the MLA kernel + o (`mla_projections`) | as above |
 | router | GEMM (E × D, bf16) | tokens |
-| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load |
+| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens); a hot/low mix: one per format (`mixed_experts`) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load; a mix: each format at its own rows per expert |
 | permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
 | shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path: `phase_costs.shared_beside_experts`) | tokens |
 | other | GEMM LM head (V × D, bf16) + the per-step calls (roofline) | sampled rows |

@@ -6,9 +6,10 @@ tables can price.
 | a hot/low mix (`quant_low_format` ≠ none, 0 < `quant_hot_fraction` < 1) is pruned | neither vLLM nor SGLang runs per-expert mixed formats in one MoE layer: a fused-MoE layer has one quantization method and one stacked weight tensor of one format for all its experts (vLLM's compressed-tensors picks one scheme per layer from expert 0's projections). moetune's own engine runs it (this-machine searches keep the knob) |
 | with the measured tables bound, an expert op they hold no entry for is pruned (int8 experts; an EP or expert-TP size without rows) | the expert op is the largest op of a step: priced by the roofline alone (its datasheet × efficiency constants, ~1.5× optimistic on these shapes) such a trial would outrank measured ones on the constants, not on the deployment |
 
-`gpu_space` fixes the hot fraction at 0 in a GPU search's space unless `--space` names the knob, so no
-budget is spent sampling points the first rule prunes; the rules still prune a point a `--space`, a
-recipe or a reference trial brings, with the reason in the trials table.
+`gpu_space` fixes the hot fraction at 0 in a GPU search's space unless `--space` names the knob, and with
+the tables bound leaves out the expert formats and EP sizes no table prices, so no budget is spent
+sampling points the rules prune; the rules still prune a point a `--space`, a recipe or a reference trial
+brings, with the reason in the trials table.
 """
 
 from __future__ import annotations
@@ -25,12 +26,23 @@ MIXED = ("quant.hot_fraction {hot:g}: no serving engine runs per-expert mixed fo
          "moetune's own engine does (--hardware this-machine)")
 
 
-def gpu_space(space, named: bool):
-    """A GPU search's space with the hot fraction fixed at 0 (unless --space names it: `named`)."""
-    if named:
-        return space
-    knobs = tuple(replace(k, values=(0.0,)) if k.name == "quant_hot_fraction" else k for k in space.knobs)
-    return replace(space, knobs=knobs)
+def gpu_space(space, named, sim=None):
+    """A GPU search's space: the hot fraction fixed at 0, and with the measured tables bound (sim.tables)
+    the expert formats and EP sizes whose expert op no table holds at any value of the other left out
+    (int8 experts; Mixtral's EP 3, 5, 6), so the budget is not spent on points `format_reason` prunes.
+    A knob `--space` names (`named`: its knob names) keeps its values."""
+    values = {k.name: k.values for k in space.knobs}
+    if "quant_hot_fraction" not in named and "quant_hot_fraction" in values:
+        values["quant_hot_fraction"] = (0.0,)
+    if sim is not None and sim.tables is not None and sim.tables.backend is not None:
+        eps, lows = values.get("ep_size", (1,)), values.get("quant_low_format", ("none",))
+        ok = {(r, f): _unmeasured_experts(sim, Deployment(ep_size=r, quant_low_format=f)) is None
+              for r in eps for f in lows}
+        for name, keep in (("ep_size", tuple(r for r in eps if any(ok[r, f] for f in lows))),
+                           ("quant_low_format", tuple(f for f in lows if any(ok[r, f] for r in eps)))):
+            if name in values and name not in named and keep:
+                values[name] = keep
+    return replace(space, knobs=tuple(replace(k, values=values[k.name]) for k in space.knobs))
 
 
 def format_reason(sim, d: Deployment) -> str | None:

@@ -122,7 +122,7 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
                         {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp, **named_values(setup.base)})
     if cluster:  # the engines run no per-expert mixed formats (engine_formats.py)
-        space = gpu_space(space, "quant_hot_fraction" in (overrides or {}))
+        space = gpu_space(space, set(overrides or {}), setup.sim)
     if here:
         stored = dense_knob(setup.base.quant.dense if setup.base.quant is not None else None)
         space = machine_space(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}), dense, stored)
