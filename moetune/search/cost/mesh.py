@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from moetune.search.cost import op_tables
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import tp as tp_costs
 from moetune.search.cost.deployment import Deployment
@@ -131,6 +132,9 @@ def price(sim, d: Deployment, s, prep, empty):
     halves = 2 if d.overlap and a2a_used(d) else 1
     att, moe = sim.rank_view(attention_view(d)), sim.rank_view(expert_view(d))
     sim.prec = att.prec = moe.prec = precision(d, hw, b)
+    # the tables bound to this mesh (attention TP t, experts TP × EP): never the last trial's (op_tables.bind)
+    sim.measured = att.measured = moe.measured = op_tables.bind(sim.tables, m, att.src.model, d, sim.prec,
+                                                                hw.ranks_per_node)
     totals = empty(s.num_steps, m.Lm, e, True, "none", False, halves == 2)
     whole = costs.StepRows.of(s, slice(None), hw.grouped_experts)  # fields [S, a]
     st = whole if halves == 1 else half(whole)
