@@ -181,3 +181,20 @@ def test_a_trials_memory_is_at_the_load_it_was_priced_at(run_dir):
     assert sim.memory(d, probe).kv == pytest.approx(32 * per_token)  # 64 in flight over 2 ranks
     big, small = (at_concurrency(replace(w, prompt_lens=w.prompt_lens * n), 64) for n in (64, 2))
     assert sim.memory(d, big).kv == sim.memory(d, small).kv
+
+
+@pytest.mark.skipif(not op_tables.installed(), reason="needs the gpu-db extra (aiconfigurator-core)")
+def test_a_model_the_tables_hold_nowhere_keeps_every_format(run_dir):
+    """The bundled model's shapes are in no table: its experts are roofline in every trial, none pruned."""
+    from moetune.search.cost.hardware import BUILTIN
+    from moetune.search.cost.simulate import Simulator
+    from moetune.search.cost.source import load_source
+    from moetune.search.study.engine_formats import format_reason, gpu_space
+    from moetune.search.study.space import build_space
+
+    sim = Simulator(load_source(run_dir), BUILTIN["H200"])
+    sim.tables = op_tables.choose("H200", "vllm")
+    assert format_reason(sim, Deployment(ep_size=2, quant_low_format="int8")) is None
+    space = build_space(sim.src.model.E, 8)
+    values = {k.name: k.values for k in gpu_space(space, set(), sim).knobs}
+    assert values["quant_low_format"] == ("none", "fp8", "int8", "int4")

@@ -4,7 +4,7 @@ tables can price.
 | rule (GPU hardware only) | why |
 |---|---|
 | a hot/low mix (`quant_low_format` ≠ none, 0 < `quant_hot_fraction` < 1) is pruned | neither vLLM nor SGLang runs per-expert mixed formats in one MoE layer: a fused-MoE layer has one quantization method and one stacked weight tensor of one format for all its experts (vLLM's compressed-tensors picks one scheme per layer from expert 0's projections). moetune's own engine runs it (this-machine searches keep the knob) |
-| with the measured tables bound, an expert op they hold no entry for is pruned (int8 experts; an EP or expert-TP size without rows) | the expert op is the largest op of a step: priced by the roofline alone (its datasheet × efficiency constants, ~1.5× optimistic on these shapes) such a trial would outrank measured ones on the constants, not on the deployment |
+| with the measured tables bound and holding the model's expert op somewhere, an expert op they hold no entry for is pruned (int8 experts; an EP or expert-TP size without rows); a model none of whose shapes they hold keeps every trial (all roofline alike) | the expert op is the largest op of a step: priced by the roofline alone (its datasheet × efficiency constants, ~1.5× optimistic on these shapes) such a trial would outrank measured ones on the constants, not on the deployment |
 
 `gpu_space` fixes the hot fraction at 0 in a GPU search's space unless `--space` names the knob, and with
 the tables bound leaves out the expert formats and EP sizes no table prices, so no budget is spent
@@ -34,7 +34,7 @@ def gpu_space(space, named, sim=None):
     values = {k.name: k.values for k in space.knobs}
     if "quant_hot_fraction" not in named and "quant_hot_fraction" in values:
         values["quant_hot_fraction"] = (0.0,)
-    if sim is not None and sim.tables is not None and sim.tables.backend is not None:
+    if sim is not None and sim.tables is not None and sim.tables.backend is not None and tables_hold_model(sim):
         eps, lows = values.get("ep_size", (1,)), values.get("quant_low_format", ("none",))
         ok = {(r, f): _unmeasured_experts(sim, Deployment(ep_size=r, quant_low_format=f)) is None
               for r in eps for f in lows}
@@ -51,7 +51,7 @@ def format_reason(sim, d: Deployment) -> str | None:
         return None
     if d.quant_low_format != "none" and 0 < d.quant_hot_fraction < 1:
         return MIXED.format(hot=d.quant_hot_fraction)
-    if sim.tables is None or sim.tables.backend is None:
+    if sim.tables is None or sim.tables.backend is None or not tables_hold_model(sim):
         return None
     from moetune.search.cost import disagg
 
@@ -60,6 +60,13 @@ def format_reason(sim, d: Deployment) -> str | None:
         if reason is not None:
             return reason
     return None
+
+
+def tables_hold_model(sim) -> bool:
+    """Whether the tables price this model's expert op at all (some format at some EP size of one node):
+    where they hold none of its shapes every trial's experts are roofline alike, and none is pruned."""
+    return any(_unmeasured_experts(sim, Deployment(ep_size=r, quant_low_format=f)) is None
+               for f in ("none", "fp8", "int4") for r in (1, 2, 4, 8) if r <= sim.hw.max_ranks)
 
 
 def _unmeasured_experts(sim, d: Deployment) -> str | None:
