@@ -198,3 +198,14 @@ def test_a_model_the_tables_hold_nowhere_keeps_every_format(run_dir):
     space = build_space(sim.src.model.E, 8)
     values = {k.name: k.values for k in gpu_space(space, set(), sim).knobs}
     assert values["quant_low_format"] == ("none", "fp8", "int8", "int4")
+
+
+@pytest.mark.skipif(not op_tables.installed(), reason="needs the gpu-db extra (aiconfigurator-core)")
+def test_an_expert_op_answered_by_an_older_versions_rows_says_so(run_dir):
+    """H200 vLLM 0.24.0 holds Mixtral's per-tensor fp8 fused MoE at EP 1, 2, 4 only: EP 8 is 0.19.0's rows."""
+    sim = _gpu_sim(run_dir, op_tables.choose("H200", "vllm"))
+    older = sim.evaluate(Deployment(ep_size=8, max_num_seqs=16, quant_low_format="fp8")).detail["op_sources"]
+    assert "fused-MoE rows of vllm 0.19.0" in older["experts"]
+    own = _gpu_sim(run_dir, op_tables.choose("H200", "vllm"))
+    assert "rows of" not in own.evaluate(Deployment(ep_size=4, max_num_seqs=16, quant_low_format="fp8")
+                                         ).detail["op_sources"]["experts"]

@@ -171,6 +171,16 @@ class AicBackend:
             return None
         return float(ms) if source in MEASURED_SOURCES and ms > 0 else None
 
+    def row_version(self, op: Moe) -> str | None:
+        """The engine version whose fused-MoE rows answer op: the tables fill a shape their version lacks
+        from older collections (the package's shared layer: vLLM 0.24.0 ← 0.19.0); None where the asked
+        version's own rows do, or where the sources cannot be read."""
+        if not hasattr(self, "_moe_keys"):
+            self._moe_keys = _source_keys(self.db)
+        key = (op.quant, op.D, op.I, op.K, op.E, op.tp, op.ep)
+        version = next((v for v, keys in self._moe_keys if key in keys), None)
+        return None if version in (None, self.version) else version
+
     def _op(self, op: Op):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
@@ -204,6 +214,23 @@ class AicBackend:
         if op.context:
             return ops.ContextAttention("attn", 1, op.heads, op.kv_heads, kv, fmha, head_size=op.head_dim)
         return ops.GenerationAttention("attn", 1, op.heads, op.kv_heads, kv, head_size=op.head_dim)
+
+
+def _source_keys(db) -> list[tuple[str, set]]:
+    """(version, {(quant, D, I, K, E, tp, ep)}) of each fused-MoE source the tables read, in their order."""
+    try:
+        import pyarrow.parquet as pq
+
+        db._materialize_source_reports()
+        out = []
+        for src in db.data_provenance.get("moe_perf.parquet", []):
+            if src.get("exists"):
+                t = pq.read_table(src["path"], columns=["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts",
+                                                        "moe_tp_size", "moe_ep_size"]).to_pydict()
+                out.append((str(src["version"]), set(zip(*(t[c] for c in t)))))
+        return out
+    except Exception:  # a package layout without these reports: no row origin is named
+        return []
 
 
 class ParquetBackend:
@@ -419,7 +446,13 @@ class Measured:
 
     def _expert_curve(self, quant: str) -> np.ndarray | None:
         m = self.model
-        return curve(self.backend, Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, quant))
+        op = Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, quant)
+        c = curve(self.backend, op)
+        older = getattr(self.backend, "row_version", lambda _: None)(op) if c is not None else None
+        if older is not None:  # named in the experts' source (the phase keeps its first label)
+            self.sources.setdefault("experts", f"{self.backend.label} ({quant} fused-MoE rows of {self.engine} "
+                                    f"{older}: the asked version has none for this shape)")
+        return c
 
     def mlp(self, inter: int, tokens) -> np.ndarray | None:
         """A dense (or shared-expert) MLP of one rank's intermediate size: gate/up + down GEMMs."""
