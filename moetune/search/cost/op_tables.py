@@ -175,7 +175,7 @@ class AicBackend:
         """The engine version whose fused-MoE rows answer op: the tables fill a shape their version lacks
         from older collections (the package's shared layer: vLLM 0.24.0 ← 0.19.0); None where the asked
         version's own rows do, or where the sources cannot be read."""
-        if not hasattr(self, "_moe_keys"):
+        if not getattr(self, "_moe_keys", None):  # the sources are reported once a table was read
             self._moe_keys = _source_keys(self.db)
         key = (op.quant, op.D, op.I, op.K, op.E, op.tp, op.ep)
         version = next((v for v, keys in self._moe_keys if key in keys), None)
@@ -221,9 +221,11 @@ def _source_keys(db) -> list[tuple[str, set]]:
     try:
         import pyarrow.parquet as pq
 
-        db._materialize_source_reports()
+        report = getattr(db, "_materialize_source_reports", None)  # the package's source report (0.12: no public
+        if report is not None:  # name); without it, the reports the package made so far
+            report()
         out = []
-        for src in db.data_provenance.get("moe_perf.parquet", []):
+        for src in (getattr(db, "data_provenance", None) or {}).get("moe_perf.parquet", []):
             if src.get("exists"):
                 t = pq.read_table(src["path"], columns=["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts",
                                                         "moe_tp_size", "moe_ep_size"]).to_pydict()
