@@ -250,7 +250,7 @@ def evaluate(sim, d: Deployment, w: SimWorkload) -> Metrics:
     e2e = {f"p{q}": ttft[f"p{q}"] + 1e3 * max(p.O - 1, 0) * state["tpot_s"] for q in PCTS}
     out = lam * p.O if math.isfinite(state["wait_s"]) else 0.0
     good = lam * _share_within(state, fixed, w) if out else 0.0
-    mem = sim.memory(d)
+    mem = sim.memory(d, w)  # at the load priced (simulate.Simulator.memory)
     m = Metrics(estimated=True, prefill_tok_s=lam * p.L, decode_tok_s=out, output_tok_s=out,
                 output_tok_s_per_rank=out / total_gpus(d), ttft_ms=ttft["p50"], tpot_ms=tpot["p50"],
                 peak_mem_gb=mem.total / 1e9, ranks=total_gpus(d), workload=f"disaggregated, {_label(w)}",

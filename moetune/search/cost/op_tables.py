@@ -15,7 +15,7 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 | attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
 | attention (MLA) | vLLM: its MLA module (projections included); SGLang: q/KV down-projection + q up-projection + the absorbed BMMs + the MLA kernel + o (`mla_projections`) | as above |
 | router | GEMM (E × D, bf16) | tokens |
-| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load |
+| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens); a hot/low mix: one per format (`mixed_experts`) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load; a mix: each format at its own rows per expert |
 | permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
 | shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path: `phase_costs.shared_beside_experts`) | tokens |
 | other | GEMM LM head (V × D, bf16) + the per-step calls (roofline) | sampled rows |
@@ -181,6 +181,16 @@ class AicBackend:
             return None
         return float(ms) if source in MEASURED_SOURCES and ms > 0 else None
 
+    def row_version(self, op: Moe) -> str | None:
+        """The engine version whose fused-MoE rows answer op: the tables fill a shape their version lacks
+        from older collections (the package's shared layer: vLLM 0.24.0 ← 0.19.0); None where the asked
+        version's own rows do, or where the sources cannot be read."""
+        if not getattr(self, "_moe_keys", None):  # the sources are reported once a table was read
+            self._moe_keys = _source_keys(self.db)
+        key = (op.quant, op.D, op.I, op.K, op.E, op.tp, op.ep)
+        version = next((v for v, keys in self._moe_keys if key in keys), None)
+        return None if version in (None, self.version) else version
+
     def _op(self, op: Op):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
@@ -216,6 +226,25 @@ class AicBackend:
         if op.context:
             return ops.ContextAttention("attn", 1, op.heads, op.kv_heads, kv, fmha, head_size=op.head_dim)
         return ops.GenerationAttention("attn", 1, op.heads, op.kv_heads, kv, head_size=op.head_dim)
+
+
+def _source_keys(db) -> list[tuple[str, set]]:
+    """(version, {(quant, D, I, K, E, tp, ep)}) of each fused-MoE source the tables read, in their order."""
+    try:
+        import pyarrow.parquet as pq
+
+        report = getattr(db, "_materialize_source_reports", None)  # the package's source report (0.12: no public
+        if report is not None:  # name); without it, the reports the package made so far
+            report()
+        out = []
+        for src in (getattr(db, "data_provenance", None) or {}).get("moe_perf.parquet", []):
+            if src.get("exists"):
+                t = pq.read_table(src["path"], columns=["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts",
+                                                        "moe_tp_size", "moe_ep_size"]).to_pydict()
+                out.append((str(src["version"]), set(zip(*(t[c] for c in t)))))
+        return out
+    except Exception:  # a package layout without these reports: no row origin is named
+        return []
 
 
 class ParquetBackend:
@@ -348,11 +377,13 @@ class Measured:
     etp: int
     ep: int
     dense_q: str
-    expert_q: str | None  # None: a format the tables lack (mixed hot/cold formats)
+    expert_q: str | None  # None: a format the tables lack (int8 experts); with hot_q: the low format's
     kv_q: str
     engine: str = "vllm"
     nodes: int = 1  # nodes the EP group spans
     per_node: int = 8  # GPUs per node (a full node's DeepEP rows stand in across nodes: deepep_curves)
+    hot_q: str | None = None  # a hot/low mix (quant.hot_fraction): the hot experts' format (the checkpoint's)
+    hot_share: float = 0.0  # of each MoE layer's experts, the share kept in hot_q (ceil(hot_fraction · E) / E)
     seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
     sources: dict = field(default_factory=dict)  # phase → the label of what priced it
 
@@ -405,13 +436,38 @@ class Measured:
                 for pre in (True, False)]
         return [down, *up, *bmms, self.gemm(m.D, heads * v, q, T)]
 
-    def experts(self, rows_q) -> np.ndarray | None:
-        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K)."""
+    def experts(self, rows_q, low_rows_q=None) -> np.ndarray | None:
+        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K).
+        A hot/low mix (hot_q set) is two fused MoEs, one per format, as an engine runs one kernel per
+        weight format (`mixed_experts`); low_rows_q: of rows_q, those on low-format slots."""
         m = self.model
         if self.expert_q is None:
             return None
-        c = curve(self.backend, Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, self.expert_q))
-        return None if c is None else at(c, np.asarray(rows_q) * self.ep / m.K)
+        low = self._expert_curve(self.expert_q)
+        if self.hot_q is None:
+            return None if low is None else at(low, np.asarray(rows_q) * self.ep / m.K)
+        hot = self._expert_curve(self.hot_q)
+        if low is None or hot is None or low_rows_q is None:
+            return None
+        rows_q = np.asarray(rows_q, dtype=np.float64)
+        low_rows = np.minimum(np.asarray(low_rows_q, dtype=np.float64), rows_q)
+        return mixed_experts(hot, low, rows_q - low_rows, low_rows, self.hot_share, self.ep / m.K)
+
+    def experts_measured(self) -> bool:
+        """Whether the tables price this deployment's expert op (every format it holds has an entry)."""
+        if self.expert_q is None or self._expert_curve(self.expert_q) is None:
+            return False
+        return self.hot_q is None or self._expert_curve(self.hot_q) is not None
+
+    def _expert_curve(self, quant: str) -> np.ndarray | None:
+        m = self.model
+        op = Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, quant)
+        c = curve(self.backend, op)
+        older = getattr(self.backend, "row_version", lambda _: None)(op) if c is not None else None
+        if older is not None:  # named in the experts' source (the phase keeps its first label)
+            self.sources.setdefault("experts", f"{self.backend.label} ({quant} fused-MoE rows of {self.engine} "
+                                    f"{older}: the asked version has none for this shape)")
+        return c
 
     def mlp(self, inter: int, tokens) -> np.ndarray | None:
         """A dense (or shared-expert) MLP of one rank's intermediate size: gate/up + down GEMMs."""
@@ -498,15 +554,40 @@ def bind(choice: TableChoice | None, model, rank, d, prec, ranks_per_node: int =
     fp8 = "fp8_block" if block else "fp8"
     dense_q = fp8 if prec.dense_b < 2 else "bfloat16"
     low, hot = d.quant_low_format, d.quant_hot_fraction
+    full = fp8 if fp8_checkpoint else "bfloat16"  # the checkpoint's own expert format
+    mixed = low != "none" and 0 < hot < 1
     if low == "none" or hot >= 1:
-        expert_q = fp8 if fp8_checkpoint else "bfloat16"
-    elif hot > 0:
-        expert_q = None
-    else:
+        expert_q = full
+    else:  # int8 experts: no table holds them (the roofline prices them; study/engine_formats.py)
         expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
     return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
                     "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine,
-                    nodes=max(1, -(-d.ep_size // ranks_per_node)), per_node=ranks_per_node)
+                    nodes=max(1, -(-d.ep_size // ranks_per_node)), per_node=ranks_per_node,
+                    hot_q=full if mixed else None,
+                    hot_share=hot_share(hot, model.E) if mixed else 0.0)
+
+
+def hot_share(hot_fraction: float, E: int) -> float:
+    """Of each MoE layer's E experts, the share a hot fraction keeps at full precision (formats.expert_bytes:
+    the hottest ceil(hot_fraction · E))."""
+    return min(E, int(np.ceil(hot_fraction * E))) / E
+
+
+def mixed_experts(hot: np.ndarray, low: np.ndarray, hot_rows, low_rows, share: float, n_per_row: float):
+    """[...] seconds of a rank's hot/low expert mix as the engines would run it: one fused MoE per weight
+    format (a fused-MoE kernel reads one stacked weight tensor of one format), the two in sequence, each
+    looked up at its own shape. Each part is the table's fused MoE (all E experts over the EP ranks, the
+    rank holding E / ep) at the same rows per expert as the part has, scaled by its share of the rank's
+    experts: a part holding share s of the rank's experts with r rows is s · table(r · n_per_row / s)
+    (n_per_row = ep / K: the table's N per row of one rank). The rank is assumed to hold the layer's
+    share of hot experts (`share`); its rows per format are the trace's (placement applied). At equal
+    rows per expert this is s · hot(N) + (1 − s) · low(N), between the all-hot and the all-low op."""
+    hot_rows, low_rows = np.asarray(hot_rows, dtype=np.float64), np.asarray(low_rows, dtype=np.float64)
+    if share <= 0:
+        return at(low, low_rows * n_per_row)
+    if share >= 1:
+        return at(hot, hot_rows * n_per_row)
+    return share * at(hot, hot_rows * n_per_row / share) + (1 - share) * at(low, low_rows * n_per_row / (1 - share))
 
 
 def sources_of(meas: Measured | None) -> dict[str, str]:
