@@ -14,7 +14,7 @@ import pytest
 
 from moetune.search.cost import op_tables
 from moetune.search.cost.deployment import Deployment
-from moetune.search.cost.op_tables import at, hot_share, mixed_experts
+from moetune.search.cost.table_curves import at, hot_share, mixed_experts
 
 SCALE = Path(__file__).resolve().parents[2] / "recipes" / "scale"
 # (N tokens, ms) of aiconfigurator-core 0.12.0 h200_sxm vLLM 0.24.0 fused MoE, D 4096, I 14336, K 2, E 8, EP 8

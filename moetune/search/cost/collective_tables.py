@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moetune.search.cost import op_tables
+from moetune.search.cost import op_tables, table_curves
 from moetune.search.cost.phase_costs import AllToAll
 
 ROOF = "roofline (no table entry)"
@@ -36,7 +36,7 @@ def nccl(meas, op: str, G: int, spans: int, tokens) -> np.ndarray | None:
     if spans != _nodes(G, 8):
         return None
     c = op_tables.curve(meas.backend, op_tables.Nccl(op, int(meas.model.D), int(G)))
-    return None if c is None else op_tables.at(c, tokens)
+    return None if c is None else table_curves.at(c, tokens)
 
 
 def all_reduce(meas, G: int, spans: int, tokens) -> np.ndarray | None:
@@ -44,7 +44,7 @@ def all_reduce(meas, G: int, spans: int, tokens) -> np.ndarray | None:
     if spans == 1 and G > 1:
         c = op_tables.curve(meas.backend, op_tables.AllReduce(int(meas.model.D), int(G)))
         if c is not None:
-            return op_tables.at(c, tokens)
+            return table_curves.at(c, tokens)
     return nccl(meas, "all_reduce", G, spans, tokens)
 
 
@@ -90,8 +90,8 @@ def a2a_exchange(meas, d, per_node: int, a2a: AllToAll, gpu_rows: np.ndarray, co
     deep = meas.deepep_curves()
     if deep is not None:
         ll_d, ll_c, ht_d, ht_c = deep
-        got = (np.where(prefill, op_tables.at(ht_d, gpu_rows), op_tables.at(ll_d, gpu_rows)),
-               np.where(prefill, op_tables.at(ht_c, gpu_rows), op_tables.at(ll_c, gpu_rows)))
+        got = (np.where(prefill, table_curves.at(ht_d, gpu_rows), table_curves.at(ll_d, gpu_rows)),
+               np.where(prefill, table_curves.at(ht_c, gpu_rows), table_curves.at(ll_c, gpu_rows)))
         source = meas.backend.label + " (DeepEP)"
     else:
         one = nccl(meas, "alltoall", N, _nodes(N, per_node), copies)
