@@ -35,7 +35,8 @@ def test_no_point_is_priced_twice_and_twins_spend_no_budget(run_dir, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2]\nreplicas: [1, 2, 4]\nredundant_experts: [0, 1, 2]\nmax_num_seqs: [8, 16]\n"
                      "max_num_batched_tokens: [256]\nquant_low_format: [none, fp8]\nquant_hot_fraction: [0, 0.5]\n"
-                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: [0, 1]\n")
+                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: [0, 1]\n"
+                     "attn_dp: 0\nexpert_tp_size: 1\n")  # the parallel mesh only (meshes: test_space.py)
     out = tmp_path / "out"
     st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", 10, 0)
     run_search(SearchSettings(Inputs(str(run_dir), "H200", concurrency=8), st, out, "simulate", str(space)))
@@ -76,15 +77,17 @@ def test_a_gpu_search_given_slos_runs_each_trial_at_the_load_they_allow(run_dir,
     assert all("the highest concurrency meeting TTFT P90 ≤ 3 ms and TPOT P90 ≤ 1.5 ms" in r["workload"] for r in done)
     assert "concurrency" in got.stdout  # the trials table's column (nothing else printed says it)
     assert "| concurrency |" in (out / "report.md").read_text()
-    for r in done:  # at most the cap: max_num_seqs on each of the replica's data-parallel ranks
-        assert int(r["concurrency"]) <= int(r["max_num_seqs"]) * int(r["ep_size"])
+    for r in done:  # at most the cap: max_num_seqs on each of the replica's data-parallel ranks (a general mesh's
+        # attention DP groups, else the EP ranks: deployment.dp_ranks)
+        assert int(r["concurrency"]) <= int(r["max_num_seqs"]) * (int(r["attn_dp"]) or int(r["ep_size"]))
 
 
 def test_a_study_whose_space_is_exhausted_stops_after_twins_in_a_row(run_dir, tmp_path):
     space = tmp_path / "space.yaml"  # two points, each with twins (placement and N are moot at ep_size 1)
     space.write_text("ep_size: 1\nreplicas: 1\nplacement: [contiguous, eplb]\nredundant_experts: [0, 1]\n"
                      "max_num_seqs: [8, 16]\nmax_num_batched_tokens: 256\nquant_low_format: none\n"
-                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: 0\n")
+                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: 0\n"
+                     "attn_dp: 0\nexpert_tp_size: 1\n")
     out = tmp_path / "out"
     st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "random", 6, 0, reference_trials=False)
     inputs = Inputs(str(run_dir), "H200", concurrency=16)  # 16 a rank: seqs 8 and 16 differ

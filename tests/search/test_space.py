@@ -214,3 +214,21 @@ def test_meshes_are_searched_unnamed_on_priced_searches_of_several_gpus():
     assert "attn_dp" not in build_space(256, 1).grid() and build_space(256, 1).grid()["expert_tp_size"] == [1]
     here = build_space(256, 8, priced=False).grid()
     assert "attn_dp" not in here and here["expert_tp_size"] == [1]
+
+
+def test_a_sampled_mesh_is_repaired_to_one_the_engines_run_not_pruned():
+    """repair.repair → deploy_knobs.repair_mesh: each repaired point passes prune (no budget spent on a refusal)."""
+    from moetune.search.study.repair import repair
+
+    lim = Limits(256, 8, 8, 64)
+    cases = [(Deployment(attn_dp=4, ep_size=2), dict(attn_dp=2, tp_size=1)),  # DP dividing EP 2's GPUs
+             (Deployment(ep_size=8, expert_tp_size=4), dict(expert_tp_size=1)),  # 32 GPUs → 8
+             (Deployment(attn_dp=8, expert_tp_size=8, moe_a2a=1), dict(moe_a2a=0, tp_size=1)),  # TP experts gathered
+             (Deployment(attn_dp=2, expert_tp_size=8), dict(tp_size=4)),  # attention DP 2 × TP 4 over the 8
+             (Deployment(expert_tp_size=8), dict(attn_dp=8))]  # attention replicated over the TP group → DP
+    for d, want in cases:
+        before = prune(d, lim)
+        got, notes = repair(d, 256, 8, meshes=True)
+        assert {k: getattr(got, k) for k in want} == want, (d, notes)
+        assert prune(got, lim) is None, (got, before)
+    assert repair(Deployment(expert_tp_size=8), 256, 8)[0].attn_dp == 0  # no meshes searched: as sampled

@@ -66,9 +66,11 @@ def default_searched(name: str, max_ranks: int) -> bool:
     return (name in DISAGG_DEFAULT and max_ranks >= MULTI_NODE_GPUS) or (name in MESH_DEFAULT and max_ranks > 1)
 
 
-def repair_mesh(d: Deployment, gpus: int, notes: list[str]) -> tuple[Deployment, list[str]]:
+def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False) -> tuple[Deployment, list[str]]:
     """A mesh as the nearest one that runs: expert TP narrowed (halved) until EP × expert TP fits the GPUs;
-    then, for a general mesh, attention DP dividing the experts' N = EP × expert-TP GPUs (gcd(attn_dp, N))
+    where the space searches meshes (`meshes`: a GPU search), the `parallel` mesh with attention TP 1 under
+    expert TP > 1 (attention replicated over each TP group: no serving engine runs it) as DP attention
+    over all N = EP × expert-TP GPUs; then, for a general mesh, attention DP dividing N (gcd(attn_dp, N))
     with attention TP N / attn_dp, and all-gather dispatch under expert TP (the engines' all-to-all
     backends run pure EP). A point already over the GPUs at expert TP 1 is left to be pruned."""
     out = d
@@ -77,6 +79,10 @@ def repair_mesh(d: Deployment, gpus: int, notes: list[str]) -> tuple[Deployment,
     if out.expert_tp_size != d.expert_tp_size:
         notes.append(f"expert_tp_size {d.expert_tp_size} → {out.expert_tp_size} (EP {d.ep_size} × expert TP fits "
                      f"the {gpus} GPUs)")
+    if meshes and not out.attn_dp and out.tp_size == 1 < out.expert_tp_size:
+        out = replace(out, attn_dp=out.ep_size * out.expert_tp_size)
+        notes.append(f"attention TP 1 under expert TP {out.expert_tp_size} → attention DP {out.attn_dp} (no engine "
+                     "replicates attention over a TP group)")
     if not out.attn_dp:
         return out, notes
     N = out.ep_size * out.expert_tp_size

@@ -27,7 +27,9 @@ from moetune.search.study.deploy_knobs import repair_mesh, repair_workers
 from moetune.search.study.space import Limits, Space, prune
 
 
-def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list[str]]:
+def repair(d: Deployment, num_experts: int, gpus: int, meshes: bool = False) -> tuple[Deployment, list[str]]:
+    """d as the nearest point that runs, and what changed (module doc); `meshes`: the space searches the
+    general meshes (attn_dp: a GPU search), where a point is repaired to the meshes the engines run."""
     out, notes = d, []
     R = d.ep_size
     if R > gpus:
@@ -36,7 +38,7 @@ def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list
         n = d.redundant_experts + (-(num_experts + d.redundant_experts)) % R
         out = replace(out, redundant_experts=n)
         notes.append(f"redundant_experts {d.redundant_experts} → {n} (the {num_experts} + N slots tile {R} ranks)")
-    out, notes = repair_mesh(out, gpus, notes)  # a general mesh: attention DP dividing its GPUs (deploy_knobs.py)
+    out, notes = repair_mesh(out, gpus, notes, meshes)  # a general mesh: attention DP dividing its GPUs (deploy_knobs.py)
     out, notes = repair_workers(out, gpus, notes)  # disaggregated: workers that fit (deploy_knobs.py)
     W = total_gpus(out) if out.prefill_workers else replica_gpus(out)  # one replica's GPUs (any mesh; P + D workers)
     if d.replicas > 1 and d.replicas * W != gpus:

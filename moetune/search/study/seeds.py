@@ -119,7 +119,8 @@ class _Maker:
 
     def repaired(self, params: dict) -> Deployment | None:
         """The deployment a seed runs as (repaired, canonical), or None when prune refuses it."""
-        d, _ = repair(Deployment(**{**Deployment().as_dict(), **params}), self.lim.num_experts, self.lim.max_ranks)
+        d, _ = repair(Deployment(**{**Deployment().as_dict(), **params}), self.lim.num_experts, self.lim.max_ranks,
+                      max(self.domain("attn_dp")) > 0)
         if prune(d, self.lim) is not None:
             return None
         return canonical(d, self.lim)[0]
