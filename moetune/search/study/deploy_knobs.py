@@ -72,7 +72,8 @@ def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False
     expert TP > 1 (attention replicated over each TP group: no serving engine runs it) as DP attention
     over all N = EP × expert-TP GPUs; then, for a general mesh, attention DP dividing N (gcd(attn_dp, N))
     with attention TP N / attn_dp, and all-gather dispatch under expert TP (the engines' all-to-all
-    backends run pure EP). A point already over the GPUs at expert TP 1 is left to be pruned."""
+    backends run pure EP), every expert resident. A point already over the GPUs at expert TP 1 is left
+    to be pruned."""
     out = d
     while out.expert_tp_size > 1 and out.ep_size * max(out.expert_tp_size, 1 if out.attn_dp else out.tp_size) > gpus:
         out = replace(out, expert_tp_size=out.expert_tp_size // 2)
@@ -85,6 +86,9 @@ def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False
                      "replicates attention over a TP group)")
     if not out.attn_dp:
         return out, notes
+    if out.offload_resident_fraction < 1:  # a general mesh is priced with every expert resident (mesh.py)
+        out = replace(out, offload_resident_fraction=1.0, offload_prefetch_depth=0, offload_eviction="lru")
+        notes.append("offloading under a general mesh → every expert resident")
     N = out.ep_size * out.expert_tp_size
     if N % out.attn_dp:
         out = replace(out, attn_dp=math.gcd(out.attn_dp, N))
