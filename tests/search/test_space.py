@@ -224,7 +224,9 @@ def test_a_sampled_mesh_is_repaired_to_one_the_engines_run_not_pruned():
     cases = [(Deployment(attn_dp=4, ep_size=2), dict(attn_dp=2, tp_size=1)),  # DP dividing EP 2's GPUs
              (Deployment(ep_size=8, expert_tp_size=4), dict(expert_tp_size=1)),  # 32 GPUs → 8
              (Deployment(attn_dp=8, expert_tp_size=8, moe_a2a=1), dict(moe_a2a=0, tp_size=1)),  # TP experts gathered
-             (Deployment(attn_dp=2, expert_tp_size=8), dict(tp_size=4)),  # attention DP 2 × TP 4 over the 8
+             (Deployment(attn_dp=2, ep_size=8), dict(tp_size=4)),  # attention DP 2 × TP 4 over EP 8's GPUs
+             (Deployment(attn_dp=2, expert_tp_size=8), dict(attn_dp=8, tp_size=1)),  # TP 4 beside expert TP 8:
+             # no recipe holds it (config.ParallelConfig), the nearest one that does
              (Deployment(expert_tp_size=8), dict(attn_dp=8)),  # attention replicated over the TP group → DP
              (Deployment(attn_dp=8, offload_resident_fraction=0.5, offload_prefetch_depth=2),
               dict(offload_resident_fraction=1.0, offload_prefetch_depth=0))]  # a mesh is priced all resident

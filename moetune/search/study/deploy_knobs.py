@@ -94,8 +94,13 @@ def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False
         out = replace(out, attn_dp=math.gcd(out.attn_dp, N))
         notes.append(f"attn_dp {d.attn_dp} → {out.attn_dp} (it divides the {N} GPUs of experts EP {out.ep_size} × "
                      f"TP {out.expert_tp_size})")
-    if out.tp_size != N // out.attn_dp:
-        out = replace(out, tp_size=N // out.attn_dp)  # attention DP × TP covers the experts' GPUs
+    t = N // out.attn_dp  # attention TP: attention DP × TP covers the experts' GPUs
+    if t not in (1, max(t, out.expert_tp_size)) or out.expert_tp_size not in (1, max(t, out.expert_tp_size)):
+        notes.append(f"attention DP {out.attn_dp} × TP {t} beside expert TP {out.expert_tp_size} → attention DP {N} "
+                     "(a recipe's parallel section holds attention TP 1 or the expert-TP group: config.ParallelConfig)")
+        out, t = replace(out, attn_dp=N), 1
+    if out.tp_size != t:
+        out = replace(out, tp_size=t)
     if out.moe_a2a and out.expert_tp_size > 1:
         out = replace(out, moe_a2a=0)
         notes.append(f"moe_a2a 1 → 0 (an all-to-all runs pure EP; expert TP {out.expert_tp_size} is all-gathered)")
