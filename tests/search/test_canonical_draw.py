@@ -64,7 +64,7 @@ def test_batch_limits_the_engines_refuse_are_pruned_with_the_reason():
 def test_a_gpu_search_given_slos_runs_each_trial_at_the_load_they_allow(run_dir, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2]\nreplicas: 1\nmax_num_seqs: [8, 64]\nmax_num_batched_tokens: 512\n"
-                     "quant_low_format: none\noffload_resident_fraction: 1\n")
+                     "quant_low_format: none\noffload_resident_fraction: 1\nattn_dp: 0\nexpert_tp_size: 1\n")
     out = tmp_path / "out"
     got = moetune("search", "--trace", str(run_dir), "--hardware", "H200", "--input-len", "64", "--output-len", "16",
                   "--max-ttft-ms", "3", "--max-tpot-ms", "1.5", "--n-trials", "4", "--space", str(space),
@@ -77,9 +77,8 @@ def test_a_gpu_search_given_slos_runs_each_trial_at_the_load_they_allow(run_dir,
     assert all("the highest concurrency meeting TTFT P90 ≤ 3 ms and TPOT P90 ≤ 1.5 ms" in r["workload"] for r in done)
     assert "concurrency" in got.stdout  # the trials table's column (nothing else printed says it)
     assert "| concurrency |" in (out / "report.md").read_text()
-    for r in done:  # at most the cap: max_num_seqs on each of the replica's data-parallel ranks (a general mesh's
-        # attention DP groups, else the EP ranks: deployment.dp_ranks)
-        assert int(r["concurrency"]) <= int(r["max_num_seqs"]) * (int(r["attn_dp"]) or int(r["ep_size"]))
+    for r in done:  # at most the cap: max_num_seqs on each of the replica's data-parallel ranks
+        assert int(r["concurrency"]) <= int(r["max_num_seqs"]) * int(r["ep_size"])
 
 
 def test_a_study_whose_space_is_exhausted_stops_after_twins_in_a_row(run_dir, tmp_path):
