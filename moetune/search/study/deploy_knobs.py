@@ -67,7 +67,7 @@ def default_searched(name: str, max_ranks: int) -> bool:
 
 
 def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False) -> tuple[Deployment, list[str]]:
-    """A mesh as the nearest one that runs: expert TP narrowed (halved) until EP × expert TP fits the GPUs;
+    """A mesh as the nearest one that runs: (meshes) expert TP narrowed (halved) until EP × expert TP fits the GPUs;
     where the space searches meshes (`meshes`: a GPU search), the `parallel` mesh with attention TP 1 under
     expert TP > 1 (attention replicated over each TP group: no serving engine runs it) as DP attention
     over all N = EP × expert-TP GPUs; then, for a general mesh, attention DP dividing N (gcd(attn_dp, N))
@@ -75,7 +75,7 @@ def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False
     backends run pure EP), every expert resident. A point already over the GPUs at expert TP 1 is left
     to be pruned."""
     out = d
-    while out.expert_tp_size > 1 and out.ep_size * max(out.expert_tp_size, 1 if out.attn_dp else out.tp_size) > gpus:
+    while meshes and out.expert_tp_size > 1 and out.ep_size * max(out.expert_tp_size, 1 if out.attn_dp else out.tp_size) > gpus:
         out = replace(out, expert_tp_size=out.expert_tp_size // 2)
     if out.expert_tp_size != d.expert_tp_size:
         notes.append(f"expert_tp_size {d.expert_tp_size} → {out.expert_tp_size} (EP {d.ep_size} × expert TP fits "
