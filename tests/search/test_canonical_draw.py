@@ -35,7 +35,8 @@ def test_no_point_is_priced_twice_and_twins_spend_no_budget(run_dir, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2]\nreplicas: [1, 2, 4]\nredundant_experts: [0, 1, 2]\nmax_num_seqs: [8, 16]\n"
                      "max_num_batched_tokens: [256]\nquant_low_format: [none, fp8]\nquant_hot_fraction: [0, 0.5]\n"
-                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: [0, 1]\n")
+                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: [0, 1]\n"
+                     "attn_dp: 0\nexpert_tp_size: 1\n")  # the parallel mesh only (meshes: test_space.py)
     out = tmp_path / "out"
     st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", 10, 0)
     run_search(SearchSettings(Inputs(str(run_dir), "H200", concurrency=8), st, out, "simulate", str(space)))
@@ -63,7 +64,7 @@ def test_batch_limits_the_engines_refuse_are_pruned_with_the_reason():
 def test_a_gpu_search_given_slos_runs_each_trial_at_the_load_they_allow(run_dir, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2]\nreplicas: 1\nmax_num_seqs: [8, 64]\nmax_num_batched_tokens: 512\n"
-                     "quant_low_format: none\noffload_resident_fraction: 1\n")
+                     "quant_low_format: none\noffload_resident_fraction: 1\nattn_dp: 0\nexpert_tp_size: 1\n")
     out = tmp_path / "out"
     got = moetune("search", "--trace", str(run_dir), "--hardware", "H200", "--input-len", "64", "--output-len", "16",
                   "--max-ttft-ms", "3", "--max-tpot-ms", "1.5", "--n-trials", "4", "--space", str(space),
@@ -84,7 +85,8 @@ def test_a_study_whose_space_is_exhausted_stops_after_twins_in_a_row(run_dir, tm
     space = tmp_path / "space.yaml"  # two points, each with twins (placement and N are moot at ep_size 1)
     space.write_text("ep_size: 1\nreplicas: 1\nplacement: [contiguous, eplb]\nredundant_experts: [0, 1]\n"
                      "max_num_seqs: [8, 16]\nmax_num_batched_tokens: 256\nquant_low_format: none\n"
-                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: 0\n")
+                     "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: 0\n"
+                     "attn_dp: 0\nexpert_tp_size: 1\n")
     out = tmp_path / "out"
     st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput",), "random", 6, 0, reference_trials=False)
     inputs = Inputs(str(run_dir), "H200", concurrency=16)  # 16 a rank: seqs 8 and 16 differ

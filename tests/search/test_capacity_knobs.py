@@ -24,7 +24,8 @@ from tests.cli_run import moetune
 FIXED = ("ep_size: 1\nreplicas: 1\nredundant_experts: 0\nplacement: contiguous\nmax_num_seqs: 8\n"
          "max_num_batched_tokens: 1024\nquant_low_format: none\nquant_hot_fraction: 0\n"
          "offload_resident_fraction: 1\noffload_prefetch_depth: 0\noffload_eviction: lru\n"
-         "dense_format: none\nkv_format: none\noverlap: 0\n")  # the serving engines' GPU knobs fixed too
+         "dense_format: none\nkv_format: none\noverlap: 0\nattn_dp: 0\nmoe_a2a: 1\nexpert_tp_size: 1\n")  # the serving engines'
+# GPU knobs fixed too (the meshes among them)
 
 
 def skewed_rows(rng, n: int, E: int, K: int, Lm: int, alpha: float = 0.3) -> np.ndarray:

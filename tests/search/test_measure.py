@@ -114,7 +114,7 @@ def test_a_simulated_search_over_tp_and_ep_prices_each_mesh_and_keeps_the_memory
     """DeepSeek-V3-shaped (scaled) on one node of 8 H100: one GPU cannot hold the experts, a TP or EP
     mesh can; pairs the engine cannot run are pruned with the reason; the winner's recipe says its mesh."""
     path = tmp_path / "space.yaml"
-    path.write_text("ep_size: [1, 2, 4]\ntp_size: [1, 2, 4]\nexpert_tp_size: [1, 2, 4]\nreplicas: 1\n" + SPACE)
+    path.write_text("ep_size: [1, 2, 4]\ntp_size: [1, 2, 4]\nexpert_tp_size: [1, 2, 4]\nreplicas: 1\nattn_dp: 0\nmoe_a2a: 1\n" + SPACE)
     out = tmp_path / "out"
     st = StudySettings("tp", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", 27, 0)
     inputs = Inputs(str(run_dir), "8xH100", scale_model=str(big_config), num_requests=16, input_len=128,

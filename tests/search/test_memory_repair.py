@@ -74,7 +74,9 @@ def test_a_deepseek_v3_tpe_search_on_8_h200_now_finds_a_feasible_trial(run_dir, 
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0))
     inputs = Inputs(str(run_dir), "8xH200", scale_model=str(ROOT / "recipes/scale/deepseek-v3.json"),
                     input_len=256, output_len=16, concurrency=16)
-    result = run_search(SearchSettings(inputs, st, out, "simulate"))
+    space = tmp_path / "space.yaml"  # the parallel mesh (EP / TP): what needs the memory moves (TP-8 meshes fit as drawn)
+    space.write_text("attn_dp: 0\nexpert_tp_size: 1\n")
+    result = run_search(SearchSettings(inputs, st, out, "simulate", str(space)))
     ran = [r for r in result.rows if r.metrics is not None]
     assert ran and any("memory: " in (r.reason or "") for r in ran)
     assert result.winner is not None and result.winner.metrics["peak_mem_gb"] < 141 * HEADROOM

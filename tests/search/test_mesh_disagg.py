@@ -179,7 +179,7 @@ def test_search_winner_recipe_reprices_to_the_same_figures(run_dir, tmp_path):
     gives the winner's figures; --json - prints one JSON object and nothing else on stdout."""
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2, 4]\nattn_dp: [0, 1, 2]\nprefill_workers: [0, 1]\nkv_format: [none, fp8]\n"
-                     "dense_format: fp8\nreplicas: 1\n")
+                     "dense_format: fp8\nreplicas: 1\nexpert_tp_size: 1\n")
     out = tmp_path / "o"
     load = ["--hardware", "8xH200", "--concurrency", "8", "--num-requests", "32", "--output-len", "8"]
     r = moetune("search", "--trace", str(run_dir), "--n-trials", "12", "--seed", "3", "--space", str(space),
@@ -198,13 +198,14 @@ def test_search_winner_recipe_reprices_to_the_same_figures(run_dir, tmp_path):
         assert math.isclose(figures[k], float(best[k]), rel_tol=1e-5), (k, figures[k], best[k])
 
 
-def test_the_disaggregated_form_is_searched_unnamed_on_two_nodes_and_the_meshes_when_named():
+def test_the_disaggregated_form_is_searched_unnamed_on_two_nodes_and_the_meshes_on_two_gpus():
     from moetune.search.study.space import build_space
 
-    one_node = {k.name for k in build_space(256, 8).knobs}
+    one_node = {k.name: k.values for k in build_space(256, 8).knobs}
     two_nodes = {k.name: k.values for k in build_space(256, 16).knobs}
-    assert not one_node & {"prefill_workers", "attn_dp", "moe_a2a"}  # the base recipe's (neutral): out of the grid
-    assert two_nodes["prefill_workers"] == (0, 1, 2, 4) and "attn_dp" not in two_nodes
+    assert "prefill_workers" not in one_node  # the base recipe's (neutral): out of the grid
+    assert one_node["attn_dp"] == (0, 1, 2, 4, 8) and one_node["moe_a2a"] == (0, 1)  # meshes: 2+ GPUs
+    assert two_nodes["prefill_workers"] == (0, 1, 2, 4) and two_nodes["attn_dp"] == (0, 1, 2, 4, 8, 16)
     named = {k.name: k.values for k in build_space(256, 8, overrides={"attn_dp": [0, 1, 8], "moe_a2a": [0, 1]}).knobs}
     assert named["attn_dp"] == (0, 1, 8) and named["moe_a2a"] == (0, 1)
 

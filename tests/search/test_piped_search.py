@@ -63,5 +63,6 @@ def test_search_format_tsv_parses_with_the_csv_module(run_dir, tmp_path):
     tables = [list(csv.reader(io.StringIO(block), delimiter="\t")) for block in got.stdout.split("\n\n")]
     assert len(tables) >= 2 and all(len(row) == len(t[0]) for t in tables for row in t)
     trials = next(t for t in tables if t[0][:2] == ["trial", "deployment"])
-    assert len(trials) >= 4 and all(re.match(r"(\d+ replicas × \()?EP \d+", row[1]) for row in trials[1:])
+    assert len(trials) >= 4 and all(re.match(r"(\d+ replicas × \()?(EP|attention DP) \d+", row[1])
+                                 for row in trials[1:])  # the parallel mesh or a general one (meshes: 2+ GPUs)
     assert "winner.yaml" in got.stderr  # the prose went to stderr

@@ -13,7 +13,8 @@ from moetune.search.study.setup import Inputs
 SPACE = ("ep_size: 1\nreplicas: 1\nplacement: contiguous\nredundant_experts: 0\nmax_num_seqs: 8\n"
          "max_num_batched_tokens: 256\noffload_resident_fraction: 1\noffload_prefetch_depth: 0\n"
          "offload_eviction: lru\nquant_low_format: [int8, int4]\nquant_hot_fraction: [0, 0.25]\n"
-           "dense_format: none\nkv_format: none\noverlap: 0\n")  # and the GPU serving knobs
+           "dense_format: none\nkv_format: none\noverlap: 0\nattn_dp: 0\nmoe_a2a: 1\nexpert_tp_size: 1\n")  # and the
+# GPU serving knobs (the meshes among them)
 MAX_KL = 2e-4  # measured on the bundled model: int8 mixes <= 2e-5 nats, int4 ones 8e-4 (hot 0.25) .. 2e-3
 
 

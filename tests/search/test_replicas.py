@@ -75,7 +75,8 @@ def test_a_grid_over_replicas_and_ep_repairs_the_pairs_that_do_not_fill_the_gpus
     space = tmp_path / "space.yaml"
     space.write_text("ep_size: [1, 2, 4, 8]\nreplicas: [1, 2, 4, 8]\nredundant_experts: 0\nplacement: contiguous\n"
                      "max_num_seqs: 16\nmax_num_batched_tokens: 2048\nquant_low_format: none\n"
-                     "offload_resident_fraction: 1.0\ndense_format: none\nkv_format: none\noverlap: 0\n")
+                     "offload_resident_fraction: 1.0\ndense_format: none\nkv_format: none\noverlap: 0\n"
+                     "attn_dp: 0\nexpert_tp_size: 1\n")  # the parallel mesh's grid (meshes: test_space.py)
     out = tmp_path / "o"
     got = moetune("search", "--trace", str(run_dir), "--hardware", "H200", "--sampler", "grid", "--n-trials", "16",
                   "--concurrency", "8", "--objective", "throughput_per_gpu", "--space", str(space), "--out", str(out))

@@ -39,13 +39,16 @@ def _deployment(params: dict) -> Deployment:
 
 def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
     space, setup, seeds = _seeds(_inputs(run_dir))
-    assert [s.name for s in seeds] == ["ep-node", "wide-ep"]  # DeepSeek-V3 needs a whole node: no replicas seed
+    assert [s.name for s in seeds] == ["ep-node", "wide-ep", "dp-attention"]  # DeepSeek-V3 needs a whole node: no
+    # replicas seed
     domains = {k.name: k.values for k in space.knobs}
     for s in seeds:
         assert set(s.params) == set(domains) and all(v in domains[k] for k, v in s.params.items()), s
         d, _ = repair(_deployment(s.params), 256, 8)
         assert prune(d, setup.limits()) is None and setup.sim.memory_reason(d) is None, s
-    node, wide = (s.params for s in seeds)
+    node, wide, mesh = (s.params for s in seeds)
+    assert (mesh["attn_dp"], mesh["ep_size"], mesh["expert_tp_size"], mesh["moe_a2a"]) == (8, 1, 8, 0)
+    assert mesh["max_num_seqs"] == 8  # 64 in flight over 8 attention DP ranks
     assert node["ep_size"] == wide["ep_size"] == 8 and node["placement"] == wide["placement"] == "eplb"
     assert wide["redundant_experts"] == 32 and wide["quant_low_format"] == wide["dense_format"] == "fp8"
     assert (node["max_num_batched_tokens"], wide["max_num_batched_tokens"]) == (512, 256)
@@ -54,7 +57,7 @@ def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
 
 def test_a_small_model_gets_the_most_replicas_and_a_tp_seed_only_where_tp_is_searched(run_dir):
     _, _, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"))
-    assert [s.name for s in seeds] == ["replicas", "ep-node", "wide-ep"]
+    assert [s.name for s in seeds] == ["replicas", "ep-node", "wide-ep", "dp-attention"]
     assert (seeds[0].params["ep_size"], seeds[0].params["replicas"]) == (1, 8)
     groups = {"tp_size": [1, 2, 4, 8], "expert_tp_size": [1, 2, 4, 8]}
     _, setup, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"), groups)

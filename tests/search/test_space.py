@@ -51,7 +51,8 @@ def test_every_knob_has_a_recipe_key_so_every_knob_is_searched():
     assert recipe_accepts("parallel.ep_size") and not recipe_accepts("quant.warp") and not recipe_accepts("x.y")
     plain = {k.name for k in build_space(16, 8).knobs}
     named_only = {"capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative"}  # when named
-    named_only |= set(DEPLOY_KNOBS)  # meshes when named; disaggregation unnamed from 16 GPUs (deploy_knobs.py)
+    named_only |= set(DEPLOY_KNOBS) - {"attn_dp", "moe_a2a"}  # meshes unnamed on 2+ GPUs; disaggregation
+    # unnamed from 16 GPUs (deploy_knobs.py)
     assert plain == {k.name for k in default_knobs(16, 8)} - named_only
     assert plain == {k.name for k in build_space(16, 8, what_if=True).knobs}
 
@@ -60,7 +61,8 @@ def test_space_file_narrows_and_fixes_knobs():
     space = build_space(16, 8, overrides={"ep_size": [1, 2], "placement": "eplb", "max_num_seqs": 8})
     grid = space.grid()
     assert grid["ep_size"] == [1, 2] and grid["placement"] == ["eplb"] and grid["max_num_seqs"] == [8]
-    assert space.size() == 2 * 4 * 9 * 1 * 1 * 7 * (4 * 4) * (4 * 4 * 2) * (2 * 2 * 2)  # replicas: 1, 2, 4, 8
+    assert space.size() == 2 * 4 * 9 * 1 * 1 * 7 * (4 * 4) * (4 * 4 * 2) * (2 * 2 * 2) * 4 * 5 * 2  # replicas: 1, 2, 4, 8
+    # expert TP 1, 2, 4, 8; attention DP 0 (the parallel mesh), 1, 2, 4, 8; all-to-all or all-gather
     # of 8 GPUs; the serving engines' knobs (dense, KV, overlap: priced, build_space's default; CUDA graphs one value)
     assert grid["cuda_graph_max_bs"] == [512]
     with pytest.raises(SpaceError, match="unknown knob 'ep'"):
@@ -148,10 +150,10 @@ def test_tp_knobs_prune_what_the_engine_cannot_split():
 
 def test_tp_knobs_are_fixed_at_the_base_recipe_unless_the_space_names_them():
     fixed = {"tp_size": 2, "expert_tp_size": 2}
-    for priced in (False, True):
+    for priced in (False, True):  # priced on GPUs: expert TP searched for the general meshes (space.GPU_MESH)
         grid = build_space(16, 8, priced=priced, fixed=fixed).grid()
-        assert grid["tp_size"] == [2] and grid["expert_tp_size"] == [2]
-    asked = build_space(16, 8, fixed=fixed, overrides={"tp_size": [1, 2, 4, 8]}).grid()
+        assert grid["tp_size"] == [2] and grid["expert_tp_size"] == ([1, 2, 4, 8] if priced else [2])
+    asked = build_space(16, 8, priced=False, fixed=fixed, overrides={"tp_size": [1, 2, 4, 8]}).grid()
     assert asked["tp_size"] == [1, 2, 4, 8] and asked["expert_tp_size"] == [2]
     assert build_space(16, 8).grid()["tp_size"] == [1]  # no base recipe: one rank per group
 
@@ -202,3 +204,35 @@ def test_capacity_scheduling_and_hints_round_trip_through_a_recipe(checkpoint):
     neutral = to_config(RunConfig(), Deployment())  # neutral knobs: the base recipe's capacity and scheduling
     assert (neutral.parallel.capacity_policy, neutral.parallel.capacity_factor, neutral.engine.scheduling) == (
         "none", None, "fcfs")
+
+
+def test_meshes_are_searched_unnamed_on_priced_searches_of_several_gpus():
+    """The general meshes (DP attention × TP or EP experts) on GPU hardware without --space naming them;
+    not on one GPU, and not where moetune's own engine runs the trials (priced=False)."""
+    grid = build_space(256, 8).grid()
+    assert grid["attn_dp"] == [0, 1, 2, 4, 8] and grid["moe_a2a"] == [0, 1] and grid["expert_tp_size"] == [1, 2, 4, 8]
+    assert "attn_dp" not in build_space(256, 1).grid() and build_space(256, 1).grid()["expert_tp_size"] == [1]
+    here = build_space(256, 8, priced=False).grid()
+    assert "attn_dp" not in here and here["expert_tp_size"] == [1]
+
+
+def test_a_sampled_mesh_is_repaired_to_one_the_engines_run_not_pruned():
+    """repair.repair → deploy_knobs.repair_mesh: each repaired point passes prune (no budget spent on a refusal)."""
+    from moetune.search.study.repair import repair
+
+    lim = Limits(256, 8, 8, 64)
+    cases = [(Deployment(attn_dp=4, ep_size=2), dict(attn_dp=2, tp_size=1)),  # DP dividing EP 2's GPUs
+             (Deployment(ep_size=8, expert_tp_size=4), dict(expert_tp_size=1)),  # 32 GPUs → 8
+             (Deployment(attn_dp=8, expert_tp_size=8, moe_a2a=1), dict(moe_a2a=0, tp_size=1)),  # TP experts gathered
+             (Deployment(attn_dp=2, ep_size=8), dict(tp_size=4)),  # attention DP 2 × TP 4 over EP 8's GPUs
+             (Deployment(attn_dp=2, expert_tp_size=8), dict(attn_dp=8, tp_size=1)),  # TP 4 beside expert TP 8:
+             # no recipe holds it (config.ParallelConfig), the nearest one that does
+             (Deployment(expert_tp_size=8), dict(attn_dp=8)),  # attention replicated over the TP group → DP
+             (Deployment(attn_dp=8, offload_resident_fraction=0.5, offload_prefetch_depth=2),
+              dict(offload_resident_fraction=1.0, offload_prefetch_depth=0))]  # a mesh is priced all resident
+    for d, want in cases:
+        before = prune(d, lim)
+        got, notes = repair(d, 256, 8, meshes=True)
+        assert {k: getattr(got, k) for k in want} == want, (d, notes)
+        assert prune(got, lim) is None, (got, before)
+    assert repair(Deployment(expert_tp_size=8), 256, 8)[0].attn_dp == 0  # no meshes searched: as sampled

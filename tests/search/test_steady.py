@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from moetune.search.cost.schedule import SimWorkload, simulate_schedule
+from moetune.search.cost.schedule import SimWorkload, first_arrivals, simulate_schedule
 from moetune.search.cost.steady import poisson_arrivals
 from moetune.search.study.setup import Inputs, prepare
 from moetune.search.study.space import Deployment
@@ -20,25 +20,28 @@ def sim(run_dir):
     return prepare(Inputs(str(run_dir), "H200")).sim
 
 
+@pytest.mark.parametrize("stagger", [True, False])
 @pytest.mark.parametrize("ranks,C", [(1, 3), (2, 5), (4, 2)])
-def test_closed_loop_never_holds_more_than_c_in_flight(ranks, C):
-    """C per replica = over the R data-parallel ranks together; the loop keeps it full until the drain."""
+def test_closed_loop_never_holds_more_than_c_in_flight(ranks, C, stagger):
+    """C per replica = over the R data-parallel ranks together; the loop keeps it full, once the first wave
+    has joined (at step 0 unstaggered; at ⌊i·O / C⌋ staggered, or earlier when nothing ran), until the drain."""
     lens = tuple(int(x) for x in np.random.default_rng(1).integers(3, 60, size=23))  # awkward prompt lengths
-    w = SimWorkload(lens, 5, "concurrency", C)
+    w = SimWorkload(lens, 5, "concurrency", C, stagger=stagger)
     s = simulate_schedule(w, ranks, max_num_seqs=8, max_num_batched_tokens=40)
     flight = s.in_flight()  # [S]
     assert flight.max() == C  # reached, never exceeded
-    assert (flight[: s.arrive_step[-1]] == C).all()  # full until the last request has arrived
+    assert (flight[s.arrive_step[:C].max(): s.arrive_step[-1]] == C).all()  # full until the last has arrived
     assert s.sampled.sum() == 23 * 5 and (s.last_step >= 0).all()
-    assert (s.arrive_step[C:] > 0).all() and (s.arrive_step[:C] == 0).all()
+    assert (s.arrive_step[C:] > 0).all() and (s.arrive_step[:C] <= first_arrivals(w, ranks)).all()
+    assert (s.arrive_step[:C] == 0).all() != (stagger and C > ranks)  # staggered: rounds of one a rank
     for i in range(C, 23):  # request i joins the step after the (i − C + 1)-th finish
         assert s.arrive_step[i] == np.sort(s.last_step)[i - C] + 1
 
 
-def test_burst_schedule_is_the_closed_loop_with_c_at_least_n():
+def test_burst_schedule_is_the_unstaggered_closed_loop_with_c_at_least_n():
     w = SimWorkload((40, 7, 19, 33, 2), 4)
     a = simulate_schedule(w, 2, 3, 30)
-    b = simulate_schedule(replace(w, mode="concurrency", concurrency=5), 2, 3, 30)
+    b = simulate_schedule(replace(w, mode="concurrency", concurrency=5, stagger=False), 2, 3, 30)
     for f in ("prefill", "decode", "pairs", "context", "sampled", "seqs", "first_step", "last_step"):
         assert (getattr(a, f) == getattr(b, f)).all(), f
 

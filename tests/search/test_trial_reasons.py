@@ -13,6 +13,9 @@ redundant_experts: [0, 1]
 offload_resident_fraction: [1.0, 0.5]
 max_num_seqs: [8, 256]
 replicas: [1]
+attn_dp: 0
+moe_a2a: 1
+expert_tp_size: 1
 """
 
 

@@ -93,7 +93,9 @@ def test_the_compiled_schedule_equals_replay(ranks, seqs, tokens, chunked):
     rng = np.random.default_rng(ranks * 100 + seqs)
     lens = tuple(int(x) for x in rng.integers(1, tokens if not chunked else 200, 57))
     for w in (SimWorkload(lens, 7), SimWorkload(lens, 3, mode="concurrency", concurrency=11),
-              SimWorkload(lens, 1, mode="concurrency", concurrency=5)):
+              SimWorkload(lens, 1, mode="concurrency", concurrency=5),
+              SimWorkload(lens, 3, mode="concurrency", concurrency=11, stagger=False),
+              SimWorkload(lens, 40, mode="concurrency", concurrency=7, warmup=7, drain=False)):
         a, b = simulate_schedule(w, ranks, seqs, tokens, chunked), compiled_schedule(w, ranks, seqs, tokens, chunked)
         for field in ("prefill", "decode", "pairs", "context", "sampled", "seqs", "first_step", "last_step",
                       "arrive_step", "logits", "drafting"):

@@ -14,6 +14,18 @@ over the R data-parallel ranks together; a request that finishes is replaced by 
 the following step) or `rate` (Poisson arrivals at R requests/s per replica; those need the step
 times, so the simulator drives `Replay` step by step, `simulate.py`). `Replay` is the scheduler's
 state; `simulate_schedule` runs it for the two modes whose arrivals do not depend on time.
+
+A closed loop is **staggered** (`SimWorkload.stagger`, the default): the first C requests join
+spread over one request's decode, in rounds of one request per data-parallel rank (round g, requests
+gR .. gR + R − 1, at step ⌊g·R·O / C⌋, O the output length; one joins at once when no rank has
+work), so the loop reaches the desynchronised steady state a server at concurrency C runs in — on
+each rank requests at every stage, a new prompt entering whenever one leaves — instead of C equal
+requests that start, finish and re-enter together in waves (`stagger=False`, each measured request
+then waits for its whole wave's prefill). The ranks stay in step with each other: their loads are
+symmetric (a balanced router sends a replacement to the rank that freed a slot) and the engines run
+the ranks in lock-step, so each round's prompts are prefilled in the same steps (docs/search.md says
+what unaligned ranks would cost). The requests and their lengths are the same; only when the first
+wave joins changes (`first_arrivals`).
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ class SimWorkload:
     slo_tpot_ms: float | None = None
     slo_percentile: float = 90.0  # the percentile of the steady window's requests the SLOs apply at
     find_load: bool = False  # the concurrency is found per deployment: the highest meeting the SLOs (slo_load.py)
+    stagger: bool = True  # a closed loop's first C requests join spread over one output (module docstring)
     drain: bool = True  # False: a closed loop stops once every request before the last `warmup` has finished (the
     # drain's own steps set no steady figure; a load search's probes skip them)
 
@@ -148,17 +161,38 @@ def simulate_schedule(w: SimWorkload, ranks: int, max_num_seqs: int, max_num_bat
         raise ValueError("a rate workload's schedule depends on step times: Simulator.evaluate drives it")
     rp = Replay(w, ranks, max_num_seqs, max_num_batched_tokens, chunked_prefill, spec)
     n = w.num_requests
-    cap = n if w.mode == "burst" else min(n, max(1, w.concurrency))
-    for i in range(cap):
-        rp.arrive(i)
+    due = first_arrivals(w, ranks)  # [cap] the step each of the first wave joins
+    cap, k, nxt = len(due), 0, len(due)  # first-wave requests joined; the next replacement's id
+    while k < cap and due[k] == 0:
+        rp.arrive(k)
+        k += 1
     stop = w.stop_after
-    while rp.has_work():
+    while rp.has_work() or k < cap:
+        if not rp.has_work():  # nothing runs: the next of the first wave joins now
+            rp.arrive(k)
+            k += 1
         _, finished = rp.step()
         if (rp.last[:stop] >= 0).all():  # the schedule ends here: no one joins after its last step
             break
-        for _ in range(min(finished, n - rp.arrived)):  # closed loop: each finished request is replaced
-            rp.arrive(rp.arrived)
+        while k < cap and due[k] <= rp.steps:  # the first wave, staggered
+            rp.arrive(k)
+            k += 1
+        for _ in range(min(finished, n - nxt)):  # closed loop: each finished request is replaced
+            rp.arrive(nxt)
+            nxt += 1
     return rp.schedule()
+
+
+def first_arrivals(w: SimWorkload, ranks: int = 1) -> np.ndarray:
+    """[cap] the step each request of the first wave joins: all at 0 in a burst or an unstaggered loop;
+    staggered at C per replica over R data-parallel ranks, the first wave's g-th round (requests gR ..
+    gR + R − 1, one per rank) at ⌊g·R·O / C⌋: spread over one output of O tokens, each rank's
+    requests at different stages, the ranks' prefills in the same steps (module docstring)."""
+    cap = w.num_requests if w.mode == "burst" else min(w.num_requests, max(1, w.concurrency))
+    if w.mode != "concurrency" or not w.stagger:
+        return np.zeros(cap, dtype=np.int64)
+    R = max(1, ranks)
+    return np.arange(cap, dtype=np.int64) // R * R * max(1, w.output_len) // cap
 
 
 ROW = 8  # a rank's step: prefill, decode rows, pairs, context, sampled, seqs, logits rows, drafting seqs

@@ -14,11 +14,11 @@ _COMPILED = {}
 
 def fast_schedule(w, ranks: int, max_num_seqs: int, max_num_batched_tokens: int, chunked: bool):
     """(rows [S, R, 8], first [n], last [n], arrive_step [n]) as Replay would record them."""
-    n = w.num_requests
-    cap = n if w.mode == "burst" else min(n, max(1, w.concurrency))
+    from moetune.search.cost.schedule import first_arrivals
+
     plen = np.asarray(w.prompt_lens, dtype=np.int64)
-    return _compiled()(plen, int(w.output_len), ranks, max_num_seqs, max_num_batched_tokens, chunked, cap,
-                       w.stop_after)
+    return _compiled()(plen, int(w.output_len), ranks, max_num_seqs, max_num_batched_tokens, chunked,
+                       first_arrivals(w, ranks), w.stop_after)
 
 
 def _compiled():
@@ -33,8 +33,8 @@ def _compiled():
     return _COMPILED["run"]
 
 
-def _run(plen, output_len, R, max_seqs, budget0, chunked, cap, stop):  # pragma: no cover - compiled by numba
-    n = len(plen)
+def _run(plen, output_len, R, max_seqs, budget0, chunked, due, stop):  # pragma: no cover - compiled by numba
+    n, cap = len(plen), len(due)  # due: [cap] the step each of the first wave joins (schedule.first_arrivals)
     computed, generated = np.zeros(n, np.int64), np.zeros(n, np.int64)
     first, last, arrive = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     wait = np.zeros((R, n // R + 2), np.int64)  # each rank's waiting FIFO
@@ -44,12 +44,16 @@ def _run(plen, output_len, R, max_seqs, budget0, chunked, cap, stop):  # pragma:
     scratch = np.zeros((2, max(max_seqs, 1) + n + 1), np.int64)  # the step's (request, tokens) scheduled
     rows = np.zeros((1024, R, 8), np.int64)
     done = np.zeros(2, np.int64)  # requests finished so far; of them, those before `stop` (the schedule's end)
-    arrived, steps = 0, 0
-    for i in range(cap):
-        _admit(wait, w_tail, i, R)
-        arrive[i] = 0
-        arrived += 1
-    while ((w_tail > w_head).any() or (n_run > 0).any()) and done[1] < stop:
+    k, nxt, steps = 0, cap, 0  # first-wave requests joined; the next replacement's id
+    while k < cap and due[k] == 0:
+        _admit(wait, w_tail, k, R)
+        arrive[k] = 0
+        k += 1
+    while ((w_tail > w_head).any() or (n_run > 0).any() or k < cap) and done[1] < stop:
+        if not ((w_tail > w_head).any() or (n_run > 0).any()):  # nothing runs: the next of the first wave joins now
+            _admit(wait, w_tail, k, R)
+            arrive[k] = steps
+            k += 1
         if steps == len(rows):
             grown = np.zeros((2 * len(rows), R, 8), np.int64)
             grown[:steps] = rows
@@ -63,10 +67,14 @@ def _run(plen, output_len, R, max_seqs, budget0, chunked, cap, stop):  # pragma:
         steps += 1
         if done[1] >= stop:  # the schedule ends here: no one joins after its last step
             break
-        for _ in range(min(done[0] - before, n - arrived)):  # closed loop: each finished request is replaced
-            _admit(wait, w_tail, arrived, R)
-            arrive[arrived] = steps
-            arrived += 1
+        while k < cap and due[k] <= steps:  # the first wave, staggered
+            _admit(wait, w_tail, k, R)
+            arrive[k] = steps
+            k += 1
+        for _ in range(min(done[0] - before, n - nxt)):  # closed loop: each finished request is replaced
+            _admit(wait, w_tail, nxt, R)
+            arrive[nxt] = steps
+            nxt += 1
     return rows[:steps], first, last, arrive
 
 

@@ -14,9 +14,12 @@ runs, and their place in a recipe (the `deploy` section, config.DeployConfig).
 | prefill_tokens | deploy.prefill_max_num_batched_tokens | 4096, 8192, 16384 | — |
 
 Searched on priced (simulated GPU) searches, never on this-machine (moetune's CPU engine runs
-neither: `deploy_reason`): the mesh knobs (with the parallel section's tp_size / expert_tp_size) and
-prefill_expert_tp / prefill_tokens when --space names them; prefill_workers, decode_workers, prefill_ep
-and prefill_tp also unnamed on 16 GPUs or more (`default_searched`). Not searched: the base recipe's
+neither: `deploy_reason`): the mesh knobs attn_dp and moe_a2a (with the parallel section's expert_tp_size,
+space.py) unnamed on hardware of 2 GPUs or more (the meshes the engines run: DP attention with TP or EP
+experts; a sampled attn_dp that does not divide the experts' GPUs, or an all-to-all under expert TP, is
+repaired to the nearest mesh that runs, `repair_mesh`, rather than pruned); prefill_expert_tp /
+prefill_tokens when --space names them; prefill_workers, decode_workers, prefill_ep and prefill_tp also
+unnamed on 16 GPUs or more (`default_searched`). Not searched: the base recipe's
 value (its `deploy` section), left out of the grid where that is the neutral one.
 """
 
@@ -32,6 +35,7 @@ from moetune.search.cost.mesh import mesh_reason
 DEPLOY_KNOBS = ("attn_dp", "moe_a2a", "prefill_workers", "decode_workers", "prefill_ep", "prefill_tp",
                 "prefill_expert_tp", "prefill_tokens")
 DISAGG_DEFAULT = ("prefill_workers", "decode_workers", "prefill_ep", "prefill_tp")  # searched unnamed on 2+ nodes
+MESH_DEFAULT = ("attn_dp", "moe_a2a")  # searched unnamed on 2+ GPUs (with expert_tp_size: space.py)
 MULTI_NODE_GPUS = 16  # two nodes of 8 GPUs (every built-in hardware's node)
 DISAGG_NEUTRAL = dict(decode_workers=1, prefill_ep=1, prefill_tp=1, prefill_expert_tp=1, prefill_tokens=8192)
 
@@ -56,10 +60,51 @@ def deploy_rows(max_ranks: int) -> list[tuple[str, str, tuple, str]]:
 
 
 def default_searched(name: str, max_ranks: int) -> bool:
-    """Whether a knob of this table is searched when --space does not name it: the disaggregated form's
-    main knobs on two nodes or more (where the engines serve it); else, like the parallel section's TP
-    sizes, only when named (the base recipe's value otherwise), so that a small budget is not spread thin."""
-    return name in DISAGG_DEFAULT and max_ranks >= MULTI_NODE_GPUS
+    """Whether a knob of this table is searched when --space does not name it: the mesh knobs on two GPUs
+    or more, the disaggregated form's main knobs on two nodes or more (where the engines serve it); else
+    only when named (the base recipe's value otherwise), so that a small budget is not spread thin."""
+    return (name in DISAGG_DEFAULT and max_ranks >= MULTI_NODE_GPUS) or (name in MESH_DEFAULT and max_ranks > 1)
+
+
+def repair_mesh(d: Deployment, gpus: int, notes: list[str], meshes: bool = False) -> tuple[Deployment, list[str]]:
+    """A mesh as the nearest one that runs: (meshes) expert TP narrowed (halved) until EP × expert TP fits the GPUs;
+    where the space searches meshes (`meshes`: a GPU search), the `parallel` mesh with attention TP 1 under
+    expert TP > 1 (attention replicated over each TP group: no serving engine runs it) as DP attention
+    over all N = EP × expert-TP GPUs; then, for a general mesh, attention DP dividing N (gcd(attn_dp, N))
+    with attention TP N / attn_dp, and all-gather dispatch under expert TP (the engines' all-to-all
+    backends run pure EP), every expert resident. A point already over the GPUs at expert TP 1 is left
+    to be pruned."""
+    out = d
+    while meshes and out.expert_tp_size > 1 and out.ep_size * max(out.expert_tp_size, 1 if out.attn_dp else out.tp_size) > gpus:
+        out = replace(out, expert_tp_size=out.expert_tp_size // 2)
+    if out.expert_tp_size != d.expert_tp_size:
+        notes.append(f"expert_tp_size {d.expert_tp_size} → {out.expert_tp_size} (EP {d.ep_size} × expert TP fits "
+                     f"the {gpus} GPUs)")
+    if meshes and not out.attn_dp and out.tp_size == 1 < out.expert_tp_size:
+        out = replace(out, attn_dp=out.ep_size * out.expert_tp_size)
+        notes.append(f"attention TP 1 under expert TP {out.expert_tp_size} → attention DP {out.attn_dp} (no engine "
+                     "replicates attention over a TP group)")
+    if not out.attn_dp:
+        return out, notes
+    if out.offload_resident_fraction < 1:  # a general mesh is priced with every expert resident (mesh.py)
+        out = replace(out, offload_resident_fraction=1.0, offload_prefetch_depth=0, offload_eviction="lru")
+        notes.append("offloading under a general mesh → every expert resident")
+    N = out.ep_size * out.expert_tp_size
+    if N % out.attn_dp:
+        out = replace(out, attn_dp=math.gcd(out.attn_dp, N))
+        notes.append(f"attn_dp {d.attn_dp} → {out.attn_dp} (it divides the {N} GPUs of experts EP {out.ep_size} × "
+                     f"TP {out.expert_tp_size})")
+    t = N // out.attn_dp  # attention TP: attention DP × TP covers the experts' GPUs
+    if t not in (1, max(t, out.expert_tp_size)) or out.expert_tp_size not in (1, max(t, out.expert_tp_size)):
+        notes.append(f"attention DP {out.attn_dp} × TP {t} beside expert TP {out.expert_tp_size} → attention DP {N} "
+                     "(a recipe's parallel section holds attention TP 1 or the expert-TP group: config.ParallelConfig)")
+        out, t = replace(out, attn_dp=N), 1
+    if out.tp_size != t:
+        out = replace(out, tp_size=t)
+    if out.moe_a2a and out.expert_tp_size > 1:
+        out = replace(out, moe_a2a=0)
+        notes.append(f"moe_a2a 1 → 0 (an all-to-all runs pure EP; expert TP {out.expert_tp_size} is all-gathered)")
+    return out, notes
 
 
 def canonical_deploy(d: Deployment, notes: list[str]) -> tuple[Deployment, list[str]]:

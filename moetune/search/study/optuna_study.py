@@ -267,7 +267,8 @@ def run_study(s: StudySettings, space: Space, limits: Limits, evaluator: Evaluat
             raise optuna.TrialPruned("budget reached by other trials")
         d = suggest(trial, space, conditional=s.sampler != "grid")
         trial.set_user_attr("constraints", [1.0] * max(s.constraints.count(), 1))
-        d, repaired = repair(d, limits.num_experts, limits.max_ranks)
+        meshes = any(k.name == "attn_dp" and max(k.values) > 0 for k in space.knobs)  # a GPU search's meshes
+        d, repaired = repair(d, limits.num_experts, limits.max_ranks, meshes)
         reason = prune(d, limits)
         rule = evaluator.memory_rule() if reason is None else None
         d, fitted = fit_memory(d, space, limits, rule) if rule is not None else (d, [])

@@ -4,6 +4,8 @@ default grid's (ep_size, redundant_experts, replicas) triples do not tile the GP
 
 - redundant slots N rounded up until the E + N slots tile the R ranks ((E + N) % R = 0);
 - replicas > 1 are copies filling the GPUs: GPUs / (R·G) of them (one when R·G does not divide them);
+- expert TP narrowed until EP × expert TP fits the GPUs; a general mesh's attention DP dividing the
+  experts' GPUs (attention TP the rest), all-gather dispatch under expert TP;
 - offloading at R > 1 (the engine offloads on one rank only): every expert resident;
 - (fit_memory, simulated searches: the evaluator's `memory_rule`) a point over the per-rank memory
   estimate stepped by MOVES, least harm first, to the first point that fits, each move only to a value
@@ -21,11 +23,13 @@ from typing import Callable
 from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.deployment import gpus as replica_gpus
 from moetune.search.cost.disagg import total_gpus
-from moetune.search.study.deploy_knobs import repair_workers
+from moetune.search.study.deploy_knobs import repair_mesh, repair_workers
 from moetune.search.study.space import Limits, Space, prune
 
 
-def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list[str]]:
+def repair(d: Deployment, num_experts: int, gpus: int, meshes: bool = False) -> tuple[Deployment, list[str]]:
+    """d as the nearest point that runs, and what changed (module doc); `meshes`: the space searches the
+    general meshes (attn_dp: a GPU search), where a point is repaired to the meshes the engines run."""
     out, notes = d, []
     R = d.ep_size
     if R > gpus:
@@ -34,6 +38,7 @@ def repair(d: Deployment, num_experts: int, gpus: int) -> tuple[Deployment, list
         n = d.redundant_experts + (-(num_experts + d.redundant_experts)) % R
         out = replace(out, redundant_experts=n)
         notes.append(f"redundant_experts {d.redundant_experts} → {n} (the {num_experts} + N slots tile {R} ranks)")
+    out, notes = repair_mesh(out, gpus, notes, meshes)  # a general mesh: attention DP dividing its GPUs (deploy_knobs.py)
     out, notes = repair_workers(out, gpus, notes)  # disaggregated: workers that fit (deploy_knobs.py)
     W = total_gpus(out) if out.prefill_workers else replica_gpus(out)  # one replica's GPUs (any mesh; P + D workers)
     if d.replicas > 1 and d.replicas * W != gpus:

@@ -8,6 +8,7 @@ trial budget starts from points a cluster engineer would try by hand instead of 
 | `replicas` | the most replicas at the smallest EP group (no TP, dividing the GPUs) that fits memory: the data-parallel shape (left out when that group is a node's or wider: the EP seeds below) |
 | `ep-node` | EP over one node's GPUs (a replica per node), EPLB placement with ~E/8 redundant slots, 512 tokens per step (short prefill chunks keep TPOT low) |
 | `wide-ep` | EP over every GPU (one replica), EPLB, ~E/8 redundant slots, 256 tokens per step (one node: EP over its GPUs at the shorter chunk) |
+| `dp-attention` | attention data-parallel over one node's GPUs with every expert TP-split over them (all-gather dispatch, `deploy.attn_dp`): vLLM's `--data-parallel-size` without expert parallelism, the mesh measured tables favour for DeepSeek-V3 (only where the space searches attn_dp and expert_tp_size) |
 | `tp` | attention, dense and expert weights split over the smallest TP group the heads allow that fits, replicas filling the GPUs (only where --space searches tp_size) |
 
 Every seed prefers fp8 experts, dense weights and KV cache where the space holds those values, one
@@ -41,6 +42,8 @@ def reference_seeds(space: Space, lim: Limits, gpus_per_node: int, rule: MemoryR
     candidates = [("replicas", replicas if replicas is not None and replicas["ep_size"] < node else None),
                   ("ep-node", make.ep_point(node, tokens=512)),
                   ("wide-ep", make.ep_point(wide, tokens=256))]
+    if node > 1 and node in make.domain("attn_dp") and node in make.domain("expert_tp_size"):
+        candidates.append(("dp-attention", make.mesh_point(node)))
     if any(g > 1 for g in make.domain("tp_size")):
         groups = [g for g in make.tiling("tp_size") if g > 1]
         candidates.append(("tp", make.smallest_fitting(lambda g: make.point(tp_size=g, tokens=2048), groups)))
@@ -100,12 +103,24 @@ class _Maker:
         }
         return {name: values[name] if name in values else self.pick(name) for name in self.domains}
 
+    def mesh_point(self, group: int) -> dict:
+        """Attention DP over `group` GPUs, the experts TP-split over the same GPUs (module doc), each DP rank
+        holding its share of the replica's requests."""
+        p = self.point(tp_size=group, tokens=2048)
+        per_rank = -(-self.lim.requests // (p["replicas"] * group))
+        seqs = self.pick("max_num_seqs", *sorted(v for v in self.domain("max_num_seqs") if v >= per_rank),
+                         max(self.domain("max_num_seqs")))
+        mesh = {"attn_dp": group, "moe_a2a": 0, "tp_size": self.pick("tp_size", 1), "expert_tp_size": group,
+                "max_num_seqs": seqs}
+        return {**p, **{k: v for k, v in mesh.items() if k in self.domains}}
+
     def ep_point(self, ep_size: int, tokens: int) -> dict | None:
         return self.point(ep_size=ep_size, tokens=tokens, eplb=True) if ep_size > 1 else None
 
     def repaired(self, params: dict) -> Deployment | None:
         """The deployment a seed runs as (repaired, canonical), or None when prune refuses it."""
-        d, _ = repair(Deployment(**{**Deployment().as_dict(), **params}), self.lim.num_experts, self.lim.max_ranks)
+        d, _ = repair(Deployment(**{**Deployment().as_dict(), **params}), self.lim.num_experts, self.lim.max_ranks,
+                      max(self.domain("attn_dp")) > 0)
         if prune(d, self.lim) is not None:
             return None
         return canonical(d, self.lim)[0]

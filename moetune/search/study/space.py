@@ -7,7 +7,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | redundant_experts | parallel.redundant_experts | 0 .. E/2 (step E/16) | — (moot at R = 1: same as 0) |
 | placement | parallel.placement | contiguous, round_robin, eplb | — (moot at R = 1: same as contiguous) |
 | tp_size | parallel.tp_size (searched when --space names it, else the base recipe's value) | 1, 2, 4, 8 up to the hardware's ranks | not 1 or the group size G = max(tp_size, expert_tp_size); R × G > ranks available; G does not divide the heads, vocabulary or a dense intermediate size, or neither divides nor is a multiple of the KV heads |
-| expert_tp_size | parallel.expert_tp_size | 1, 2, 4, 8 up to the hardware's ranks | not 1 or G; G does not divide the expert (or shared expert) intermediate size |
+| expert_tp_size | parallel.expert_tp_size (searched on priced GPU searches of 2+ GPUs, for the general meshes; elsewhere when --space names it) | 1, 2, 4, 8 up to the hardware's ranks | not 1 or G; G does not divide the expert (or shared expert) intermediate size |
 | replicas | — (one moetune process is one replica; emitted as the engines' data-parallel size) | divisors of the hardware's GPUs | replicas × R × G > GPUs; replicas > 1 and replicas × R × G ≠ GPUs (nodes × GPUs per node = replicas × ranks per replica) |
 | max_num_seqs | engine.max_num_seqs | 8 .. 1024, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them; never moot when the load is found per trial, cost/slo_load.py) |
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs; below the longest request (prompt + output) with chunked prefill off (both refused by the engines: `engine_refuses`) |
@@ -76,6 +76,8 @@ DOMINATED = {"cuda_graph_max_bs": 512}  # never a slower step than its other val
 # trial budget
 OPT_IN = ("tp_size", "expert_tp_size")  # searched when --space names them, else the base recipe's values: of
 # their 16 pairs 6 are no mesh (each must be 1 or the group size), which would eat a small trial budget
+GPU_MESH = ("expert_tp_size",)  # of OPT_IN, searched unnamed on priced GPU searches of 2+ GPUs: the experts' TP the
+# general meshes need (DP attention × TP experts); tp_size follows attn_dp there (deploy_knobs.canonical_deploy)
 NAMED_ONLY = ("capacity_policy", "capacity_factor", "scheduling", "offload_hints", "speculative")  # in the space when --space
 # names them; else the base recipe's values, and out of the grid (params, trials.csv) where those are neutral
 
@@ -185,7 +187,7 @@ def build_space(num_experts: int, max_ranks: int, what_if: bool = False, overrid
             knob = replace(knob, values=tuple(_coerce(knob, v) for v in values))
         elif knob.name in DOMINATED:
             knob = replace(knob, values=(DOMINATED[knob.name],))
-        elif knob.name in OPT_IN:
+        elif knob.name in OPT_IN and not (priced and knob.name in GPU_MESH and max_ranks > 1):
             knob = replace(knob, values=((fixed or {}).get(knob.name, 1),))
         elif knob.name in NAMED_ONLY or (knob.name in DEPLOY_KNOBS and not default_searched(knob.name, max_ranks)):
             value = (fixed or {}).get(knob.name, NEUTRAL[knob.name])
