@@ -3,7 +3,9 @@ the copies per expert (the difference of the pools' prefix counts, `vector.PoolC
 once and summed onto each rank's slots, with no [windows, Lm, P] temporaries; each rank's copies sent
 to each rank read from the projected prefix rows directly. The numpy versions (`plain=True`) stay the
 reference; tests/search/test_slot_sums.py holds them equal within float rounding (the sums' order
-differs) on awkward shapes. Compiled on first use, cached on disk.
+differs) on awkward shapes, and tests/search/test_sim_speed.py holds the slot sums equal to a slot-by-slot
+sum bit for bit. Compiled on first use, cached on disk (a search loads them before its first trial:
+warm.py); the windows run in parallel on every core numba is given.
 
 Per window u, MoE layer l and slot p (expert e = phy2log[l, p], on rank q = p // (P / R)):
   copies   c = (prefill window + decode window)[l, e] / halves
