@@ -26,8 +26,9 @@ from tests.search.test_op_tables import table  # noqa: F401 - the module's parqu
 def slot_by_slot(win, keys, prep, R: int, halves: int) -> list[np.ndarray]:
     """slots_fast's module formula, one slot at a time into the arrays (the order the sums are defined in)."""
     Lm, P = prep.phy2log.shape
-    out = [np.zeros((len(keys), Lm, R)) for _ in range(4)] + [np.zeros(len(keys)), np.zeros(len(keys))]
-    rows_q, bytes_q, n_q, fp8_q, low, all_ = out
+    out = [np.zeros((len(keys), Lm, R)) for _ in range(4)] + [np.zeros(len(keys)), np.zeros(len(keys)),
+                                                               np.zeros((len(keys), Lm, R))]
+    rows_q, bytes_q, n_q, fp8_q, low, all_, low_q = out
     for u, (ps, pn, ds, dn) in enumerate(keys):
         total = (win.pre.window(win.pre.prefix, np.array(ps), np.array(pn))
                  + win.dec.window(win.dec.prefix, np.array(ds), np.array(dn))).astype(np.int64)  # [Lm·E]
@@ -37,6 +38,7 @@ def slot_by_slot(win, keys, prep, R: int, halves: int) -> list[np.ndarray]:
                 rows, q = c / prep.reps_slot[j, p], p // (P // R)
                 rows_q[u, j, q] += rows
                 fp8_q[u, j, q] += rows * prep.fp8_slot[j, p]
+                low_q[u, j, q] += rows * prep.low_share_slot[j, p]
                 if c > prep.replica_idx[j, p]:
                     bytes_q[u, j, q] += prep.slot_bytes[j, p]
                     n_q[u, j, q] += 1.0
@@ -59,7 +61,8 @@ def test_the_compiled_slot_sums_equal_a_slot_by_slot_sum_bit_for_bit(d, halves):
     win, prep = Windows.of(sim, s), sim.prepare(sim.stored(d))
     keys, _ = win.step_keys()
     fast, plain = slot_sums(win, keys, prep, d.ep_size, halves), slot_by_slot(win, keys, prep, d.ep_size, halves)
-    for name, a, b in zip(("rows_q", "act_bytes_q", "act_n_q", "fp8_rows_q", "low", "all"), fast, plain):
+    for name, a, b in zip(("rows_q", "act_bytes_q", "act_n_q", "fp8_rows_q", "low", "all", "low_rows_q"), fast, plain,
+                           strict=True):
         assert a.shape == b.shape and np.array_equal(a, b), name
     assert plain[0].sum() > 0 and (plain[2] > 0).any() and len(keys) > 20
 
@@ -120,3 +123,25 @@ def test_warming_changes_no_trial_on_nvidias_tables():
     choice = op_tables.choose("H200", "vllm")
     assert choice.backend is not None
     _same_trials(choice)
+
+
+DISAGG = [Deployment(ep_size=2, max_num_seqs=32, prefill_workers=1, prefill_ep=2, prefill_tokens=512),
+          Deployment(ep_size=4, max_num_seqs=16, prefill_workers=2, prefill_ep=2, prefill_tokens=1024),
+          Deployment(ep_size=2, max_num_seqs=32, prefill_workers=1, prefill_ep=4, prefill_tokens=512)]
+
+
+@pytest.mark.parametrize("memo", [True, False])
+def test_a_disaggregated_worker_step_is_priced_once_with_the_same_figures(memo):
+    """disagg.one_step kept per (worker, step rows) on the simulator equals it priced each time (the plain
+    twin: step_memo None), over a load search of several deployments sharing workers."""
+    def trials(keep: bool):
+        sim = Simulator(synthetic_source(), BUILTIN["H200"].with_nodes(2))
+        sim.step_memo = {} if keep else None
+        w = SimWorkload((60, 80, 100, 120) * 8, 12, "concurrency", 32, slo_ttft_ms=30.0, slo_tpot_ms=1.5,
+                        find_load=True)
+        return [sim.evaluate(d, w).as_dict() for d in DISAGG], sim
+    kept, sim = trials(memo)
+    plain, _ = trials(False)
+    assert kept == plain
+    assert (len(sim.step_memo) > 0) if memo else sim.step_memo is None
+    assert all(m["output_tok_s"] > 0 for m in plain)

@@ -13,6 +13,7 @@ Per window u, MoE layer l and slot p (expert e = phy2log[l, p], on rank q = p //
   act_bytes_q[u, l, q] += slot_bytes[l, p]        where c > replica_idx[l, p] (the slot is active)
   act_n_q[u, l, q]     += 1                        where active
   fp8_rows_q[u, l, q]  += c / reps · fp8_slot[l, p]
+  low_rows_q[u, l, q]  += c / reps · low_share_slot[l, p]   (rows on low-format slots: op_tables' mixed experts)
   low[u] += c / reps · low_share_slot[l, p];  all[u] += c / reps
 """
 
@@ -25,10 +26,10 @@ _COMPILED: dict = {}
 
 
 def slot_sums(win, keys: np.ndarray, prep, R: int, halves: int) -> list[np.ndarray]:
-    """[rows_q, act_bytes_q, act_n_q, fp8_rows_q] ([U, Lm, R] each), low [U], all [U] of the windows
-    `keys` [U, 4] (vector.Windows.step_keys: prefill start, rows, decode start, rows)."""
+    """[rows_q, act_bytes_q, act_n_q, fp8_rows_q] ([U, Lm, R] each), low [U], all [U], low_rows_q [U, Lm, R]
+    of the windows `keys` [U, 4] (vector.Windows.step_keys: prefill start, rows, decode start, rows)."""
     U, (Lm, P) = len(keys), prep.phy2log.shape
-    out = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
+    out = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U), np.zeros((U, Lm, R))]
     if U:
         _kernel()(win.pre.prefix, win.pre.N, win.dec.prefix, win.dec.N, np.ascontiguousarray(keys, dtype=np.int64),
                   float(halves), win.pre.E, np.ascontiguousarray(prep.phy2log, dtype=np.int64),
@@ -40,14 +41,12 @@ def slot_sums(win, keys: np.ndarray, prep, R: int, halves: int) -> list[np.ndarr
 
 def _kernel():
     if "run" not in _COMPILED:
-        import numba
-
         _COMPILED["run"] = numba.njit(cache=True, nogil=True, parallel=True)(_sums)
     return _COMPILED["run"]
 
 
 def _sums(pre, pre_n, dec, dec_n, keys, halves, E, phy2log, replica_idx, reps, slot_bytes, fp8_slot, low_share,
-          R, rows_q, bytes_q, n_q, fp8_q, low, all_):  # pragma: no cover - compiled by numba
+          R, rows_q, bytes_q, n_q, fp8_q, low, all_, low_q):  # pragma: no cover - compiled by numba
     """The windows in parallel (each on one thread: the same sums in the same order whatever the threads);
     a window's layer: its copies per expert once (and rows per replica: one division per expert), then
     each rank's slots in slot order, summed in registers (the same additions, in the same order, as a
@@ -75,18 +74,20 @@ def _sums(pre, pre_n, dec, dec_n, keys, halves, E, phy2log, replica_idx, reps, s
                 total[e] = c / halves
                 rows_e[e] = total[e] / reps_e[j, e]
             for q in range(R):
-                rows_acc, fp8_acc, bytes_acc, n_acc = 0.0, 0.0, 0.0, 0.0
+                rows_acc, fp8_acc, lowq_acc, bytes_acc, n_acc = 0.0, 0.0, 0.0, 0.0, 0.0
                 for p in range(q * per, (q + 1) * per):
                     e = phy2log[j, p]
                     rows = rows_e[e]
                     on = total[e] > replica_idx[j, p]  # the slot is active
                     rows_acc += rows
                     fp8_acc += rows * fp8_slot[j, p]
+                    lowq_acc += rows * low_share[j, p]
                     bytes_acc += slot_bytes[j, p] * on
                     n_acc += 1.0 * on
                     low_acc += rows * low_share[j, p]
                     all_acc += rows
-                rows_q[u, j, q], fp8_q[u, j, q], bytes_q[u, j, q], n_q[u, j, q] = rows_acc, fp8_acc, bytes_acc, n_acc
+                rows_q[u, j, q], fp8_q[u, j, q], low_q[u, j, q] = rows_acc, fp8_acc, lowq_acc
+                bytes_q[u, j, q], n_q[u, j, q] = bytes_acc, n_acc
         low[u], all_[u] = low_acc, all_acc
 
 
