@@ -49,6 +49,7 @@ from moetune.search.cost.precision import precision
 from moetune.search.cost.schedule import Schedule, SimWorkload
 
 PCTS = (50, 90, 99)
+MEMO_STEPS = 4096  # priced worker steps kept per simulator (one_step)
 
 
 def prefill_mesh(d: Deployment) -> dict:
@@ -108,7 +109,21 @@ def kv_transfer(sim, d: Deployment, prompt: float) -> dict:
 def one_step(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndarray, dict]:
     """([S] seconds, cost-source figures) of the steps `rows` = (prefill, decode, pairs, context, sampled, seqs)
     per attention-DP rank; the figures as an aggregated trial's (op_tables.trial_figures of the tables bound
-    to d by Simulator.price_schedule)."""
+    to d by Simulator.price_schedule). A pure function of (d, rows) on one simulator: kept in
+    `sim.step_memo` (each probe of a load search, and each trial with the same worker, asks again for many
+    of the same batches), priced each time where it is None (the plain twin: tests/search/test_sim_speed.py)."""
+    memo = sim.step_memo
+    if memo is None:
+        return _priced_steps(sim, d, rows)
+    key = (d, tuple(tuple(r) for r in rows), sim.reference)
+    if key not in memo:
+        if len(memo) >= MEMO_STEPS:
+            memo.pop(next(iter(memo)))
+        memo[key] = _priced_steps(sim, d, rows)
+    return memo[key]
+
+
+def _priced_steps(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndarray, dict]:
     R = dp_ranks(d)
     cols = [np.repeat(np.array([r[k] for r in rows], dtype=np.float64)[:, None], R, 1) for k in range(6)]
     none = np.zeros(0, dtype=np.int64)

@@ -162,6 +162,7 @@ class Simulator:
         self.pool_cache: dict = {}  # trace pool → its prefix counts (vector.PoolCounts), kept across trials
         self.tables = self.measured = None  # op_tables: the chosen tables (--engine; None: roofline), bound to d
         self.load_hints: dict = {}  # ranks per replica → the load last found meeting the SLOs (slo_load.py)
+        self.step_memo: dict | None = {}  # disagg.one_step: a worker's priced steps (None: priced each time)
 
     # ---- public -------------------------------------------------------------------------------
 

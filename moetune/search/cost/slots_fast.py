@@ -3,7 +3,9 @@ the copies per expert (the difference of the pools' prefix counts, `vector.PoolC
 once and summed onto each rank's slots, with no [windows, Lm, P] temporaries; each rank's copies sent
 to each rank read from the projected prefix rows directly. The numpy versions (`plain=True`) stay the
 reference; tests/search/test_slot_sums.py holds them equal within float rounding (the sums' order
-differs) on awkward shapes. Compiled on first use, cached on disk.
+differs) on awkward shapes, and tests/search/test_sim_speed.py holds the slot sums equal to a slot-by-slot
+sum bit for bit. Compiled on first use, cached on disk (a search loads them before its first trial:
+warm.py); the windows run in parallel on every core numba is given.
 
 Per window u, MoE layer l and slot p (expert e = phy2log[l, p], on rank q = p // (P / R)):
   copies   c = (prefill window + decode window)[l, e] / halves
@@ -17,6 +19,7 @@ Per window u, MoE layer l and slot p (expert e = phy2log[l, p], on rank q = p //
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 _COMPILED: dict = {}
@@ -38,22 +41,30 @@ def slot_sums(win, keys: np.ndarray, prep, R: int, halves: int) -> list[np.ndarr
 
 def _kernel():
     if "run" not in _COMPILED:
-        import numba
-
-        _COMPILED["run"] = numba.njit(cache=True, nogil=True)(_sums)
+        _COMPILED["run"] = numba.njit(cache=True, nogil=True, parallel=True)(_sums)
     return _COMPILED["run"]
 
 
 def _sums(pre, pre_n, dec, dec_n, keys, halves, E, phy2log, replica_idx, reps, slot_bytes, fp8_slot, low_share,
           R, rows_q, bytes_q, n_q, fp8_q, low, all_, low_q):  # pragma: no cover - compiled by numba
+    """The windows in parallel (each on one thread: the same sums in the same order whatever the threads);
+    a window's layer: its copies per expert once (and rows per replica: one division per expert), then
+    each rank's slots in slot order, summed in registers (the same additions, in the same order, as a
+    slot-by-slot sum into the arrays: bit-identical to it)."""
     Lm, P = phy2log.shape
     per = P // R
-    total = np.zeros(E)
-    for u in range(keys.shape[0]):
+    reps_e = np.ones((Lm, E))  # replicas of each expert (every slot of an expert holds the same count)
+    for j in range(Lm):
+        for p in range(P):
+            reps_e[j, phy2log[j, p]] = reps[j, p]
+    for u in numba.prange(keys.shape[0]):
+        total = np.empty(E)  # [E] copies per expert / halves
+        rows_e = np.empty(E)  # [E] rows per replica of each expert
         pw, pr = keys[u, 1] // pre_n, keys[u, 1] % pre_n
         ps = keys[u, 0] % pre_n
         dw, dr = keys[u, 3] // dec_n, keys[u, 3] % dec_n
         ds = keys[u, 2] % dec_n
+        low_acc, all_acc = 0.0, 0.0
         for j in range(Lm):
             base = j * E
             for e in range(E):
@@ -61,18 +72,23 @@ def _sums(pre, pre_n, dec, dec_n, keys, halves, E, phy2log, replica_idx, reps, s
                 c = (np.int64(pre[ps + pr, col]) - np.int64(pre[ps, col]) + pw * np.int64(pre[pre_n, col])
                      + np.int64(dec[ds + dr, col]) - np.int64(dec[ds, col]) + dw * np.int64(dec[dec_n, col]))
                 total[e] = c / halves
-            for p in range(P):
-                c = total[phy2log[j, p]]
-                rows = c / reps[j, p]
-                q = p // per
-                rows_q[u, j, q] += rows
-                fp8_q[u, j, q] += rows * fp8_slot[j, p]
-                low_q[u, j, q] += rows * low_share[j, p]
-                if c > replica_idx[j, p]:
-                    bytes_q[u, j, q] += slot_bytes[j, p]
-                    n_q[u, j, q] += 1.0
-                low[u] += rows * low_share[j, p]
-                all_[u] += rows
+                rows_e[e] = total[e] / reps_e[j, e]
+            for q in range(R):
+                rows_acc, fp8_acc, lowq_acc, bytes_acc, n_acc = 0.0, 0.0, 0.0, 0.0, 0.0
+                for p in range(q * per, (q + 1) * per):
+                    e = phy2log[j, p]
+                    rows = rows_e[e]
+                    on = total[e] > replica_idx[j, p]  # the slot is active
+                    rows_acc += rows
+                    fp8_acc += rows * fp8_slot[j, p]
+                    lowq_acc += rows * low_share[j, p]
+                    bytes_acc += slot_bytes[j, p] * on
+                    n_acc += 1.0 * on
+                    low_acc += rows * low_share[j, p]
+                    all_acc += rows
+                rows_q[u, j, q], fp8_q[u, j, q], low_q[u, j, q] = rows_acc, fp8_acc, lowq_acc
+                bytes_q[u, j, q], n_q[u, j, q] = bytes_acc, n_acc
+        low[u], all_[u] = low_acc, all_acc
 
 
 def sent_sums(win, to_rank: np.ndarray) -> np.ndarray:

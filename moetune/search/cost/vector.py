@@ -52,11 +52,13 @@ class PoolCounts:
 
     def __init__(self, pool: np.ndarray, Lm: int, E: int):
         self.pool, self.Lm, self.E, self.N = pool, Lm, E, len(pool)
-        twice = np.concatenate([pool, pool])  # a window of fewer than N rows from a start < N ends before 2N
-        flat = (np.arange(Lm)[None, :, None] * E + twice.astype(np.int64)).reshape(2 * self.N, -1)  # [2N, Lm·K]
-        rows = np.zeros((2 * self.N + 1, Lm * E), dtype=np.int32)  # counts ≤ 2N·K: int32 halves the bytes read
-        np.add.at(rows, (np.repeat(np.arange(1, 2 * self.N + 1), flat.shape[1]), flat.reshape(-1)), 1)
-        self.prefix = np.cumsum(rows, axis=0, dtype=np.int32)  # [2N + 1, Lm·E]
+        N = self.N  # over the pool twice: a window of fewer than N rows from a start < N ends before 2N
+        flat = (np.arange(Lm)[None, :, None] * E + pool.astype(np.int64)).reshape(N, -1)  # [N, Lm·K]
+        rows = np.zeros((N, Lm * E), dtype=np.int32)  # counts ≤ 2N·K: int32 halves the bytes read
+        np.add.at(rows, (np.repeat(np.arange(N), flat.shape[1]), flat.reshape(-1)), 1)
+        self.prefix = np.zeros((2 * N + 1, Lm * E), dtype=np.int32)  # [2N + 1, Lm·E]
+        np.cumsum(rows, axis=0, dtype=np.int32, out=self.prefix[1: N + 1])
+        np.add(self.prefix[N], self.prefix[1: N + 1], out=self.prefix[N + 1:])  # second pass: all + first
         self._proj: dict = {}
 
     def projected(self, to_rank: np.ndarray) -> np.ndarray:

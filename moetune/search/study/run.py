@@ -15,6 +15,7 @@ from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateE
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.precision import dense_knob
 from moetune.search.cost.slo_load import DEFAULT_CONCURRENCY
+from moetune.search.cost.warm import warm
 from moetune.search.study.resume import study_inputs
 from moetune.search.study.seeds import reference_seeds
 from moetune.search.study.setup import Inputs, Setup, prepare
@@ -128,6 +129,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
         space = machine_space(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}), dense, stored)
     limits = setup.limits()
     evaluator = evaluator or make_evaluator(settings.evaluator, setup, settings)
+    if settings.evaluator == "simulate":
+        warm(setup.sim)  # the kernels and prefix counts every trial uses, loaded before the first (cost/warm.py)
     lookup = quality_lookup(settings, setup, space)
     if lookup is not None:
         from moetune.search.study.quality import QualityEvaluator
