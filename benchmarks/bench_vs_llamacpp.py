@@ -4,6 +4,7 @@ weights, the two taking turns, on the CPU: fp32 vs f32, int8 vs Q8_0, int4-g32 v
   python benchmarks/make_cpu_bench_models.py mixtral /tmp/m364         # the Mixtral-style 364M
   python benchmarks/bench_vs_llamacpp.py --model /tmp/m364 [--rounds 2] [--threads 2]
       [--venv ~/.cache/moetune-bench/llamacpp] [--cmake-args "-DGGML_NATIVE=ON"] [--lock /work/cpu.lock]
+      [--precisions fp32,int8,int4-g32] [--workloads prefill,b=1,b=16] [--write-doc]
 
 Once (cached under --work and --venv, outside the repository): a venv with llama-cpp-python built
 from its sdist (`pip install --no-binary`, CMAKE_ARGS = --cmake-args: a native CPU build by default)
@@ -20,6 +21,11 @@ steps after a 128-token prompt a sequence; moetune's bench workloads, `bench/thr
 of each engine, the order swapped every round, each run preceded by a sample of the read limit.
 Prints tok/s per engine (median, min–max), moetune ÷ llama.cpp per round, the share of the read
 limit moetune's decode reached, the read probe, load, CPU flags, and the kernels' instruction set.
+moetune's OpenMP wait (`engine/threads.py: choose_wait_policy`: spin on a quiet machine, sleep on a
+busy one) is chosen while holding --lock, i.e. on the machine the rounds will find: chosen before
+the lock, on a shared machine, it read busy and slept, and its b=1 figures were 0.81-0.92x of
+llama.cpp's where spinning gave 0.83x (fp32) and 1.44x (int8) (docs/cpu.md). --write-doc writes
+the table into its section of docs/cpu.md (`vs-llamacpp-<kernel variant>`, between its markers).
 
 An AVX2-only host emulated on an AVX-512 one (docs/cpu.md): MOETUNE_CPU_ISA=avx2 (moetune's numba
 kernels compiled for Haswell's features, `kernels/cpu/isa.py`), ATEN_CPU_CAPABILITY=avx2,
@@ -45,6 +51,7 @@ from pathlib import Path
 LLAMA_VERSION = "0.3.36"
 PAIRS = {"fp32": ("f32", None), "int8": ("q8_0", "int8"), "int4-g32": ("q4_0", "int4-g32")}  # moetune: (GGUF, --policy/--dense)
 WORKER = Path(__file__).with_name("llamacpp_worker.py")
+CPU_DOC = Path(__file__).resolve().parents[1] / "docs" / "cpu.md"  # --write-doc: its `vs-llamacpp-<isa>` sections
 CONVERTER_DEPS = ["gguf", "torch", "transformers", "safetensors", "sentencepiece", "numpy"]
 
 
@@ -232,6 +239,12 @@ def table(ours: dict, times: dict, s) -> list[str]:
     return lines
 
 
+def _wanted(workload: str, wanted: str) -> bool:
+    """Whether `workload` ("prefill b=1 len=512", "decode b=16") is one of --workloads."""
+    kind = "prefill" if workload.startswith("prefill") else workload.split()[-1]
+    return kind in wanted.split(",")
+
+
 def cpu_flags() -> str:
     try:
         flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
@@ -254,10 +267,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--precisions", default=",".join(PAIRS))
+    p.add_argument("--workloads", default="prefill,b=1,b=16",
+                   help="which workloads to time (a subset of prefill, b=1, b=16)")
     p.add_argument("--lock", default=None, help="hold an exclusive flock of this file during each round")
     p.add_argument("--write-doc", action="store_true",
-                   help="also write the table into its section of docs/benchmarks.md (benchmarks/doc_section.py), "
-                        "one section per kernel variant")
+                   help="also write the table into its section of docs/cpu.md (benchmarks/doc_section.py), "
+                        "one section per kernel variant: vs-llamacpp-avx2, vs-llamacpp-avx512-vnni, ...")
     args = p.parse_args()
     work = Path(args.work) / Path(args.model).resolve().name
     work.mkdir(parents=True, exist_ok=True)
@@ -265,7 +280,8 @@ def main() -> None:
 
     from moetune.engine.threads import choose_wait_policy, use_threads
 
-    choose_wait_policy()
+    with held(args.lock):  # the machine as the rounds will find it: quiet under the lock, busy without
+        choose_wait_policy()
     use_threads(args.threads)
     import torch
 
@@ -288,7 +304,7 @@ def main() -> None:
     for name in names:
         model = build_model(parse_config({"model": {"path": str(paths[name][0])}}, source="bench_vs_llamacpp"))
         plans, done = plan_moetune(model, s)
-        ours[name], vocab = plans, model.spec.vocab_size
+        ours[name], vocab = [p for p in plans if _wanted(p.workload, args.workloads)], model.spec.vocab_size
         finish.append(done)
         worker(op="load", name=name, path=str(paths[name][1]), threads=args.threads)
     sampler = LimitSampler(torch.device("cpu"))
@@ -315,11 +331,15 @@ def main() -> None:
         from doc_section import section, write_section  # benchmarks/doc_section.py, beside this script
 
         key = f"vs-llamacpp-{isa.choose()}"
-        header = [f"CPU flags: {cpu_flags()} · moetune kernels: {isa.describe()} · llama.cpp: {built}", ""]
+        header = [f"CPU flags: {cpu_flags()} · moetune kernels: {isa.describe()} · torch kernels: "
+                  f"{torch.backends.cpu.get_cpu_capability()}{' (' + emulate + ')' if emulate else ''}",
+                  f"llama.cpp: {built} · moetune OpenMP wait: {wait_policy()} · llama.cpp's: "
+                  f"{llama_env.get('OMP_WAIT_POLICY', 'OpenMP default')} · threads {args.threads} · "
+                  f"rounds {args.rounds} (+1 warm-up)", ""]
         write_section(key, section(key, f"moetune vs llama.cpp, kernels {isa.choose()} (tok/s median (min–max) "
-                                   "of rounds taken in turn)", header + lines, f"{load0[0]:.2f}", f"{load1[0]:.2f}"))
-        print("wrote its section of docs/benchmarks.md")
-
+                                   "of rounds taken in turn)", header + lines, f"{load0[0]:.2f}", f"{load1[0]:.2f}"),
+                      CPU_DOC)
+        print(f"wrote its section ({key}) of {CPU_DOC}")
 
 if __name__ == "__main__":
     main()

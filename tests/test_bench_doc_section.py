@@ -33,3 +33,24 @@ def test_a_section_is_written_with_its_provenance_and_replaced_on_a_rerun(tmp_pa
 def test_the_markers_in_docs_benchmarks_are_there_for_the_speculative_benchmark():
     text = (ROOT / "docs" / "benchmarks.md").read_text()
     assert "<!-- bench: speculative -->" in text and "<!-- /bench: speculative -->" in text
+
+
+def _bench_vs_llamacpp():
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp", ROOT / "benchmarks" / "bench_vs_llamacpp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_vs_llamacpp_writes_its_tables_into_docs_cpu_between_their_markers():
+    bench = _bench_vs_llamacpp()
+    assert bench.CPU_DOC == ROOT / "docs" / "cpu.md"
+    text = bench.CPU_DOC.read_text()
+    for key in ("vs-llamacpp-avx2", "vs-llamacpp-avx512-vnni"):  # the AVX2-emulated and the AVX-512 host's
+        assert text.count(f"<!-- bench: {key} -->") == 1 and text.count(f"<!-- /bench: {key} -->") == 1
+
+
+def test_bench_vs_llamacpp_times_the_workloads_asked_for():
+    wanted = _bench_vs_llamacpp()._wanted
+    assert wanted("prefill b=1 len=512", "prefill,b=1") and wanted("decode b=1", "b=1")
+    assert not wanted("decode b=16", "prefill,b=1") and not wanted("prefill b=1 len=512", "b=1,b=16")
