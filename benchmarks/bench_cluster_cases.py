@@ -16,6 +16,8 @@ its phase breakdown, and the time each simulated trial took (median, P99).
       [--scale-routing stats|blocks|loads:FILE]   (how the trace's routing is scaled: search/cost/scale.py)
 
   [--no-reference-trials] (the study without its seeded trials) [--cases 0,1,2,3] [--reference-points]
+  [--cross PYTHON [--engine vllm|sglang] [--trials 80] [--measured-only] [--write-doc]]   (each tool's winner priced
+      by the other: benchmarks/peer_cross.py; --measured-only: moetune's search over the expert formats the tables hold)
   [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
       benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
       run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
@@ -46,8 +48,9 @@ neither DeepSeek-V3 case finds a feasible trial (0/40 each).
 sides): Mixtral-8x7B and Qwen3-30B-A3B within 15 % of AIConfigurator's own estimate at every
 configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and EP-8 within 15 % on
 TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
-the peer substitutes those rows, moetune prices the engine's measured 2-node dispatch). The table
-and the gaps op by op: docs/search.md.
+the peer substitutes those rows, moetune priced the engine's measured 2-node dispatch); since moetune
+substitutes them too (op_tables.Measured.deepep_curves), EP-16 TPOT 0.83-1.04x the peer's. The tables
+and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py).
 
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
@@ -69,7 +72,8 @@ CASES = [("Mixtral-8x7B", "mixtral-8x7b.json", "8xH200"), ("Qwen3-30B-A3B", "qwe
 
 
 def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: int, out: Path,
-             scale_routing: str | None = None, seeded: bool = True):
+             scale_routing: str | None = None, seeded: bool = True, engine: str | None = None,
+             space_file: str | None = None):
     from moetune.search.study.optuna_study import Constraints, StudySettings
     from moetune.search.study.run import SearchSettings, run_search
     from moetune.search.study.setup import Inputs
@@ -84,10 +88,10 @@ def run_case(trace: str, config: str, hardware: str, concurrency: int, trials: i
     load = (dict(num_requests=4 * concurrency, concurrency=concurrency) if concurrency
             else dict(slo_ttft_ms=1000.0, slo_tpot_ms=50.0))  # 0: the load the SLOs allow, found per trial (P90)
     inputs = Inputs(trace, hardware, scale_model=str(ROOT / "recipes/scale" / config), input_len=1024, output_len=256,
-                    scale_routing=scale_routing, **load)
+                    scale_routing=scale_routing, engine=engine, **load)
     st = StudySettings("cases", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", trials, 0,
                        Constraints(max_ttft_ms=1000.0, max_tpot_ms=50.0), reference_trials=seeded)
-    result = run_search(SearchSettings(inputs, st, out, "simulate"), on_trial)
+    result = run_search(SearchSettings(inputs, st, out, "simulate", space_file=space_file), on_trial)
     return result, times
 
 
@@ -176,8 +180,25 @@ def main() -> None:
     ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
     ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
                     "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
+    ap.add_argument("--cross", default=None, help="Python of a venv with aiconfigurator: each tool's winner priced by "
+                    "the other (benchmarks/peer_cross.py; --trials per moetune search, default 80 there)")
+    ap.add_argument("--measured-only", action="store_true", help="with --cross: moetune's search over the expert "
+                    "formats and EP sizes the tables hold (peer_cross.MEASURED): its winner priced from measurements")
     a = ap.parse_args()
     cases = [CASES[int(x)] for x in a.cases.split(",") if x]
+    if a.cross:
+        from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
+        from peer_cross import cross_table
+
+        before = loadavg()
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = cross_table(a.trace, cases, a.cross, a.engine, a.trials or 80, Path(tmp), a.measured_only)
+        if a.write_doc:
+            key = f"cross-{a.engine}" + ("-measured" if a.measured_only else "")
+            title = (f"each tool's winner priced by the other, {a.engine} tables"
+                     + (", moetune's search over measured expert formats" if a.measured_only else "") + " (estimated)")
+            write_section(key, section(key, title, lines, before, loadavg()), ROOT / "docs" / "search.md")
+        return
     if a.peer:
         from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
         from peer_compare import peer_table

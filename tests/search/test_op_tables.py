@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moetune.search.cost import op_tables, phase_costs
+from moetune.search.cost import op_tables, phase_costs, table_curves
 from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.op_tables import UNMEASURED, ParquetBackend, TableChoice
 from moetune.search.cost.simulate import Simulator
@@ -129,7 +129,7 @@ def test_the_real_package_prices_a_gemm_from_its_tables():
     op = op_tables.Gemm(4096, 4096, "bfloat16")
     c = op_tables.curve(choice.backend, op)
     for x in (1, 64, 1000):
-        assert op_tables.at(c, x) == pytest.approx(choice.backend.latency_ms(op, x) * 1e-3, rel=0.02)
+        assert table_curves.at(c, x) == pytest.approx(choice.backend.latency_ms(op, x) * 1e-3, rel=0.02)
     assert choice.backend.latency_ms(op_tables.Gemm(4096, 4096, "nvfp4_wo"), 8) is None  # no rows: roofline
     assert json.dumps(op_tables.choose("H200", "vllm", "0.0.1").note).startswith(f'"{UNMEASURED}')
 
@@ -166,8 +166,8 @@ def test_the_attention_grid_interpolates_a_bilinear_table_exactly():
     g = op_tables.grid(BilinearAttention(), op_tables.Attention(False, 8, 2, 64, "bfloat16"))
     b = np.array([1.0, 3.0, 37.5, 700.0, 2048.0, 0.25])  # inside, between points, past 1024, a share of one
     s = np.array([16.0, 100.0, 3000.0, 5000.0, 777.0, 4096.0])
-    np.testing.assert_allclose(op_tables.at2(g, b, s), b * s * 1e-6, rtol=1e-9)
-    assert op_tables.at2(g, np.zeros(1), np.ones(1) * 64)[0] == 0.0
+    np.testing.assert_allclose(table_curves.at2(g, b, s), b * s * 1e-6, rtol=1e-9)
+    assert table_curves.at2(g, np.zeros(1), np.ones(1) * 64)[0] == 0.0
 
 
 def test_a_prompt_step_is_priced_as_its_prompts():

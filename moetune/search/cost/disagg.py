@@ -28,6 +28,11 @@ A closed loop of C requests in flight (`--concurrency`, a burst of n as a closed
 bisection on C = λ · (TTFT(λ) + (O − 1)·TPOT(λ)); beyond the capacity of either side the extra requests
 wait (TTFT grows by C/λ_max − the loop's time). Output tok/s = λ·O. A replica is the P + D workers;
 `replicas` copies of it each carry their share (replicas.py), per GPU over every GPU of the hardware.
+
+Cost sources (op_tables.py): each worker's steps are priced through the same table path as an aggregated
+trial's (the tables bound to that worker's mesh), and each records its own measured share; the trial's
+`measured_share` is the two weighted by a request's time in each — prefill s_p(k_λ), decode (O − 1)·TPOT —
+`op_sources` each worker's phases as `prefill:PHASE` / `decode:PHASE`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from moetune.search.cost import op_tables
 from moetune.search.cost.deployment import Deployment, dp_ranks, gpus
 from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.precision import precision
@@ -99,14 +105,31 @@ def kv_transfer(sim, d: Deployment, prompt: float) -> dict:
             "seconds": lat + nbytes / (lanes * bw * hw.link_eff)}
 
 
-def one_step(sim, d: Deployment, rows: list[tuple[float, float, float, float, float, float]]) -> np.ndarray:
-    """[S] seconds of the steps `rows` = (prefill, decode, pairs, context, sampled, seqs) per attention-DP rank."""
+def one_step(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndarray, dict]:
+    """([S] seconds, cost-source figures) of the steps `rows` = (prefill, decode, pairs, context, sampled, seqs)
+    per attention-DP rank; the figures as an aggregated trial's (op_tables.trial_figures of the tables bound
+    to d by Simulator.price_schedule)."""
     R = dp_ranks(d)
     cols = [np.repeat(np.array([r[k] for r in rows], dtype=np.float64)[:, None], R, 1) for k in range(6)]
     none = np.zeros(0, dtype=np.int64)
     s = Schedule(cols[0].astype(np.int64), cols[1].astype(np.int64), cols[2], cols[3], cols[4].astype(np.int64),
                  cols[5].astype(np.int64), none, none)
-    return sim.price_schedule(d, s)[0]
+    step_s, phases, _ = sim.price_schedule(d, s)
+    return step_s, op_tables.trial_figures(sim.tables, sim.measured, phases)
+
+
+def cost_figures(pre: dict, dec: dict, prefill_s: float, decode_s: float) -> dict:
+    """A disaggregated trial's cost_source / measured_share / op_sources (module doc) from each worker's
+    figures at its priced batch; prefill_s, decode_s: a request's seconds on each."""
+    if not pre and not dec:
+        return {}
+    total = prefill_s + decode_s
+    share = ((pre.get("measured_share", 0.0) * prefill_s + dec.get("measured_share", 0.0) * decode_s) / total
+             if total > 0 else 0.0)
+    ops = {**{f"prefill:{k}": v for k, v in (pre.get("op_sources") or {}).items()},
+           **{f"decode:{k}": v for k, v in (dec.get("op_sources") or {}).items()}}
+    return {"cost_source": dec.get("cost_source", pre.get("cost_source")), "measured_share": share,
+            "op_sources": ops, "cost_note": dec.get("cost_note", pre.get("cost_note"))}
 
 
 class Pricer:
@@ -119,6 +142,7 @@ class Pricer:
         self.O = w.output_len
         self._p: dict[int, float] = {}
         self._d: dict[int, float] = {}
+        self.figures: dict[tuple[str, int], dict] = {}  # ("prefill", k) | ("decode", b) → its cost-source figures
 
     @property
     def k_max(self) -> int:
@@ -135,7 +159,8 @@ class Pricer:
                 rows = [(min(budget, L - j * budget), 0, 0, 0, 0, 1) for j in range(n)]
                 rows = [(t, 0, t * (j * budget + (t + 1) / 2), j * budget + t, int(j == n - 1), 1)
                         for j, (t, *_rest) in enumerate(rows)]
-            self._p[k] = float(one_step(self.sim, self.pre, rows).sum())
+            step_s, self.figures[("prefill", k)] = one_step(self.sim, self.pre, rows)
+            self._p[k] = float(step_s.sum())
         return self._p[k]
 
     def tpot(self, b: int) -> float:
@@ -143,8 +168,15 @@ class Pricer:
         b = max(1, min(b, self.dec.max_num_seqs))
         if b not in self._d:
             ctx = self.L + self.O / 2
-            self._d[b] = float(one_step(self.sim, self.dec, [(0, b, b * ctx, b * ctx, b, b)])[0])
+            step_s, self.figures[("decode", b)] = one_step(self.sim, self.dec, [(0, b, b * ctx, b * ctx, b, b)])
+            self._d[b] = float(step_s[0])
         return self._d[b]
+
+    def cost_figures(self, k: int, b: int) -> dict:
+        """The trial's cost-source figures at prefill batch k and decode batch b (module doc)."""
+        b = max(1, min(b, self.dec.max_num_seqs))
+        return cost_figures(self.figures.get(("prefill", k), {}), self.figures.get(("decode", b), {}),
+                            self.prefill_s(k), max(self.O - 1, 1) * self.tpot(b))
 
 
 def at_rate(p: Pricer, lam: float, transfer_s: float) -> dict:
@@ -218,7 +250,7 @@ def evaluate(sim, d: Deployment, w: SimWorkload) -> Metrics:
     e2e = {f"p{q}": ttft[f"p{q}"] + 1e3 * max(p.O - 1, 0) * state["tpot_s"] for q in PCTS}
     out = lam * p.O if math.isfinite(state["wait_s"]) else 0.0
     good = lam * _share_within(state, fixed, w) if out else 0.0
-    mem = sim.memory(d)
+    mem = sim.memory(d, w)  # at the load priced (simulate.Simulator.memory)
     m = Metrics(estimated=True, prefill_tok_s=lam * p.L, decode_tok_s=out, output_tok_s=out,
                 output_tok_s_per_rank=out / total_gpus(d), ttft_ms=ttft["p50"], tpot_ms=tpot["p50"],
                 peak_mem_gb=mem.total / 1e9, ranks=total_gpus(d), workload=f"disaggregated, {_label(w)}",
@@ -231,6 +263,11 @@ def evaluate(sim, d: Deployment, w: SimWorkload) -> Metrics:
         "queue_s": state["wait_s"] + extra, "transfer_bytes": xfer["bytes"], "transfer_s": xfer["seconds"],
         "transfer_link": xfer["link"], "transfer_lanes": xfer["lanes"], "decode_batch": state["decode_batch"],
         "decode_capacity_rps": state["decode_rps"], "request_rate": lam}}
+    sources = p.cost_figures(state["k"], state["decode_batch"])  # as an aggregated trial's (op_tables.py)
+    if sources:
+        m.detail.update(sources)
+        for side, key in (("prefill", ("prefill", state["k"])), ("decode", ("decode", state["decode_batch"]))):
+            m.detail["disagg"][f"{side}_measured_share"] = p.figures.get(key, {}).get("measured_share", 0.0)
     return m
 
 

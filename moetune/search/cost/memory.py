@@ -3,7 +3,9 @@
 rank bytes = dense weights (every rank: data-parallel attention): the projections at the dense format
              (precision.py), embedding / LM head / routers at the model dtype
            + resident expert slots (P/R per rank, × resident fraction when offloading) at their formats
-           + KV cache: min(max_num_seqs, requests on the rank) × (prompt + output) × L × kv elements × KV bytes
+           + KV cache: min(max_num_seqs, requests in flight on the rank) × (prompt + output) × L × kv elements
+             × KV bytes (in flight: `SimWorkload.most_in_flight` of the workload priced — a trial's figure is at
+             the load it was priced at; the memory rule, before pricing, at the most a rank may hold)
            + activations: max_num_batched_tokens · b · (4·D + E + K·(2·D + 3·I))   (profile/memory.py)
            + logits: max_num_seqs · V · 4
            + CUDA graphs (GPU hardware, cuda_graph_max_bs > 0; estimated), n = min(cuda_graph_max_bs,
@@ -53,7 +55,7 @@ def rank_memory(m: SimModel, d: Deployment, w: SimWorkload, b: int, mean_expert_
     R = d.ep_size
     slots = (m.E + d.redundant_experts) // R
     resident = slots * d.offload_resident_fraction
-    seqs = min(d.max_num_seqs, -(-w.num_requests // R))
+    seqs = min(d.max_num_seqs, -(-w.most_in_flight // R))  # at a probe of the load search: its concurrency
     max_len = max(w.prompt_lens) + w.output_len
     kv = seqs * max_len * m.L * m.kv_elems * prec.kv_b
     act = d.max_num_batched_tokens * b * (4 * m.D + m.E + m.K * (2 * m.D + 3 * m.I)) + d.max_num_seqs * m.V * 4

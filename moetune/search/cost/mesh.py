@@ -31,6 +31,11 @@ the a attention groups (the schedule runs on a ranks); each MoE layer of a step 
     and the shared expert runs on all T rows at I_shared / f (under all-to-all: on the GPU's T_i / t rows, whole)
 - bw: the node's NVLink figure per GPU when the collective's ranks share a node, else the inter-node one.
 
+With the measured tables bound (op_tables.bind to this mesh, the gpu-db extra) every op above is looked up as in
+an aggregated trial; moe_in / moe_out come from NCCL's and DeepEP's rows at the step's message sizes
+(collective_tables.py) and the attention-TP all-reduces from the custom all-reduce fit (Measured.tp_link),
+each formula above staying where the rows lack the collective.
+
 Priced on GPU hardware (the serving engines' meshes; moetune's CPU engine runs only the legacy mesh),
 closed-loop and burst workloads, without capacity limits, offloading or speculation: `mesh_reason`.
 """
@@ -41,6 +46,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from moetune.search.cost import collective_tables, op_tables
 from moetune.search.cost import phase_costs as costs
 from moetune.search.cost import tp as tp_costs
 from moetune.search.cost.deployment import Deployment
@@ -131,6 +137,9 @@ def price(sim, d: Deployment, s, prep, empty):
     halves = 2 if d.overlap and a2a_used(d) else 1
     att, moe = sim.rank_view(attention_view(d)), sim.rank_view(expert_view(d))
     sim.prec = att.prec = moe.prec = precision(d, hw, b)
+    # the measured tables bound to this mesh's shapes (attention TP t, experts EP e × TP f), for every view
+    sim.measured = att.measured = moe.measured = op_tables.bind(sim.tables, m, att.src.model, d, sim.prec,
+                                                                hw.ranks_per_node)
     totals = empty(s.num_steps, m.Lm, e, True, "none", False, halves == 2)
     whole = costs.StepRows.of(s, slice(None), hw.grouped_experts)  # fields [S, a]
     st = whole if halves == 1 else half(whole)
@@ -177,9 +186,14 @@ def _moe_exchange(moe, d: Deployment, st: costs.StepRows, win: Windows, prep, ha
     if a2a_used(d):
         sent = sources(win.sent(prep.to_rank) / halves, d.tp_size)  # [S, N, Lm, N]
         links = costs.Links.of(hw, N)
-        return all_to_all(moe, sent, links, np.full(S, links.latency_s))
+        roof = all_to_all(moe, sent, links, np.full(S, links.latency_s))
+        copies = np.maximum(sent.sum(3), sent.sum(1).transpose(0, 2, 1)).max(1)  # [S, Lm] a GPU's out or in, the most
+        prefill = (st.prefill if st.prefill is not None else 0 * st.T).max(1) > 0  # [S]
+        return collective_tables.a2a_exchange(moe.measured, d, hw.ranks_per_node, roof, st.T.max(1) / d.tp_size,
+                                              copies, prefill)
     T, T_max = st.T.sum(1), st.T.max(1)
-    moe_in, moe_out = gather_seconds(d, hw, m.D, b, T, T_max)
+    moe_in, moe_out = collective_tables.gather_exchange(moe.measured, d, hw.ranks_per_node, T, T_max,
+                                                        *gather_seconds(d, hw, m.D, b, T, T_max))
     a = d.attn_dp
     moved = (((a - 1) / a if a > 1 else 0.0) + ((N - 1) / N if N > 1 else 0.0)) * T * m.D * b * N * m.Lm  # [S]
     inter = moved if N > hw.ranks_per_node else np.zeros(S)
@@ -191,10 +205,15 @@ def _attention_tp(sim, d: Deployment, st: costs.StepRows, totals) -> None:
     if d.tp_size == 1:
         return
     m, hw = sim.src.model, sim.hw
-    bw, lat = link(hw, d.tp_size)
     group = replace(d, ep_size=1, expert_tp_size=1, attn_dp=0)
     T, sampled = st.T.max(1), st.sampled.max(1)
+    links = {}  # step kind → (α, B/s): the custom all-reduce table's fit (Measured.tp_link), else the roofline
+    for kind in ("prefill", "decode"):
+        fit = sim.measured.tp_link(d.tp_size, kind, sim.b) if sim.measured is not None else None
+        links[kind] = (fit[0], fit[2]) if fit is not None else link(hw, d.tp_size)[::-1]
+    kinds = np.where(st.prefill.max(1) > 0, "prefill", "decode") if st.prefill is not None else ["decode"] * len(T)
     for k in range(len(T)):
+        lat, bw = links[kinds[k]]
         totals.add_tp(k, tp_costs.tp_collectives(m, group, float(T[k]), float(sampled[k]), bw, lat, sim.b))
 
 

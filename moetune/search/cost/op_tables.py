@@ -15,7 +15,7 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 | attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
 | attention (MLA) | vLLM: its MLA module (projections included); SGLang: q/KV down-projection + q up-projection + the absorbed BMMs + the MLA kernel + o (`mla_projections`) | as above |
 | router | GEMM (E × D, bf16) | tokens |
-| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load |
+| experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens); a hot/low mix: one per format (`mixed_experts`) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load; a mix: each format at its own rows per expert |
 | permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
 | shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path: `phase_costs.shared_beside_experts`) | tokens |
 | other | GEMM LM head (V × D, bf16) + the per-step calls (roofline) | sampled rows |
@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from moetune.search.cost.table_curves import at, at2, hot_share, mixed_experts
 
 UNMEASURED = "roofline (unmeasured)"
 ENGINES = ("vllm", "sglang")
@@ -125,7 +127,17 @@ class DeepEP:
     nodes: int
 
 
-Op = Gemm | Moe | Attention | MlaBmm | AllReduce | Dispatch | DeepEP
+@dataclass(frozen=True)
+class Nccl:
+    """An NCCL collective (all_gather | reduce_scatter | all_reduce | alltoall) among G ranks of a
+    message of x tokens × D elements (bf16): the gathered / scattered / reduced buffer (collective_tables.py)."""
+
+    op: str
+    D: int
+    G: int
+
+
+Op = Gemm | Moe | Attention | MlaBmm | AllReduce | Dispatch | DeepEP | Nccl
 
 
 class OpBackend(Protocol):
@@ -171,6 +183,16 @@ class AicBackend:
             return None
         return float(ms) if source in MEASURED_SOURCES and ms > 0 else None
 
+    def row_version(self, op: Moe) -> str | None:
+        """The engine version whose fused-MoE rows answer op: the tables fill a shape their version lacks
+        from older collections (the package's shared layer: vLLM 0.24.0 ← 0.19.0); None where the asked
+        version's own rows do, or where the sources cannot be read."""
+        if not getattr(self, "_moe_keys", None):  # the sources are reported once a table was read
+            self._moe_keys = _source_keys(self.db)
+        key = (op.quant, op.D, op.I, op.K, op.E, op.tp, op.ep)
+        version = next((v for v, keys in self._moe_keys if key in keys), None)
+        return None if version in (None, self.version) else version
+
     def _op(self, op: Op):
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
@@ -191,6 +213,8 @@ class AicBackend:
                                    quant_mode=common.MoEQuantMode[op.quant], backend=op.engine)
         if isinstance(op, AllReduce):
             return ops.CustomAllReduce("allreduce", 1, op.D, op.G)
+        if isinstance(op, Nccl):
+            return ops.NCCL("nccl", 1, op.op, op.D, op.G, common.CommQuantMode.half)
         if isinstance(op, MlaBmm):
             return ops.MLABmm("bmm", 1, op.heads, common.GEMMQuantMode[op.quant], if_pre=op.pre)
         kv = common.KVCacheQuantMode[op.kv_quant]
@@ -204,6 +228,25 @@ class AicBackend:
         if op.context:
             return ops.ContextAttention("attn", 1, op.heads, op.kv_heads, kv, fmha, head_size=op.head_dim)
         return ops.GenerationAttention("attn", 1, op.heads, op.kv_heads, kv, head_size=op.head_dim)
+
+
+def _source_keys(db) -> list[tuple[str, set]]:
+    """(version, {(quant, D, I, K, E, tp, ep)}) of each fused-MoE source the tables read, in their order."""
+    try:
+        import pyarrow.parquet as pq
+
+        report = getattr(db, "_materialize_source_reports", None)  # the package's source report (0.12: no public
+        if report is not None:  # name); without it, the reports the package made so far
+            report()
+        out = []
+        for src in (getattr(db, "data_provenance", None) or {}).get("moe_perf.parquet", []):
+            if src.get("exists"):
+                t = pq.read_table(src["path"], columns=["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts",
+                                                        "moe_tp_size", "moe_ep_size"]).to_pydict()
+                out.append((str(src["version"]), set(zip(*(t[c] for c in t)))))
+        return out
+    except Exception:  # a package layout without these reports: no row origin is named
+        return []
 
 
 class ParquetBackend:
@@ -295,33 +338,6 @@ def grid(backend: OpBackend, op: Attention) -> tuple[np.ndarray, np.ndarray, np.
     return BATCH[good].astype(np.float64), lengths.astype(np.float64), sec[good]
 
 
-def at(c: np.ndarray, x) -> np.ndarray:
-    """Seconds of curve c at x (0 at x ≤ 0; linear past the last point)."""
-    x = np.asarray(x, dtype=np.float64)
-    xs, ys = c
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    inside = np.interp(x, xs, ys)
-    out = np.where(x > xs[-1], ys[-1] + (x - xs[-1]) * slope, inside)
-    return np.where(x > 0, out, 0.0)
-
-
-def at2(g, x, y) -> np.ndarray:
-    """Seconds of grid g at (x, y): bilinear in (batch, length), linear past the grid's last batch and
-    below its first (x < 1: that share of one sequence)."""
-    bs, ls, sec = g
-    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-    per_len = np.stack([np.interp(y, ls, row) for row in sec], axis=-1)  # [..., nb]
-    i = np.clip(np.searchsorted(bs, x) - 1, 0, max(len(bs) - 2, 0))
-    if len(bs) == 1:
-        return np.where(x > 0, per_len[..., 0] * np.maximum(x, 1) / bs[0], 0.0)
-    x0, x1 = bs[i], bs[i + 1]
-    y0 = np.take_along_axis(per_len, i[..., None], -1)[..., 0]
-    y1 = np.take_along_axis(per_len, (i + 1)[..., None], -1)[..., 0]
-    w = (np.maximum(x, bs[0]) - x0) / (x1 - x0)
-    out = y0 + w * (y1 - y0)
-    return np.where(x > 0, np.where(x < bs[0], out * x / bs[0], out), 0.0)  # a fraction of a batch: its share
-
-
 # ---- one deployment's measured ops ----------------------------------------------------------------
 
 @dataclass
@@ -336,10 +352,13 @@ class Measured:
     etp: int
     ep: int
     dense_q: str
-    expert_q: str | None  # None: a format the tables lack (mixed hot/cold formats)
+    expert_q: str | None  # None: a format the tables lack (int8 experts); with hot_q: the low format's
     kv_q: str
     engine: str = "vllm"
     nodes: int = 1  # nodes the EP group spans
+    per_node: int = 8  # GPUs per node (a full node's DeepEP rows stand in across nodes: deepep_curves)
+    hot_q: str | None = None  # a hot/low mix (quant.hot_fraction): the hot experts' format (the checkpoint's)
+    hot_share: float = 0.0  # of each MoE layer's experts, the share kept in hot_q (ceil(hot_fraction · E) / E)
     seconds: dict = field(default_factory=dict)  # phase → [measured s, all s] priced so far
     sources: dict = field(default_factory=dict)  # phase → the label of what priced it
 
@@ -392,13 +411,38 @@ class Measured:
                 for pre in (True, False)]
         return [down, *up, *bmms, self.gemm(m.D, heads * v, q, T)]
 
-    def experts(self, rows_q) -> np.ndarray | None:
-        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K)."""
+    def experts(self, rows_q, low_rows_q=None) -> np.ndarray | None:
+        """[..., R] seconds of each rank's fused MoE on its own rows (the table at N = rows · R / K).
+        A hot/low mix (hot_q set) is two fused MoEs, one per format, as an engine runs one kernel per
+        weight format (`mixed_experts`); low_rows_q: of rows_q, those on low-format slots."""
         m = self.model
         if self.expert_q is None:
             return None
-        c = curve(self.backend, Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, self.expert_q))
-        return None if c is None else at(c, np.asarray(rows_q) * self.ep / m.K)
+        low = self._expert_curve(self.expert_q)
+        if self.hot_q is None:
+            return None if low is None else at(low, np.asarray(rows_q) * self.ep / m.K)
+        hot = self._expert_curve(self.hot_q)
+        if low is None or hot is None or low_rows_q is None:
+            return None
+        rows_q = np.asarray(rows_q, dtype=np.float64)
+        low_rows = np.minimum(np.asarray(low_rows_q, dtype=np.float64), rows_q)
+        return mixed_experts(hot, low, rows_q - low_rows, low_rows, self.hot_share, self.ep / m.K)
+
+    def experts_measured(self) -> bool:
+        """Whether the tables price this deployment's expert op (every format it holds has an entry)."""
+        if self.expert_q is None or self._expert_curve(self.expert_q) is None:
+            return False
+        return self.hot_q is None or self._expert_curve(self.hot_q) is not None
+
+    def _expert_curve(self, quant: str) -> np.ndarray | None:
+        m = self.model
+        op = Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, quant)
+        c = curve(self.backend, op)
+        older = getattr(self.backend, "row_version", lambda _: None)(op) if c is not None else None
+        if older is not None:  # named in the experts' source (the phase keeps its first label)
+            self.sources.setdefault("experts", f"{self.backend.label} ({quant} fused-MoE rows of {self.engine} "
+                                    f"{older}: the asked version has none for this shape)")
+        return c
 
     def mlp(self, inter: int, tokens) -> np.ndarray | None:
         """A dense (or shared-expert) MLP of one rank's intermediate size: gate/up + down GEMMs."""
@@ -412,15 +456,38 @@ class Measured:
         high-throughput in steps with a prompt) where measured at this EP size and node count, else the
         engine's own dispatch table, else None. prefill: bool, the step has prompt tokens."""
         m, q = self.model, self.expert_q or "bfloat16"
-        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, self.ep, self.nodes))
-                for ll in (True, False) for side in (True, False)]
-        if all(c is not None for c in deep):
+        deep = self.deepep_curves()
+        if deep is not None:
             ll_d, ll_c, ht_d, ht_c = deep
             return (np.where(prefill, at(ht_d, tokens), at(ll_d, tokens)),
                     np.where(prefill, at(ht_c, tokens), at(ll_c, tokens)))
         pre, post = (curve(self.backend, Dispatch(m.D, m.K, m.E, self.ep, side, q, self.engine))
                      for side in (True, False))
         return None if pre is None or post is None else (at(pre, tokens), at(post, tokens))
+
+    def deepep_curves(self) -> list | None:
+        """DeepEP's [low-latency dispatch, combine, high-throughput dispatch, combine] curves at this EP
+        size and node count; across nodes without rows there, the one-node rows of a full node (EP =
+        GPUs per node, as AIConfigurator substitutes them: its `a2a_covers_parallel`), the source saying
+        so (the dispatch / combine phases' label is set here, before `phase_costs.measured_a2a` notes
+        them). None where neither is measured."""
+        m = self.model
+        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, self.ep, self.nodes))
+                for ll in (True, False) for side in (True, False)]
+        if all(c is not None for c in deep):
+            return deep
+        full = self.per_node
+        if self.nodes <= 1:
+            return None
+        deep = [curve(self.backend, DeepEP(ll, side, m.D, m.K, m.E, full, 1))
+                for ll in (True, False) for side in (True, False)]
+        if not all(c is not None for c in deep):
+            return None
+        for phase in ("dispatch", "combine"):
+            self.sources.setdefault(phase, f"{self.backend.label} (DeepEP EP-{full} one-node rows for EP-{self.ep} on "
+                                           f"{self.nodes} nodes: no {self.nodes}-node rows; AIConfigurator "
+                                           "substitutes them the same way)")
+        return deep
 
     def tp_link(self, G: int, kind: str, act_bytes: int) -> tuple[float, float | None, float] | None:
         """(α s, gather α, link B/s) of the TP group's all-reduces (tp.tp_collectives' ring form) fitted to
@@ -462,15 +529,17 @@ def bind(choice: TableChoice | None, model, rank, d, prec, ranks_per_node: int =
     fp8 = "fp8_block" if block else "fp8"
     dense_q = fp8 if prec.dense_b < 2 else "bfloat16"
     low, hot = d.quant_low_format, d.quant_hot_fraction
+    full = fp8 if fp8_checkpoint else "bfloat16"  # the checkpoint's own expert format
+    mixed = low != "none" and 0 < hot < 1
     if low == "none" or hot >= 1:
-        expert_q = fp8 if fp8_checkpoint else "bfloat16"
-    elif hot > 0:
-        expert_q = None
-    else:
+        expert_q = full
+    else:  # int8 experts: no table holds them (the roofline prices them; study/engine_formats.py)
         expert_q = {"fp8": fp8, "int4": "int4_wo"}.get(low)
     return Measured(choice.backend, model, rank, d.tp_size, d.expert_tp_size, d.ep_size, dense_q, expert_q,
                     "fp8" if prec.kv_b < 2 else "bfloat16", engine=choice.engine,
-                    nodes=max(1, -(-d.ep_size // ranks_per_node)))
+                    nodes=max(1, -(-d.ep_size // ranks_per_node)), per_node=ranks_per_node,
+                    hot_q=full if mixed else None,
+                    hot_share=hot_share(hot, model.E) if mixed else 0.0)
 
 
 def sources_of(meas: Measured | None) -> dict[str, str]:

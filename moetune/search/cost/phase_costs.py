@@ -66,6 +66,7 @@ class SlotRows:
     act_bytes_q: np.ndarray  # [Lm, R] weight bytes of each rank's active slots
     act_n_q: np.ndarray  # [Lm, R] active slots per rank
     fp8_rows_q: np.ndarray  # [Lm, R] of rows_q, those on fp8 slots (computed at the fp8 rate: Prepared.fp8_slot)
+    low_rows_q: np.ndarray  # [Lm, R] of rows_q, those on low-format slots (a mixed expert op: op_tables.py)
 
     @classmethod
     def of(cls, counts: np.ndarray, prep, R: int) -> "SlotRows":
@@ -80,7 +81,8 @@ class SlotRows:
         active = slot_counts > prep.replica_idx  # [Lm, P]
         slot_rows = slot_counts / prep.reps_slot
         return cls(active, slot_rows, per_rank(slot_rows, R), per_rank(active * prep.slot_bytes, R),
-                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.fp8_slot, R))
+                   per_rank(active.astype(np.float64), R), per_rank(slot_rows * prep.fp8_slot, R),
+                   per_rank(slot_rows * prep.low_share_slot, R))
 
 
 def measured_or(sim, phase: str, roof_s, measure):
@@ -101,7 +103,7 @@ def measured_or(sim, phase: str, roof_s, measure):
 def in_fused_moe(sim, phase: str, roof_s):
     """permute / unpermute: inside the fused MoE kernel where the experts are measured (0 s), else roof_s."""
     tables = sim.measured
-    if tables is None or tables.expert_q is None or tables.experts(np.ones(1)) is None:
+    if tables is None or not tables.experts_measured():
         return roof_s
     tables.note(phase, 0.0, 0.0, "inside the measured fused MoE")
     return np.zeros(np.shape(roof_s))
@@ -155,7 +157,7 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     rows = slots.rows_q if sim.prec.expert_fp8_k == 1.0 else slots.rows_q - (1 - sim.prec.expert_fp8_k) * slots.fp8_rows_q
     roof_s = sim.roof(6 * rows * m.D * m.I, slots.act_bytes_q + 2 * slots.rows_q * m.D * b, calls, st.R,
                       "experts")
-    return measured_or(sim, "experts", roof_s, lambda t: t.experts(slots.rows_q))
+    return measured_or(sim, "experts", roof_s, lambda t: t.experts(slots.rows_q, slots.low_rows_q))
 
 
 def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray, a2a: "AllToAll") -> np.ndarray:

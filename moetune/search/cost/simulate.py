@@ -173,15 +173,16 @@ class Simulator:
         low = (d.quant_low_format, d.quant_hot_fraction) if d.quant_low_format != "none" else ("fp8", 0.0)
         return replace(d, dense_format="fp8", quant_low_format=low[0], quant_hot_fraction=low[1])
 
-    def memory(self, d: Deployment) -> RankMemory:
+    def memory(self, d: Deployment, w: SimWorkload | None = None) -> RankMemory:
+        """One rank's memory running workload w (default the run's: the memory rule's most in flight)."""
         if d.prefill_workers:  # disaggregated (disagg.py): the fuller of its two workers
-            return max((self.memory(x) for x in disagg.workers(d)), key=lambda r: r.total)
-        d = self.stored(d)
+            return max((self.memory(x, w) for x in disagg.workers(d)), key=lambda r: r.total)
+        d, w = self.stored(d), w or self.src.workload
         m = tp_costs.tp_model(self.src.model, d)  # one rank's share under tensor parallelism
         per_expert = expert_bytes(self.src.loads, m.expert_weights, self.b, d.quant_low_format,
                                   d.quant_hot_fraction, m.D, self.src.model.weight_format).mean()
         memory = mesh_costs.memory if d.attn_dp else rank_memory  # a general mesh: one GPU of it (mesh.py)
-        return memory(m, d, self.src.workload, self.b, float(per_expert), precision(d, self.hw, self.b))
+        return memory(m, d, w, self.b, float(per_expert), precision(d, self.hw, self.b))
 
     def spec_plan(self, d: Deployment) -> "spec_costs.SpecPlan | None":
         """The speculation priced for d (cost/speculative.py): measured acceptance first, else assumed."""
@@ -535,7 +536,7 @@ class Simulator:
 
     def _metrics(self, d: Deployment, w: SimWorkload, s: Schedule, step_s: np.ndarray, phases: dict,
                  detail: dict, arrival_s: np.ndarray | None) -> Metrics:
-        mem = self.memory(d)
+        mem = self.memory(d, w)  # at the load priced (a search's trials table and simulate --recipe agree)
         detail = {**detail, "memory": mem.as_dict(), "steps": int(s.num_steps),
                   "routing": self.src.scale_routing or "trace",  # which routing was replayed (balance.py)
                   "stored_weights": self.src.model.weight_format}  # fp8: the checkpoint's own, priced as stored

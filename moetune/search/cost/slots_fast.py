@@ -11,6 +11,7 @@ Per window u, MoE layer l and slot p (expert e = phy2log[l, p], on rank q = p //
   act_bytes_q[u, l, q] += slot_bytes[l, p]        where c > replica_idx[l, p] (the slot is active)
   act_n_q[u, l, q]     += 1                        where active
   fp8_rows_q[u, l, q]  += c / reps · fp8_slot[l, p]
+  low_rows_q[u, l, q]  += c / reps · low_share_slot[l, p]   (rows on low-format slots: op_tables' mixed experts)
   low[u] += c / reps · low_share_slot[l, p];  all[u] += c / reps
 """
 
@@ -22,10 +23,10 @@ _COMPILED: dict = {}
 
 
 def slot_sums(win, keys: np.ndarray, prep, R: int, halves: int) -> list[np.ndarray]:
-    """[rows_q, act_bytes_q, act_n_q, fp8_rows_q] ([U, Lm, R] each), low [U], all [U] of the windows
-    `keys` [U, 4] (vector.Windows.step_keys: prefill start, rows, decode start, rows)."""
+    """[rows_q, act_bytes_q, act_n_q, fp8_rows_q] ([U, Lm, R] each), low [U], all [U], low_rows_q [U, Lm, R]
+    of the windows `keys` [U, 4] (vector.Windows.step_keys: prefill start, rows, decode start, rows)."""
     U, (Lm, P) = len(keys), prep.phy2log.shape
-    out = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
+    out = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U), np.zeros((U, Lm, R))]
     if U:
         _kernel()(win.pre.prefix, win.pre.N, win.dec.prefix, win.dec.N, np.ascontiguousarray(keys, dtype=np.int64),
                   float(halves), win.pre.E, np.ascontiguousarray(prep.phy2log, dtype=np.int64),
@@ -44,7 +45,7 @@ def _kernel():
 
 
 def _sums(pre, pre_n, dec, dec_n, keys, halves, E, phy2log, replica_idx, reps, slot_bytes, fp8_slot, low_share,
-          R, rows_q, bytes_q, n_q, fp8_q, low, all_):  # pragma: no cover - compiled by numba
+          R, rows_q, bytes_q, n_q, fp8_q, low, all_, low_q):  # pragma: no cover - compiled by numba
     Lm, P = phy2log.shape
     per = P // R
     total = np.zeros(E)
@@ -66,6 +67,7 @@ def _sums(pre, pre_n, dec, dec_n, keys, halves, E, phy2log, replica_idx, reps, s
                 q = p // per
                 rows_q[u, j, q] += rows
                 fp8_q[u, j, q] += rows * fp8_slot[j, p]
+                low_q[u, j, q] += rows * low_share[j, p]
                 if c > replica_idx[j, p]:
                     bytes_q[u, j, q] += slot_bytes[j, p]
                     n_q[u, j, q] += 1.0

@@ -154,6 +154,7 @@ class Slots:
     fp8_rows_q: np.ndarray
     low: np.ndarray
     all: np.ndarray
+    low_rows_q: np.ndarray  # [S, Lm, R] of rows_q, those on low-format slots (op_tables: a mixed expert op)
 
 
 def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False, plain: bool = False):
@@ -166,7 +167,7 @@ def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False,
 
         return Slots(*(p[inv] for p in slot_sums(win, keys, prep, R, halves))), None
     U, Lm = len(keys), win.pre.Lm
-    parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U)]
+    parts = [np.zeros((U, Lm, R)) for _ in range(4)] + [np.zeros(U), np.zeros(U), np.zeros((U, Lm, R))]
     active = np.zeros((U,) + prep.phy2log.shape, dtype=bool) if keep_active else None
     fp8_any = bool(prep.fp8_slot.any())
     for lo in range(0, U, CHUNK):
@@ -179,7 +180,8 @@ def slots_of(win: Windows, prep, R: int, halves: int, keep_active: bool = False,
                 costs.per_rank(slot_rows * prep.fp8_slot, R) if fp8_any else 0.0)
         for out, v in zip(parts, sums):
             out[lo: lo + CHUNK] = v
-        parts[4][lo: lo + CHUNK] = (slot_rows * prep.low_share_slot).sum((1, 2))
+        parts[6][lo: lo + CHUNK] = costs.per_rank(slot_rows * prep.low_share_slot, R)
+        parts[4][lo: lo + CHUNK] = parts[6][lo: lo + CHUNK].sum((1, 2))
         parts[5][lo: lo + CHUNK] = parts[0][lo: lo + CHUNK].sum((1, 2))
         if keep_active:
             active[lo: lo + CHUNK] = on

@@ -83,7 +83,8 @@ def launch_all(self, d, s) -> np.ndarray:
 
 
 def take(slots: Slots, idx) -> Slots:
-    return Slots(*(getattr(slots, f)[idx] for f in ("rows_q", "act_bytes_q", "act_n_q", "fp8_rows_q", "low", "all")))
+    return Slots(*(getattr(slots, f)[idx] for f in ("rows_q", "act_bytes_q", "act_n_q", "fp8_rows_q", "low", "all",
+                                                     "low_rows_q")))
 
 
 def offload_stalls(sim, offload, d, pieces: dict, expert_s, active, prep):

@@ -164,8 +164,10 @@ def _fmt(x) -> str:
 
 
 def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None, how: str, model, loads,
-                 target: ServeTarget, price: Callable[[Deployment], dict | None], run_dir: Path | None = None) -> dict:
-    """Recipe, launch files, placement and SGLang JSON of the winner into `out`; returns their paths.
+                 target: ServeTarget, price: Callable[[Deployment], dict | None], run_dir: Path | None = None,
+                 engine: str = "vllm") -> dict:
+    """Recipe, launch files, placement and SGLang JSON of the winner into `out`; returns their paths, the
+    primary launch file (`launch`: `engine`'s, --engine: the engine whose tables priced it) first.
     `price`: the figures of a deployment as an engine will run it (None: not re-priced);
     `run_dir`: the trace's run directory (a quant hot fraction ranks experts by its loads)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -175,18 +177,32 @@ def write_winner(out: Path, base: RunConfig, d: Deployment, metrics: dict | None
     cfg = to_config(base, d, placement_file, loads=str(Path(run_dir).resolve()) if run_dir else None)
     (out / "winner.yaml").write_text(recipe_text(cfg, d, metrics, how))
     files["recipe"] = out / "winner.yaml"
-    if d.prefill_workers:  # disaggregated prefill/decode: worker and router commands (disagg_launch.py)
-        for engine in ("vllm", "sglang"):
-            files[engine] = out / f"winner.{engine}.sh"
-            files[engine].write_text(disagg_text(engine, d, target, d.label(), metrics))
-        return files
-    for launch in (vllm_launch(d, target), sglang_launch(d, target, str(placed[1]) if placed else None)):
-        as_run = price(launch.as_run) if launch.unsupported else None
-        path = out / f"winner.{launch.engine}.sh"
-        text, detail = launch_text(launch, target, d.label(), as_run).split("\n", 2), (metrics or {}).get("detail") or {}
-        cost = [f"# {cost_sentence(detail)}"] if "cost_source" in detail else []
-        path.write_text("\n".join([*text[:2], *cost, *text[2:]]))
-        files[launch.engine] = path
+    files["launch"] = out / f"winner.{engine}.sh"
+    order = (engine, *(e for e in LAUNCH_ENGINES if e != engine))
+    detail = (metrics or {}).get("detail") or {}
+    for name in order:
+        if d.prefill_workers:  # disaggregated prefill/decode: worker and router commands (disagg_launch.py)
+            text = disagg_text(name, d, target, d.label(), metrics)
+        else:
+            launch = (vllm_launch(d, target) if name == "vllm"
+                      else sglang_launch(d, target, str(placed[1]) if placed else None))
+            text = launch_text(launch, target, d.label(), price(launch.as_run) if launch.unsupported else None)
+        head = text.split("\n", 2)
+        # a simulated winner on GPU hardware says which tables priced it (a measured one's file stays the one that ran)
+        lines = [primary_line(name, engine), f"# {cost_sentence(detail)}"] if "cost_source" in detail else []
+        files[name] = out / f"winner.{name}.sh"
+        files[name].write_text("\n".join([*head[:2], *lines, *head[2:]]))
     if placed:
         files.update(placement=placed[0], sglang_location=placed[1])
     return files
+
+
+LAUNCH_ENGINES = ("vllm", "sglang")
+
+
+def primary_line(name: str, engine: str) -> str:
+    """Whether a launch file is the primary one (--engine's) or the other engine's, in words."""
+    if name == engine:
+        return f"# primary launch file (--engine {engine}: the engine whose op tables priced the winner)"
+    return (f"# the other engine's launch: the winner was priced on {engine}'s op tables (--engine {engine}); "
+            f"re-run the search with --engine {name} to price it on {name}'s")

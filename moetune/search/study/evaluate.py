@@ -14,6 +14,7 @@ from moetune.search.cost.metrics import Metrics
 from moetune.search.cost.schedule import SimWorkload
 from moetune.search.cost.simulate import Simulator, unpriced_reason
 from moetune.search.study.deploy_knobs import deploy_reason
+from moetune.search.study.engine_formats import format_reason
 from moetune.search.study.repair import MemoryRule
 from moetune.search.study.space import RECIPE_VALUES, Deployment, recipe_accepts, to_config, default_knobs
 
@@ -35,8 +36,8 @@ class SimulateEvaluator:
     name: str = "simulate"
 
     def check(self, d: Deployment) -> str | None:
-        return (unpriced_reason(d) or deploy_reason(self.sim, d, self.workload) or self.sim.spec_reason(d)
-                or self.sim.memory_reason(d))
+        return (unpriced_reason(d) or format_reason(self.sim, d) or deploy_reason(self.sim, d, self.workload)
+                or self.sim.spec_reason(d) or self.sim.memory_reason(d))
 
     def memory_rule(self) -> MemoryRule:
         return MemoryRule(lambda d: self.sim.memory(d).total, self.sim.memory_reason)

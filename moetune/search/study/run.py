@@ -9,6 +9,7 @@ from typing import Callable
 
 from moetune.errors import MoetuneError
 from moetune.search.study.engine_server import EngineChoice
+from moetune.search.study.engine_formats import gpu_space
 from moetune.search.study.engine_report import measured_first
 from moetune.search.study.evaluate import Evaluator, MeasureEvaluator, SimulateEvaluator
 from moetune.search.cost.metrics import Metrics
@@ -120,6 +121,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
     par = setup.base.parallel
     space = build_space(m.E, setup.hardware.max_ranks, settings.what_if, overrides, cluster,
                         {"tp_size": par.tp_size, "expert_tp_size": par.expert_tp, **named_values(setup.base)})
+    if cluster:  # the engines run no per-expert mixed formats (engine_formats.py)
+        space = gpu_space(space, set(overrides or {}), setup.sim)
     if here:
         stored = dense_knob(setup.base.quant.dense if setup.base.quant is not None else None)
         space = machine_space(space, kernel_backend(setup.base), "quant_low_format" in (overrides or {}), dense, stored)
@@ -239,7 +242,8 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
     chosen, _ = canonical(winner.deployment, setup.limits())  # the point as run: moot knobs at their twin's values
     result.files = write_winner(out, winner_base(settings, setup), chosen, winner.metrics, how, setup.source.model,
                                 setup.source.loads, serve_target(settings, setup, chosen),
-                                engine_price(settings, setup, evaluator), setup.source.run_dir)
+                                engine_price(settings, setup, evaluator), setup.source.run_dir,
+                                settings.inputs.engine or "vllm")
     title = f"moetune search: {setup.source.model.name} on {setup.hardware.name} ({evaluator.name})"
     win = Metrics(**winner.metrics)
     figures = engine_outputs(settings, all_rows, engine_pairs, winner, result.files, extra)

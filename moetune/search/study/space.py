@@ -12,7 +12,7 @@ pruning rules that keep an invalid combination from ever being timed (each says 
 | max_num_seqs | engine.max_num_seqs | 8 .. 1024, powers of 2 | — (above the requests a rank holds: same as the smallest value holding them; never moot when the load is found per trial, cost/slo_load.py) |
 | max_num_batched_tokens | engine.max_num_batched_tokens | 256 .. 16384, powers of 2 | below max_num_seqs; below the longest request (prompt + output) with chunked prefill off (both refused by the engines: `engine_refuses`) |
 | quant_low_format | quant.low / quant.experts | none, fp8, int8, int4 (= int4-g64) | — |
-| quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | — (moot with low format none) |
+| quant_hot_fraction | quant.hot_fraction | 0, 0.125, 0.25, 0.5 | GPU hardware with a low format (no engine serves a per-expert mix: engine_formats.py, which also fixes it at 0 in a GPU space) — (moot with low format none) |
 | offload_resident_fraction | offload.resident_experts | 1, 0.75, 0.5, 0.25 of a rank's slots | fewer resident slots per rank than top-K; ep_size > 1 (offloading runs on one rank) |
 | offload_prefetch_depth | offload.prefetch_depth | 0 .. 3 | — (moot with nothing offloaded) |
 | offload_eviction | offload.policy | lru, lfu | — (moot with nothing offloaded) |
