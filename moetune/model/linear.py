@@ -9,7 +9,9 @@ and steps with more rows (prefill), take `F.linear`.
 A weight is a float tensor or a packed int8 / int4 `PackedWeight` [N, K] (`moetune quantize
 --dense`, or a recipe's `quant.dense`: `model/dense_quant.py`). A packed weight runs the kernel up
 to LARGE_WEIGHT_M rows whatever its size (the other way dequantises it first), and `F.linear` on its
-dequantised copy beyond, or wherever the kernel is off (the torch twin).
+dequantised copy beyond, or wherever the kernel is off (the torch twin); an int4 weight runs the
+kernel at every M while `runtime.Q4_INT8_X` is on (the interleaved kernels beat the dequantised GEMM
+at prefill too, docs/cpu.md).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch.nn.functional as F
 
 from moetune.kernels.cpu import linear as cpu_linear
 from moetune.kernels.cpu import records
+from moetune.kernels.cpu import runtime
 from moetune.kernels.cpu.formats import dequantize, weight_bytes
-from moetune.kernels.quant_formats import PackedWeight
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 Weight = torch.Tensor | PackedWeight  # [N, K]: a float tensor, or int8 / int4 packed
 
@@ -39,7 +42,8 @@ def project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, s
     M ≤ LARGE_WEIGHT_M for a packed weight or one of LARGE_WEIGHT_BYTES or more (when the kernel is on)."""
     M, packed = x.shape[0], isinstance(weight, PackedWeight)
     if 0 < M <= small_m or (small_m and M <= LARGE_WEIGHT_M
-                            and (packed or weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES)):
+                            and (packed or weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES)) or (
+            small_m and M > 0 and packed and weight.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X):
         y = cpu_linear(x, weight)  # [M, N]
         return y if bias is None else y.add_(bias)
     if packed:  # the twin: dequantise, then torch's GEMM

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from moetune.experts.store import ExpertWeights, SlotMap
-from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu, linear
+from moetune.kernels.cpu import INT4_GROUPS, fused_experts_cpu, linear, runtime
 from moetune.kernels.cpu.experts import experts_record
 from moetune.kernels.cpu.records import Experts
 from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
@@ -33,6 +33,9 @@ from moetune.moe.permute import PermuteOutput
 
 MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
 SMALL_EXPERT_BYTES = 1 << 20  # w13 + w2 of one expert below this: torch's per-slot calls cost more than the math
+INT4_ROWS = 1 << 30  # int4 experts with the interleaved kernels (`runtime.Q4_INT8_X`): every row count
+# (a 512-token prefill's int4 experts: the kernel 4-9x the old path per projection, at or above
+# torch's fp32 GEMM on the dequantised copy, docs/cpu.md)
 SMALL_EXPERT_ROWS = 64  # so such experts stay on the kernel up to this many rows (bundled model: +15 % tok/s)
 ROUTER_ROWS = 64  # tokens up to which the router GEMM runs the small-M kernel (decode-shaped steps)
 KERNEL_FORMATS = (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4)
@@ -49,6 +52,8 @@ class CPUBackend(TorchBackend):
         an amount that only pays for its per-slot calls (3 GEMM-sized ops each) when the expert is big."""
         if self.max_rows is not None:
             return self.max_rows
+        if weights.w13.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X:
+            return INT4_ROWS
         w13, w2 = weights.w13.data, weights.w2.data
         per_expert = (w13.numel() * w13.element_size() + w2.numel() * w2.element_size()) // w13.shape[0]
         return SMALL_EXPERT_ROWS if per_expert < SMALL_EXPERT_BYTES else MAX_ROWS

@@ -31,6 +31,18 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(1.0, b.abs().max().item() if b.numel() else 1.0))
 
 
+def close_fmt(a: torch.Tensor, b: torch.Tensor, fmt: str, stages: int) -> None:
+    """`close`, but int4 (the interleaved kernels round x to int8 per group, `runtime.Q4_INT8_X`): within
+    the stated rounding bound, stages · 2 · `rounding_rel(group, 127)` of the norm (each of the
+    `stages` packed weights on the path rounds its input once; gain ≤ 1 per stage, tests/model/test_dense_quant.py)."""
+    if not (fmt.startswith("int4") and runtime.Q4_INT8_X):
+        return close(a, b)
+    from moetune.kernels.cpu.linear import rounding_rel
+
+    bound = stages * 2 * rounding_rel(int(fmt[5:]), 127)
+    assert ((a - b).norm() / b.norm().clamp_min(1e-30)).item() <= bound
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 7, 16, 21])
 def test_linear_matches_twin(fmt, M, threads):
@@ -38,7 +50,7 @@ def test_linear_matches_twin(fmt, M, threads):
     K = 128 if fmt.startswith("int4") else 95
     w = FORMATS[fmt](torch.randn(47, K, generator=g))
     x = torch.randn(M, K, generator=g)
-    close(linear(x, w, threads=threads), linear_ref(x, w))
+    close_fmt(linear(x, w, threads=threads), linear_ref(x, w), fmt, 1)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8", "int4g64"])
@@ -46,7 +58,7 @@ def test_linear_non_contiguous_and_empty(fmt):
     g = torch.Generator().manual_seed(0)
     w = FORMATS[fmt](torch.randn(33, 256, generator=g))
     x = torch.randn(256, 5, generator=g).t()  # [5, 256], not contiguous
-    close(linear(x, w), linear_ref(x, w))
+    close_fmt(linear(x, w), linear_ref(x, w), fmt, 1)
     assert linear(x[:0], w).shape == (0, 33)
     wt = torch.randn(256, 33, generator=g).t()  # a non-contiguous fp32 weight [33, 256]
     close(linear(x, wt), linear_ref(x, wt))
@@ -82,7 +94,8 @@ def test_experts_match_twin(fmt, rows, threads):
     x, offsets, w13, w2 = experts_case(rows, D, I, fmt)
     y = fused_experts_cpu(x, offsets, w13, w2, threads=threads)
     assert y.shape == (sum(rows), D)
-    close(y, fused_experts_cpu_ref(x, offsets, w13, w2))
+    if sum(rows):
+        close_fmt(y, fused_experts_cpu_ref(x, offsets, w13, w2), fmt, 2)
 
 
 @pytest.mark.parametrize("schedule", ["split", "whole"])
@@ -129,8 +142,8 @@ def test_experts_subset_computes_only_the_chosen_experts(fmt, threads):
     chosen = torch.tensor([0, 3])
     y = fused_experts_cpu(x, offsets, w13, w2, threads=threads, experts=chosen)
     want = fused_experts_cpu_ref(x, offsets, w13, w2, experts=chosen)
-    close(y, want)
-    close(y[:2], fused_experts_cpu_ref(x, offsets, w13, w2)[:2])
+    close_fmt(y, want, fmt, 2)
+    close_fmt(y[:2], fused_experts_cpu_ref(x, offsets, w13, w2)[:2], fmt, 2)
     assert bool((y[2:5] == 0).all())  # expert 2's rows were left out
     assert bool((fused_experts_cpu(x, offsets, w13, w2, experts=torch.tensor([], dtype=torch.long)) == 0).all())
     with pytest.raises(ValueError, match="experts must be ids"):

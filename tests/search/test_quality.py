@@ -31,9 +31,9 @@ def count_evals(monkeypatch):
     return calls
 
 
-def _settings(run_dir, out, tmp_path, constraints=Constraints(max_kl=MAX_KL), quality=False, n=4):
+def _settings(run_dir, out, tmp_path, constraints=Constraints(max_kl=MAX_KL), quality=False, n=4, text=SPACE):
     space = tmp_path / "space.yaml"
-    space.write_text(SPACE)
+    space.write_text(text)
     st = StudySettings("q", f"sqlite:///{out / 'study.db'}", ("throughput",), "grid", n, 0, constraints)
     return SearchSettings(Inputs(str(run_dir), "H200"), st, out, "simulate", str(space), quality=quality)
 
@@ -41,12 +41,15 @@ def _settings(run_dir, out, tmp_path, constraints=Constraints(max_kl=MAX_KL), qu
 def test_max_kl_excludes_int4_measures_each_point_once_and_reuses_the_cache(run_dir, tmp_path, count_evals):
     out = tmp_path / "out"
     result = run_search(_settings(run_dir, out, tmp_path))
-    assert len(count_evals) == 4  # int8, int4 × hot 0, 0.25: one measurement each
+    assert len(count_evals) == 2  # int8, int4 at hot 0: one measurement each; the hot 0.25 mixes pruned unmeasured
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == 4 and {r["state"] for r in rows} == {"COMPLETE"}
+    assert len(rows) == 4
     for r in rows:
+        if float(r["quant_hot_fraction"]) > 0:  # a GPU search: no serving engine runs a per-expert mix
+            assert r["state"] == "PRUNED" and "no serving engine runs per-expert mixed formats" in r["reason"]
+            continue
         kl = float(r["kl"])
-        assert 0 < kl and 0 < float(r["top1_agreement"]) <= 1
+        assert r["state"] == "COMPLETE" and 0 < kl and 0 < float(r["top1_agreement"]) <= 1
         if r["quant_low_format"] == "int4":
             assert kl > MAX_KL and r["feasible"] == "False"
             assert f"kl {kl:.4g} over --max-kl {MAX_KL:g}" in r["reason"]
@@ -54,11 +57,9 @@ def test_max_kl_excludes_int4_measures_each_point_once_and_reuses_the_cache(run_
             assert kl < MAX_KL and r["feasible"] == "True" and not r["reason"]
     assert result.winner is not None and result.winner.deployment.quant_low_format == "int8"
     cache = (out / "quality.json").read_text()
-    assert cache.count('"format": "int4"') == 2 and cache.count('"format": "int8"') == 2
+    assert cache.count('"format": "int4"') == 1 and cache.count('"format": "int8"') == 1
     report = (out / "report.md").read_text()
     assert "KL nats (measured)" in report and "Quality of each low-bit expert mix" in report
-    hot = [q for q in count_evals if q.hot_fraction]
-    assert hot and all(q.loads == str(run_dir.resolve()) for q in hot)  # hot experts ranked by the trace's loads
 
     again = tmp_path / "again"  # a second study at the same points, the cache beside it: nothing measured
     again.mkdir()
@@ -71,7 +72,8 @@ def test_max_kl_excludes_int4_measures_each_point_once_and_reuses_the_cache(run_
 
 def test_without_max_kl_or_quality_only_the_winners_mix_is_measured(run_dir, tmp_path, count_evals):
     out = tmp_path / "plain"
-    result = run_search(_settings(run_dir, out, tmp_path, Constraints(), n=2))
+    mixes = SPACE.replace("quant_hot_fraction: [0, 0.25]", "quant_hot_fraction: 0")  # a GPU search runs no mix
+    result = run_search(_settings(run_dir, out, tmp_path, Constraints(), n=2, text=mixes))
     assert len(count_evals) == 1 and (out / "quality.json").exists()  # the trials measured nothing
     assert result.winner.deployment.quant_low_format in ("int8", "int4")  # below fp8: measured after the study
     rows = list(csv.DictReader((out / "trials.csv").open()))
@@ -104,3 +106,20 @@ def test_a_winner_below_fp8_has_its_quality_measured_by_default(run_dir, tmp_pat
     assert 0 < float(rows["int4"]["kl"]) and 0 < float(rows["int4"]["top1_agreement"]) <= 1
     assert rows["none"]["kl"] == ""  # no low format: nothing measured, nothing shown
     assert "KL nats (measured)" in (out / "report.md").read_text()
+
+
+def test_a_hot_mix_is_measured_with_the_hot_experts_ranked_by_the_traces_loads(run_dir, tmp_path, count_evals):
+    """A hot/low mix (kept where moetune's own engine serves it) is measured once, its hot experts chosen by
+    the trace's expert loads, and read from the cache the second time."""
+    from moetune.config import parse_config
+    from moetune.search.cost.deployment import Deployment
+    from moetune.search.study.quality import QualityLookup
+
+    lookup = QualityLookup(parse_config({"model": {"path": "stdlib-moe", "device": "cpu"}}),
+                           str(run_dir.resolve()), tmp_path / "quality.json", "cpu")
+    mix = Deployment(quant_low_format="int4", quant_hot_fraction=0.25)
+    first = lookup.quality(mix)
+    assert 0 < first["kl"] and 0 < first["top1_agreement"] <= 1
+    assert len(count_evals) == 1 and count_evals[0].hot_fraction == 0.25
+    assert count_evals[0].loads == str(run_dir.resolve())
+    assert lookup.quality(mix) == first and len(count_evals) == 1 and lookup.measured == 1

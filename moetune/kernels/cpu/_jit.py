@@ -8,7 +8,8 @@ sums scaled in fp32. Arrays are numpy views of C-contiguous torch tensors; the w
   _jit_q8, _simd      the integer path: x rounded to int16 per block, int32 dot products
   _jit_linear         small-M linear over blocks of weight rows (fp32, int8, int4)
   _jit_experts        grouped fp32 / int8 experts (whole-expert lanes or column blocks)
-  _jit_experts_int4   grouped int4 experts
+  _jit_experts_int4   grouped int4 experts (int16 x, original layout)
+  _jit_q4r, _simd_q4r int4 in the interleaved layout against int8 x (linear and experts)
   _jit_attention      paged decode attention
   _jit_rows           RMSNorm, rotary, top-k, permute, unpermute
   _jit_layer          a decode layer strung into two calls (its own module: `runtime.jit_layer()`)
@@ -23,13 +24,14 @@ from types import SimpleNamespace
 from moetune.kernels.cpu._jit_attention import decode_attention, decode_attention_serial
 from moetune.kernels.cpu._jit_experts import active_experts, experts_dense, offsets_fit, plan_lanes
 from moetune.kernels.cpu._jit_experts_int4 import experts_int4, experts_int4_serial
+from moetune.kernels.cpu._jit_q4r import experts_q4r, experts_q4r_serial, linear_q4r, linear_q4r_serial
 from moetune.kernels.cpu._jit_linear import (linear_dense, linear_dense_serial, linear_int4, linear_int4_serial,
                                              linear_q4, linear_q4_serial, linear_q8, linear_q8_serial)
 from moetune.kernels.cpu._jit_rows import permute_rows, rms_norm, rope_rotate_half, select_topk, unpermute_rows
 
 __all__ = ["SERIAL", "active_experts", "decode_attention", "decode_attention_serial", "experts_dense",
-           "experts_int4", "experts_int4_serial", "linear_dense", "linear_dense_serial", "linear_int4",
-           "linear_int4_serial", "linear_q4", "linear_q4_serial", "linear_q8", "linear_q8_serial", "offsets_fit",
+           "experts_int4", "experts_int4_serial", "experts_q4r", "experts_q4r_serial", "linear_dense", "linear_dense_serial", "linear_int4",
+           "linear_int4_serial", "linear_q4", "linear_q4_serial", "linear_q4r", "linear_q4r_serial", "linear_q8", "linear_q8_serial", "offsets_fit",
            "permute_rows", "plan_lanes", "rms_norm", "rope_rotate_half", "select_topk", "serial", "unpermute_rows"]
 
 # The serial twins: the same work items, looped on the calling thread. `runtime.launch` hands these
@@ -39,5 +41,6 @@ __all__ = ["SERIAL", "active_experts", "decode_attention", "decode_attention_ser
 SERIAL = False
 serial = SimpleNamespace(SERIAL=True, linear_dense=linear_dense_serial, linear_int4=linear_int4_serial,
                          linear_q8=linear_q8_serial, linear_q4=linear_q4_serial,
+                         linear_q4r=linear_q4r_serial, experts_q4r=experts_q4r_serial,
                          experts_dense=experts_dense, experts_int4=experts_int4_serial,
                          decode_attention=decode_attention_serial)

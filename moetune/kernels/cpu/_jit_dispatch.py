@@ -6,11 +6,13 @@ compiled and each overload returns the one body that kind runs, the same kernels
 `experts.fused_experts_cpu` call for it, under the same rules:
 
   matmul_into(x, w, scale, y, parallel, q8, q4)   y [T, N] = x [T, K] @ W.T
-      int8 rows, T ≤ q8: `linear_q8` (integers); int4, T ≤ q4: `linear_q4` (integers), else
+      int8 rows, T ≤ q8: `linear_q8` (integers); int4 interleaved (scales [N/16, G, 16], `q4r`):
+      `linear_q4r` (x in int8, any T); int4, T ≤ q4: `linear_q4` (integers), else
       `linear_int4` on x split into even / odd columns (`split_int4`); fp32 (and int8 past q8):
       `linear_dense`. parallel: the parallel kernel, else its serial twin.
   experts_into(x, offsets, active, experts, tuning, lanes, y)   y [N, D] = every active expert's
-      w13 → SiLU·mul → w2 over its rows: `experts_dense` (fp32 / int8), `experts_int4` (int4:
+      w13 → SiLU·mul → w2 over its rows: `experts_dense` (fp32 / int8), `experts_q4r` (int4
+      interleaved: scales of 4 axes), `experts_int4` (int4:
       experts of ≤ q4 rows in integers), on `lanes` threads (1: the serial twin).
 """
 
@@ -24,6 +26,7 @@ from moetune.kernels.cpu._jit_experts import experts_dense
 from moetune.kernels.cpu._jit_experts_int4 import experts_int4, experts_int4_serial
 from moetune.kernels.cpu._jit_linear import (linear_dense, linear_dense_serial, linear_int4, linear_int4_serial,
                                              linear_q4, linear_q4_serial, linear_q8, linear_q8_serial)
+from moetune.kernels.cpu._jit_q4r import experts_q4r, experts_q4r_serial, linear_q4r, linear_q4r_serial
 from moetune.kernels.cpu._jit_tiles import F0
 from moetune.kernels.cpu._opts import OPTS
 
@@ -56,6 +59,13 @@ def matmul_into(x, w, scale, y, parallel, q8, q4):
 
 @overload(matmul_into, jit_options={"fastmath": True})
 def _matmul_into(x, w, scale, y, parallel, q8, q4):
+    if w.ndim == 3 and scale.ndim == 3:  # int4 interleaved (`q4r`): [N, G, H], scales [N/16, G, 16]
+        def int4r(x, w, scale, y, parallel, q8, q4):
+            if parallel:
+                linear_q4r(x, w, scale, y)
+            else:
+                linear_q4r_serial(x, w, scale, y)
+        return int4r
     if w.ndim == 3:  # int4 [N, G, group/2]
         def int4(x, w, scale, y, parallel, q8, q4):
             if x.shape[0] <= q4:
@@ -91,6 +101,15 @@ def experts_into(x, offsets, active, experts, tuning, lanes, y):
 
 @overload(experts_into, jit_options={"fastmath": True})
 def _experts_into(x, offsets, active, experts, tuning, lanes, y):
+    if experts[0].ndim == 4 and experts[1].ndim == 4:  # int4 interleaved (`q4r`), scales [P, 2I/16, Gd, 16]
+        def int4r(x, offsets, active, experts, tuning, lanes, y):
+            w13, s13, w2, s2 = experts[0], experts[1], experts[2], experts[3]  # Experts
+            a = np.empty((x.shape[0], w2.shape[2] * 2 * w2.shape[3]), np.float32)  # [N, I] activation
+            if lanes > 1:
+                experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y)
+            else:
+                experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y)
+        return int4r
     if experts[0].ndim == 4:  # int4 w13 [P, 2I, Gd, Hd]
         def int4(x, offsets, active, experts, tuning, lanes, y):
             w13, s13, w2, s2 = experts[0], experts[1], experts[2], experts[3]  # Experts

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu.linear import split_int4_input
 from moetune.kernels.cpu import runtime
+from moetune.kernels.cpu.q4r import repacked
 from moetune.kernels.cpu.records import Experts, Tuning
 from moetune.kernels.cpu.runtime import SERIAL_BYTES, current_threads, jit, launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
@@ -40,6 +41,10 @@ def experts_record(w13: PackedWeight, w2: PackedWeight, row_limit: int) -> Exper
     """One layer's experts (w13 [P, 2I, D], w2 [P, D, I], one fp32, int8 or int4 format) as the fused
     decode layer takes them (`records.Experts`): views of the weights, their row scales (ones for
     fp32); int4 weights viewed [P, N, G, group/2] with their group scales, as `experts_int4` takes them."""
+    if w13.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X:  # interleaved (`q4r`): [P, 2I, Gd, Hd], [P, 2I/16, Gd, 16]
+        (d13, s13), (d2, s2) = repacked(w13), repacked(w2)
+        return Experts(numpy_view(d13), numpy_view(s13), numpy_view(d2), numpy_view(s2), weight_bytes(w13, w2), w13.data.shape[0],
+                       int(row_limit))
     if w13.fmt == WeightFormat.INT4:
         (P, two_i), D = w13.data.shape[:2], w2.data.shape[1]
         w13q = w13.data.contiguous().view(P, two_i, -1, w13.group_size // 2)  # [P, 2I, Gd, Hd]
@@ -133,6 +138,12 @@ def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.
 
 
 def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
+    if runtime.Q4_INT8_X:  # the interleaved layout against int8 x (`q4r`)
+        (d13, s13), (d2, s2) = repacked(w13), repacked(w2)  # [E, 2I, Gd, Hd] [E, 2I/16, Gd, 16], ...
+        a = torch.empty(x.shape[0], in_features(w2))  # [N, I] activation scratch
+        k.experts_q4r(numpy_view(x), off, active, numpy_view(d13), numpy_view(s13), numpy_view(d2),
+                      numpy_view(s2), a.numpy(), y.numpy())
+        return
     (E, D), I = w2.data.shape[:2], in_features(w2)
     N, Gi, Hi = x.shape[0], I // w2.group_size, w2.group_size // 2
     xq, xs = split_int4_input(x, w13.group_size)  # [N, 2, Gd, Hd], [N, Gd]

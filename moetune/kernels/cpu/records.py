@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from moetune.kernels.cpu.arrays import numpy_view, ones
+from moetune.kernels.cpu.q4r import interleaved, repacked
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 QK_NONE, QK_PER_HEAD, QK_FULL = 0, 1, 2  # Attention.qk_kind
@@ -122,6 +123,9 @@ def projection(weight, bias=None) -> Projection:
     """A projection's record from weight [N, K] (fp32, or a PackedWeight: int8 with a scale per row,
     int4 with one per group) and bias [N], CPU tensors (views, not copies when contiguous)."""
     b = EMPTY if bias is None else numpy_view(bias)
+    if isinstance(weight, PackedWeight) and weight.fmt == WeightFormat.INT4 and interleaved(weight):
+        data, scale = repacked(weight)  # [N, G, H] interleaved, [N/16, G, 16] (`q4r`)
+        return Projection(numpy_view(data), numpy_view(scale), b)
     if isinstance(weight, PackedWeight) and weight.fmt == WeightFormat.INT4:
         N = weight.data.shape[0]
         data = weight.data.contiguous().view(N, -1, weight.group_size // 2)  # [N, G, group/2]

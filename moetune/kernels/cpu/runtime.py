@@ -19,6 +19,8 @@ __all__ = ["current_threads", "fp32_cpu", "jit", "jit_layer", "launch", "numpy_v
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 INT8_ROW = True  # int8 weights against a single x row take the integer path (`_jit_q8`; A/B: docs/cpu.md)
 Q8_ROWS = 16  # ... and against up to this many x rows (`linear`, the fused layer; 1: one row only)
+Q4_INT8_X = True  # int4 weights run the interleaved kernels (`q4r`, `_jit_q4r`: x rounded to int8 per
+# group, every row count); off: the int16 path below (Q4_ROWS) and the fp32 nibble split (docs/cpu.md)
 Q4_ROWS = 16  # int4 weights against up to this many x rows take the integer path (`_simd`; 0: never)
 # Measured end to end (docs/cpu.md): Q8_ROWS 16 1.09x at b=16; Q4_ROWS 1 / 16 1.80x at b=1, 1.31x at
 # b=16. x is rounded per block of columns (`_jit_q8`), so tensor-parallel meshes equal one rank.

@@ -1,0 +1,105 @@
+"""Int4 weights repacked for the CPU's integer kernels: 16 rows interleaved (pure torch; the kernels
+are `_jit_q4r` / `_simd_q4r`).
+
+The checkpoint keeps `formats.quantize_int4`'s layout ([..., N, K/2] bytes, scales [..., N, G]); the
+CPU repacks each int4 weight once, when a layer's kernel record is made at model load, or on the first
+`linear` / `fused_experts_cpu` call that takes it (`repacked`: cached per weight, dropped with it).
+The repacked copy is the one the decode kernels read (same bytes per token); the original stays for
+the twins, the GPU path and saving.
+
+  data   [..., Npad, G, H] uint8   Npad = N rounded up to 16 (rows past N: zero bytes, scale 0);
+                                   bytes of the block of rows 16b..16b+15, group g, in chunks of 4 bytes:
+                                   chunk c of row 0, of row 1, ... of row 15, then chunk c + 1
+  scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side, rounded to fp16
+                                   (their bits as int16): 2 bytes per 32 weights at g32 instead of 4,
+                                   as llama.cpp's Q4_0; relative change ≤ 2⁻¹¹ of each scale
+                                   (groups with absmax < 4.3e-4: subnormal, coarser; < ~2e-7: zero)
+
+x is rounded to int8 per group (`quantize_x_ref`), as llama.cpp's Q8_0 activations: this changes the
+decode numerics against the int16 rounding of the older int4 path (docs/cpu.md, the quality table).
+Twin: `linear_q4r_ref` (the same rounding, the scales in fp16, exact int64 sums).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from moetune.kernels.cpu import runtime
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
+
+ROWS = 16  # `_simd_q4r.ROWS`
+CHUNK = 4  # bytes of one row per int32 lane
+_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
+
+
+def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., Npad/16, G, 16]: fp16
+    as int16 bits)."""
+    if w.fmt != WeightFormat.INT4:
+        raise ValueError(f"only int4 weights are repacked, not {w.fmt.name}")
+    *lead, N, half = w.data.shape
+    H = w.group_size // 2
+    G = half // H
+    NB = -(-N // ROWS)
+    pad = NB * ROWS - N
+    data = torch.nn.functional.pad(w.data, (0, 0, 0, pad))  # [..., Npad, K/2]
+    scale = torch.nn.functional.pad(w.scale.float(), (0, 0, 0, pad))  # [..., Npad, G]
+    d = data.reshape(*lead, NB, ROWS, G, H // CHUNK, CHUNK)
+    n = len(lead)
+    d = d.permute(*range(n), n, n + 2, n + 3, n + 1, n + 4)  # [..., NB, G, C, 16, 4]
+    s = scale.reshape(*lead, NB, ROWS, G).transpose(-1, -2)  # [..., NB, G, 16]
+    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), s.half().contiguous().view(torch.int16)
+
+
+def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """`repack(w)`, made once per weight: cached on its data tensor's identity (dropped when that is
+    freed) and remade when its data or scales were written in place since (torch's version counter:
+    an offloading store copies experts into its slot tensors)."""
+    key, version = id(w.data), (w.data._version, w.scale._version)
+    hit = _CACHE.get(key)
+    if hit is None or hit[2] != version:
+        if hit is None:
+            weakref.finalize(w.data, _CACHE.pop, key, None)
+        hit = _CACHE[key] = (*repack(w), version)
+    return hit[0], hit[1]
+
+
+def interleaved(w: PackedWeight) -> bool:
+    """Whether the fused decode layer takes this int4 projection repacked: `runtime.Q4_INT8_X` on and
+    N a multiple of 16 (its kernels size y by the weight's rows; `linear` cuts padded rows itself)."""
+    return runtime.Q4_INT8_X and w.data.shape[-2] % ROWS == 0
+
+
+def x_order(K: int, group: int) -> torch.Tensor:
+    """[K] the column of x at each position of the kernels' int8 row: per group, per chunk of 4 bytes
+    (8 weights), its 4 even columns then its 4 odd ones."""
+    j = torch.arange(K)
+    g, r = j // group, j % group
+    c, p, i = r // 8, (r // 4) % 2, r % 4
+    return g * group + 2 * (CHUNK * c + i) + p
+
+
+def quantize_x_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 → (xq [M, K] int8 in column order (not the kernels' order), xd [M, G] = absmax/127):
+    the kernels' rounding (round half to even of x·127/absmax, per group)."""
+    M, K = x.shape
+    xg = x.reshape(M, K // group, group)
+    top = xg.abs().amax(-1)  # [M, G]
+    inv = torch.where(top > 0, 127 / top, torch.zeros_like(top))
+    xq = torch.round(xg * inv[..., None]).clamp(-127, 127).to(torch.int8).reshape(M, K)
+    return xq, top / 127
+
+
+def linear_q4r_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """Twin of the interleaved int4 kernels: x rounded as they round it, each group's sum exact
+    (int64), times both scales, summed in float64. [M, K] fp32 → [M, N] fp32."""
+    M, K = x.shape
+    xq, xd = quantize_x_ref(x, w.group_size)
+    G = K // w.group_size
+    b = w.data.to(torch.int64)  # [N, K/2]
+    q = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(-1, G, w.group_size) - 8  # [N, G, group]
+    acc = torch.einsum("mgk,ngk->mng", xq.to(torch.int64).reshape(M, G, w.group_size), q)  # [M, N, G]
+    scale = w.scale.half().double()  # [N, G]: the kernels' fp16 scales
+    return (acc.double() * scale[None] * xd.double()[:, None, :]).sum(-1).float()

@@ -1,0 +1,132 @@
+"""The interleaved int4 kernels (`kernels/cpu/q4r.py`, `_jit_q4r.py`, `_simd_q4r.py`; the default with
+`runtime.Q4_INT8_X` on): the repacked layout holds the checkpoint's weights (scales in fp16), and `linear` / the grouped
+experts equal their integer twin (x rounded to int8 per group as the kernels round it, exact integer
+sums: `q4r.linear_q4r_ref`) up to one rounding step of x, and the dequantised fp32 reference within
+`q8_bound` (int8 levels), on 1, 3-5, 16 and 70 x rows, N of 1, 15, 17, 37 (not multiples of the 16
+interleaved rows), K of 3 groups, groups 32 / 64 / 128, serial and parallel. Each instruction-set
+variant: test_cpu_isa.py."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("numba")
+
+from moetune.kernels.cpu import fused_experts_cpu, fused_experts_cpu_ref, linear, linear_ref, quantize_int4  # noqa: E402
+from moetune.kernels.cpu import runtime  # noqa: E402
+from moetune.kernels.cpu.formats import dequantize  # noqa: E402
+from moetune.kernels.cpu.linear import q8_bound  # noqa: E402
+from moetune.kernels.cpu.q4r import ROWS, linear_q4r_ref, quantize_x_ref, repack, x_order  # noqa: E402
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
+from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
+
+
+@pytest.fixture(autouse=True)
+def interleaved(monkeypatch):
+    monkeypatch.setattr(runtime, "Q4_INT8_X", True)
+
+
+def _unpack_repacked(data: torch.Tensor, scale: torch.Tensor, N: int, group: int) -> torch.Tensor:
+    """The repacked layout read back plainly: [Npad, G, H] bytes, [NB, G, 16] scales → [N, K] fp32."""
+    Npad, G, H = data.shape
+    d = data.reshape(Npad // ROWS, G, H // 4, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(Npad, G * H).long()
+    q = torch.stack((d & 0xF, d >> 4), -1).reshape(Npad, G, group) - 8  # [Npad, G, group]
+    s = scale.view(torch.float16).float().permute(0, 2, 1).reshape(Npad, G)  # [Npad, G]
+    return (q.float() * s[..., None]).reshape(Npad, G * group)[:N]
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("N", [1, 17, 32])
+def test_repacked_layout_holds_the_weights(group, N):
+    g = torch.Generator().manual_seed(N + group)
+    w = quantize_int4(torch.randn(N, 3 * group, generator=g), group)
+    data, scale = repack(w)
+    assert data.shape == (-(-N // ROWS) * ROWS, 3, group // 2) and scale.shape == (-(-N // ROWS), 3, ROWS)
+    fp16_scales = PackedWeight(w.data, w.scale.half().float(), WeightFormat.INT4, group)  # the copy's scales
+    assert torch.equal(_unpack_repacked(data, scale, N, group), dequantize(fp16_scales))
+    assert (scale.view(torch.float16).permute(0, 2, 1).reshape(-1, 3)[N:] == 0).all()  # padded rows: nothing
+
+
+def test_x_order_is_the_byte_order():
+    """Position j of the kernels' x row holds the column whose weight sits in the nibble it multiplies."""
+    order = x_order(64, 32)
+    assert order[:8].tolist() == [0, 2, 4, 6, 1, 3, 5, 7] and order[32:40].tolist() == [32, 34, 36, 38, 33, 35, 37, 39]
+    assert sorted(order.tolist()) == list(range(64))
+
+
+def _close(got: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> None:
+    """got equals the integer twin but for an x element rounding the other way (one step of x on the
+    row's largest weight, plus fp32 rounding), and `linear_ref` within `q8_bound`."""
+    _, xd = quantize_x_ref(x, w.group_size)  # [M, G]
+    step = xd.amax(dim=1)[:, None] * dequantize(w).abs().amax(dim=1)[None, :]  # [M, N]
+    want = linear_q4r_ref(x, w)
+    assert ((got - want).abs() <= step + 1e-5 * want.abs().amax() + 1e-30).all()
+    ref = linear_ref(x, w)
+    assert ((got - ref).abs() <= q8_bound(x, w) * (1 + 1e-4) + 2e-6 * ref.abs().amax()).all()
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("N", [1, 15, 17, 37])
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 16, 70])
+def test_linear_matches_its_twins(group, N, M, threads):
+    g = torch.Generator().manual_seed(M * 131 + N * 7 + group)
+    w = quantize_int4(torch.randn(N, 3 * group, generator=g), group)
+    x = torch.randn(M, 3 * group, generator=g) * 2
+    got = linear(x, w, threads=threads)
+    assert got.shape == (M, N)
+    _close(got, x, w)
+
+
+def test_linear_rows_do_not_depend_on_their_neighbours():
+    """Row m of a call equals the same row alone (every tile computes a row the same way)."""
+    g = torch.Generator().manual_seed(5)
+    w = quantize_int4(torch.randn(48, 256, generator=g), 32)
+    x = torch.randn(7, 256, generator=g)
+    whole = linear(x, w, threads=1)
+    for m in range(7):
+        assert torch.equal(linear(x[m:m + 1], w, threads=1), whole[m:m + 1])
+
+
+def _experts_twin(x, off, w13: PackedWeight, w2: PackedWeight) -> torch.Tensor:
+    """Each expert through `linear_q4r_ref` twice (x, then its activation, rounded to int8 per group)."""
+    I = w2.data.shape[2] * 2
+    y = torch.zeros_like(x)
+    for e in range(w13.data.shape[0]):
+        lo, hi = int(off[e]), int(off[e + 1])
+        if hi == lo:
+            continue
+        h = linear_q4r_ref(x[lo:hi], PackedWeight(w13.data[e], w13.scale[e], WeightFormat.INT4, w13.group_size))
+        a = F.silu(h[:, :I]) * h[:, I:]  # [rows, I]
+        y[lo:hi] = linear_q4r_ref(a, PackedWeight(w2.data[e], w2.scale[e], WeightFormat.INT4, w2.group_size))
+    return y
+
+
+@pytest.mark.parametrize("rows", [[1, 1], [1, 0, 3, 1, 0], [2, 1, 1, 5, 1, 1, 1], [37, 0, 70]])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_experts_match_their_twins(rows, group, threads):
+    g = torch.Generator().manual_seed(len(rows) + group + sum(rows))
+    E, D, I = len(rows), 384, 2 * group if group < 128 else 128
+    w13 = quantize_int4(torch.randn(E, 2 * I, D, generator=g), group)
+    w2 = quantize_int4(torch.randn(E, D, I, generator=g), group)
+    off = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()])
+    x = torch.randn(int(off[-1]), D, generator=g)
+    got = fused_experts_cpu(x, off, w13, w2, threads=threads)
+    want = _experts_twin(x, off, w13, w2)
+    assert ((got - want).norm() / want.norm()).item() < 1e-5  # flips of the activation's rounding only
+    ref = fused_experts_cpu_ref(x, off, w13, w2)  # fp32: x and the activation each rounded to 8 bits
+    assert ((got - ref).norm() / ref.norm()).item() < 3e-2
+
+
+def test_a_weight_written_in_place_is_repacked_again():
+    """An offloading store copies experts into its slot tensors: the cached repack follows the bytes."""
+    g = torch.Generator().manual_seed(9)
+    w = quantize_int4(torch.randn(2, 32, 64, generator=g), 32)
+    x = torch.randn(1, 64, generator=g)
+    one = PackedWeight(w.data[0], w.scale[0], WeightFormat.INT4, 32)
+    before = linear(x, one, threads=1)
+    other = quantize_int4(torch.randn(32, 64, generator=g), 32)
+    one.data.copy_(other.data)
+    one.scale.copy_(other.scale)
+    got = linear(x, one, threads=1)
+    assert not torch.equal(got, before)
+    _close(got, x, other)
