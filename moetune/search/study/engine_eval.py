@@ -65,7 +65,7 @@ def make_engine_evaluator(choice: EngineChoice | None, sim: Simulator, workload:
     if why:
         raise MoetuneError(why)
     cmd = EngineCommand(choice.engine, resolve_engine(choice.engine, choice.cmd), choice.health_timeout_s,
-                        port=choice.port)
+                        port=choice.port, gpu_free_timeout_s=choice.gpu_free_timeout_s)
     return EngineEvaluator(sim, workload, prompts, cmd, target_of, work_dir, sim.hw.name,
                            name=f"engine {choice.engine}")
 

@@ -37,6 +37,7 @@ class EngineChoice:
     cmd: str | None = None  # its executable (default: on PATH)
     port: int = 0  # 0: a free port per trial
     health_timeout_s: float = 900.0
+    gpu_free_timeout_s: float = 60.0  # after the engine stopped: how long its GPU memory may take to be freed
 
 
 class EngineFailed(MoetuneError):
@@ -53,6 +54,7 @@ class EngineCommand:
     health_timeout_s: float = 900.0
     stop_grace_s: float = 20.0
     port: int = 0  # 0: a free port per trial
+    gpu_free_timeout_s: float = 60.0
 
     @property
     def launcher_name(self) -> str:
@@ -164,7 +166,10 @@ class EngineServer:
         if group_members(pgid):
             raise EngineFailed(f"the engine's processes {group_members(pgid)} outlived SIGKILL")
         _wait_until(lambda: not port_in_use(self.port), 30, f"port {self.port} stayed taken after the engine stopped")
-        _wait_until(lambda: not gpu_pids(pids), 60, "the engine's GPU memory was not freed within 60 s")
+        limit = self.cmd.gpu_free_timeout_s
+        _wait_until(lambda: not gpu_pids(pids), limit,
+                    lambda: f"the engine's GPU memory was not freed within {limit:g} s after it stopped (still held "
+                            f"by pid {', '.join(map(str, sorted(gpu_pids(pids))))} per {gpu_reader()})")
 
     def last_lines(self, n: int = LOG_TAIL) -> list[str]:
         try:
@@ -185,22 +190,55 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _wait_until(done, timeout_s: float, why: str) -> None:
+def _wait_until(done, timeout_s: float, why) -> None:
+    """Poll `done` until true; EngineFailed(why) (a string, or a function giving it) past the timeout."""
     deadline = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > deadline:
-            raise EngineFailed(why)
+            raise EngineFailed(why() if callable(why) else why)
         time.sleep(0.2)
 
 
+def gpu_reader() -> str:
+    """What tells which processes hold GPU memory here: "NVML", "nvidia-smi", or "none" (no GPU)."""
+    nvml = _nvml()
+    if nvml is not None:
+        nvml.nvmlShutdown()
+        return "NVML"
+    return "nvidia-smi" if shutil.which("nvidia-smi") else "none"
+
+
 def gpu_pids(pids: set[int]) -> set[int]:
-    """Which of `pids` still hold GPU memory (NVML); empty without a GPU or NVML."""
+    """Which of `pids` still hold GPU memory: NVML where it initializes, else `nvidia-smi
+    --query-compute-apps=pid` where that is on PATH; empty without either (a machine with no GPU)."""
+    nvml = _nvml()
+    if nvml is not None:
+        return _nvml_pids(nvml, pids)
+    if shutil.which("nvidia-smi") is None:
+        return set()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()  # a tool that cannot answer tells nothing; the port and process checks stand
+    if out.returncode != 0:
+        return set()
+    held = {int(w) for w in out.stdout.split() if w.strip().isdigit()}
+    return held & pids
+
+
+def _nvml():
+    """pynvml, initialized; None where it is not installed or finds no driver."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # no driver, no library: nothing can hold GPU memory
-        return set()
+    except Exception:  # no driver, no library
+        return None
+    return pynvml
+
+
+def _nvml_pids(pynvml, pids: set[int]) -> set[int]:
     try:
         held = set()
         for i in range(pynvml.nvmlDeviceGetCount()):
