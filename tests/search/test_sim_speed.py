@@ -21,6 +21,7 @@ from moetune.search.cost.warm import warm
 from moetune.search.study.space import Deployment
 from tests.search.test_estimates_unchanged import synthetic_source
 from tests.search.test_op_tables import table  # noqa: F401 - the module's parquet table fixture
+from tests.search.test_slot_sums import SLOT_CASES
 
 
 def slot_by_slot(win, keys, prep, R: int, halves: int) -> list[np.ndarray]:
@@ -47,13 +48,7 @@ def slot_by_slot(win, keys, prep, R: int, halves: int) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("d,halves", [
-    (Deployment(max_num_seqs=8), 1),
-    (Deployment(ep_size=3, redundant_experts=2, placement="eplb", max_num_seqs=5, quant_low_format="int4",
-                quant_hot_fraction=0.25), 1),
-    (Deployment(ep_size=4, redundant_experts=4, placement="round_robin", max_num_seqs=7, quant_low_format="fp8"), 2),
-    (Deployment(ep_size=2, placement="eplb", redundant_experts=6, max_num_seqs=64, max_num_batched_tokens=256), 2),
-])
+@pytest.mark.parametrize("d,halves", SLOT_CASES)
 def test_the_compiled_slot_sums_equal_a_slot_by_slot_sum_bit_for_bit(d, halves):
     sim = Simulator(synthetic_source(), BUILTIN["H200"])
     lens = tuple(int(x) for x in np.random.default_rng(3).integers(3, 700, size=31))  # windows wrap the pools

@@ -13,13 +13,16 @@ from moetune.search.study.space import Deployment
 from tests.search.test_estimates_unchanged import synthetic_source
 
 
-@pytest.mark.parametrize("d,halves", [
+SLOT_CASES = [
     (Deployment(max_num_seqs=8), 1),
     (Deployment(ep_size=3, redundant_experts=2, placement="eplb", max_num_seqs=5, quant_low_format="int4",
                 quant_hot_fraction=0.25), 1),
     (Deployment(ep_size=4, redundant_experts=4, placement="round_robin", max_num_seqs=7, quant_low_format="fp8"), 2),
     (Deployment(ep_size=2, placement="eplb", redundant_experts=6, max_num_seqs=64, max_num_batched_tokens=256), 2),
-])
+]  # (deployment, halves): awkward EP sizes, replicas, placements, low formats
+
+
+@pytest.mark.parametrize("d,halves", SLOT_CASES)
 def test_the_compiled_slot_sums_equal_the_numpy_reference(d, halves):
     src = synthetic_source()
     sim = Simulator(src, BUILTIN["H200"])
