@@ -103,8 +103,8 @@ class _Region:
     def packed(self, parts, start: int, stop: int) -> FormatGroup:
         named = dict(zip([p[0] for p in self.layout.parts], parts))
         t13, t2 = self.template.w13, self.template.w2
-        w13 = PackedWeight(named["w13"], named.get("w13_scale"), t13.fmt, t13.group_size)
-        w2 = PackedWeight(named["w2"], named.get("w2_scale"), t2.fmt, t2.group_size)
+        w13 = PackedWeight(named["w13"], named.get("w13_scale"), t13.fmt, t13.group_size, stable=False)  # slots
+        w2 = PackedWeight(named["w2"], named.get("w2_scale"), t2.fmt, t2.group_size, stable=False)
         return FormatGroup(start, stop, w13, w2)
 
 

@@ -40,6 +40,8 @@ class PackedWeight:
     scale: torch.Tensor | None
     fmt: WeightFormat = WeightFormat.NONE
     group_size: int = 0  # INT4 only
+    stable: bool = True  # False: its tensors are rewritten in place (an offloading cache's slots), so no
+    # kernel caches anything derived from them (`kernels/cpu/q4r.repacked`)
 
     @property
     def num_experts(self) -> int:

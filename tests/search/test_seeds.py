@@ -40,7 +40,7 @@ def _deployment(params: dict) -> Deployment:
 def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
     space, setup, seeds = _seeds(_inputs(run_dir))
     assert [s.name for s in seeds] == ["ep-node", "wide-ep", "dp-attention"]  # DeepSeek-V3 needs a whole node: no
-    # replicas seed
+    # replicas seed, no narrower mesh
     domains = {k.name: k.values for k in space.knobs}
     for s in seeds:
         assert set(s.params) == set(domains) and all(v in domains[k] for k, v in s.params.items()), s
@@ -57,8 +57,14 @@ def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
 
 def test_a_small_model_gets_the_most_replicas_and_a_tp_seed_only_where_tp_is_searched(run_dir):
     _, _, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"))
-    assert [s.name for s in seeds] == ["replicas", "ep-node", "wide-ep", "dp-attention"]
+    assert [s.name for s in seeds] == ["replicas", "replicas-own-experts", "ep-node", "wide-ep", "dp-attention",
+                                       "dp-attention-4", "dp-attention-2"]
     assert (seeds[0].params["ep_size"], seeds[0].params["replicas"]) == (1, 8)
+    assert (seeds[0].params["quant_low_format"], seeds[1].params["quant_low_format"]) == ("fp8", "none")
+    assert {k: v for k, v in seeds[1].params.items() if k != "quant_low_format"} == \
+        {k: v for k, v in seeds[0].params.items() if k != "quant_low_format"}
+    meshes = {s.name: (s.params["attn_dp"], s.params["expert_tp_size"], s.params["replicas"]) for s in seeds[4:]}
+    assert meshes == {"dp-attention": (8, 8, 1), "dp-attention-4": (4, 4, 2), "dp-attention-2": (2, 2, 4)}
     groups = {"tp_size": [1, 2, 4, 8], "expert_tp_size": [1, 2, 4, 8]}
     _, setup, seeds = _seeds(_inputs(run_dir, "mixtral-8x7b.json"), groups)
     tp = seeds[-1]

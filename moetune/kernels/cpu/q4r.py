@@ -56,7 +56,11 @@ def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
 def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """`repack(w)`, made once per weight: cached on its data tensor's identity (dropped when that is
     freed) and remade when its data or scales were written in place since (torch's version counter:
-    an offloading store copies experts into its slot tensors)."""
+    an offloading store copies experts into its slot tensors). An inference tensor (made under
+    `torch.inference_mode`) has no version counter, and an offloading cache's slots are written without
+    bumping it (`PackedWeight.stable` False): those are repacked on every call, never cached."""
+    if not w.stable or w.data.is_inference() or w.scale.is_inference():
+        return repack(w)
     key, version = id(w.data), (w.data._version, w.scale._version)
     hit = _CACHE.get(key)
     if hit is None or hit[2] != version:

@@ -6,9 +6,10 @@ trial budget starts from points a cluster engineer would try by hand instead of 
 | seed | what it is |
 |---|---|
 | `replicas` | the most replicas at the smallest EP group (no TP, dividing the GPUs) that fits memory: the data-parallel shape (left out when that group is a node's or wider: the EP seeds below) |
+| `replicas-own-experts` | the same with the experts in the checkpoint's own format (fp8 experts are not always faster: vLLM 0.24.0's measured per-tensor fp8 fused MoE at EP 1 on Qwen3-30B-A3B's shapes is ~3× its bf16 one at 64-1,024 tokens) |
 | `ep-node` | EP over one node's GPUs (a replica per node), EPLB placement with ~E/8 redundant slots, 512 tokens per step (short prefill chunks keep TPOT low) |
 | `wide-ep` | EP over every GPU (one replica), EPLB, ~E/8 redundant slots, 256 tokens per step (one node: EP over its GPUs at the shorter chunk) |
-| `dp-attention` | attention data-parallel over one node's GPUs with every expert TP-split over them (all-gather dispatch, `deploy.attn_dp`): vLLM's `--data-parallel-size` without expert parallelism, the mesh measured tables favour for DeepSeek-V3 (only where the space searches attn_dp and expert_tp_size) |
+| `dp-attention` | attention data-parallel over one node's GPUs with every expert TP-split over them (all-gather dispatch, `deploy.attn_dp`): vLLM's `--data-parallel-size` without expert parallelism, the mesh measured tables favour for DeepSeek-V3 (only where the space searches attn_dp and expert_tp_size); `dp-attention-G`: the same mesh over G < a node's GPUs with replicas filling the rest (each G dividing the GPUs, kept where it fits memory: the peer's Mixtral pick, 2 × DP-4 × TP-4) |
 | `tp` | attention, dense and expert weights split over the smallest TP group the heads allow that fits, replicas filling the GPUs (only where --space searches tp_size) |
 
 Every seed prefers fp8 experts, dense weights and KV cache where the space holds those values, one
@@ -39,11 +40,18 @@ def reference_seeds(space: Space, lim: Limits, gpus_per_node: int, rule: MemoryR
     wide = max(make.domain("ep_size"))
     tiling = make.tiling("ep_size")  # EP groups whose replicas fill the GPUs
     replicas = make.smallest_fitting(lambda r: make.point(ep_size=r, tokens=2048), tiling)
-    candidates = [("replicas", replicas if replicas is not None and replicas["ep_size"] < node else None),
+    replicas = replicas if replicas is not None and replicas["ep_size"] < node else None
+    candidates = [("replicas", replicas),
+                  ("replicas-own-experts", replicas and {**replicas, "quant_low_format": make.pick("quant_low_format",
+                                                                                                   "none")}),
                   ("ep-node", make.ep_point(node, tokens=512)),
                   ("wide-ep", make.ep_point(wide, tokens=256))]
-    if node > 1 and node in make.domain("attn_dp") and node in make.domain("expert_tp_size"):
-        candidates.append(("dp-attention", make.mesh_point(node)))
+    meshes = [g for g in make.domain("attn_dp") if 1 < g <= node and make.lim.max_ranks % g == 0
+              and g in make.domain("expert_tp_size")]
+    for g in sorted(meshes, reverse=True):  # the node-wide mesh first, then narrower ones with replicas
+        point = make.mesh_point(g)
+        if g == node or make.fits(point):
+            candidates.append(("dp-attention" if g == node else f"dp-attention-{g}", point))
     if any(g > 1 for g in make.domain("tp_size")):
         groups = [g for g in make.tiling("tp_size") if g > 1]
         candidates.append(("tp", make.smallest_fitting(lambda g: make.point(tp_size=g, tokens=2048), groups)))
@@ -132,6 +140,11 @@ class _Maker:
     def tiling(self, knob: str) -> list[int]:
         """The knob's values (EP size, TP group) that divide the hardware's GPUs, smallest first."""
         return sorted(v for v in self.domain(knob) if self.lim.max_ranks % v == 0)
+
+    def fits(self, params: dict) -> bool:
+        """Whether the seed passes prune and (with a memory rule) fits memory."""
+        d = self.repaired(params)
+        return d is not None and (self.rule is None or self.rule.reason(d) is None)
 
     def smallest_fitting(self, make, values: list[int]) -> dict | None:
         """The seed at the smallest of `values` (EP sizes or TP groups) that prune passes and memory fits;
