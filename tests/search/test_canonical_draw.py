@@ -38,7 +38,7 @@ def test_no_point_is_priced_twice_and_twins_spend_no_budget(run_dir, tmp_path):
                      "offload_resident_fraction: 1\ndense_format: none\nkv_format: none\noverlap: [0, 1]\n"
                      "attn_dp: 0\nexpert_tp_size: 1\n")  # the parallel mesh only (meshes: test_space.py)
     out = tmp_path / "out"
-    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", 10, 0)
+    st = StudySettings("s", f"sqlite:///{out / 'study.db'}", ("throughput_per_gpu",), "tpe", 16, 0)
     run_search(SearchSettings(Inputs(str(run_dir), "H200", concurrency=8), st, out, "simulate", str(space)))
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{out / 'study.db'}")
     trials = study.get_trials(deepcopy=False)
@@ -47,7 +47,7 @@ def test_no_point_is_priced_twice_and_twins_spend_no_budget(run_dir, tmp_path):
     counted = [t for t in trials if not t.user_attrs.get("twin") and not t.user_attrs.get("surplus")]
     keys = [t.user_attrs["canonical"] for t in priced]
     assert len(keys) == len(set(keys))  # each canonical point priced once
-    assert len(counted) == 10 and twins  # the budget is ten points; the twins came on top of it
+    assert len(counted) == 16 and twins  # the budget is 16 points; the twins came on top of it
     assert all(t.user_attrs["canonical"] in keys for t in twins)  # a twin reuses a priced point's result
 
 
