@@ -2,31 +2,19 @@
 bound to its own shapes, not to the previous trial's: its figures do not depend on what was priced before
 (the old code read `sim.measured` as left by the last plain trial: DP-8 × TP-8 experts looked up at EP 8)."""
 
-from pathlib import Path
 
 import pytest
 
 from moetune.search.cost import op_tables
 from moetune.search.cost.deployment import Deployment
-
-SCALE = Path(__file__).resolve().parents[2] / "recipes" / "scale"
-
-
-def _sim(run_dir):
-    from moetune.search.cost.hardware import BUILTIN
-    from moetune.search.cost.simulate import Simulator
-    from moetune.search.cost.source import load_source
-
-    sim = Simulator(load_source(run_dir, str(SCALE / "mixtral-8x7b.json")), BUILTIN["H200"])
-    sim.tables = op_tables.choose("H200", "vllm")
-    return sim
+from tests.search.test_mixed_experts import mixtral_sim
 
 
 @pytest.mark.skipif(not op_tables.installed(), reason="needs the gpu-db extra (aiconfigurator-core)")
 def test_a_mesh_trial_is_priced_on_its_own_tables_whatever_came_before(run_dir):
     mesh = Deployment(attn_dp=4, ep_size=1, expert_tp_size=4, max_num_seqs=16, max_num_batched_tokens=2048)
-    alone = _sim(run_dir).evaluate(mesh)
-    sim = _sim(run_dir)
+    alone = mixtral_sim(run_dir).evaluate(mesh)
+    sim = mixtral_sim(run_dir)
     sim.evaluate(Deployment(ep_size=8, max_num_seqs=16))  # binds EP 8 shapes
     after = sim.evaluate(mesh)
     assert after.phases_ms["decode"]["experts"] == pytest.approx(alone.phases_ms["decode"]["experts"])

@@ -61,7 +61,8 @@ def test_the_hot_share_is_the_hottest_ceil_of_the_experts():
     assert hot_share(0.25, 256) == 64 / 256
 
 
-def _mixtral_sim(run_dir):
+def mixtral_sim(run_dir):
+    """A simulator on Mixtral-8x7B's shapes over 8×H200 priced from vLLM's tables (also test_mesh_tables_bound)."""
     from moetune.search.cost.hardware import BUILTIN
     from moetune.search.cost.simulate import Simulator
     from moetune.search.cost.source import load_source
@@ -73,7 +74,7 @@ def _mixtral_sim(run_dir):
 
 @pytest.mark.skipif(not op_tables.installed(), reason="needs the gpu-db extra (aiconfigurator-core)")
 def test_a_mixed_hot_trial_is_priced_wholly_from_the_tables(run_dir):
-    sim = _mixtral_sim(run_dir)
+    sim = mixtral_sim(run_dir)
     d = Deployment(ep_size=8, quant_low_format="fp8", quant_hot_fraction=0.125)
     m = sim.evaluate(d)
     assert m.detail["measured_share"] == pytest.approx(1.0, abs=1e-9)  # old code: experts roofline, share < 0.5
@@ -85,7 +86,7 @@ def test_the_mixed_op_lies_between_all_bf16_and_all_fp8_at_the_same_rows(run_dir
     from moetune.search.cost import tp as tp_costs
     from moetune.search.cost.precision import precision
 
-    sim = _mixtral_sim(run_dir)
+    sim = mixtral_sim(run_dir)
     m = sim.src.model
     rows = np.array([[2.0, 30.0, 400.0, 3000.0]])  # [Lm, R]
 
