@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, q4_col, q4_cols, q8_rows, quantize_row_split, quantize_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, dense_rows, int4_tile
+from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, dense_rows, gemv_rows, int4_tile
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 
@@ -23,6 +23,13 @@ def _linear_block(x, w, scale, y, block, b):
     M, N = x.shape[0], w.shape[0]
     ahead = M > 1 or w.shape[1] * w.itemsize <= SHORT_ROW
     n1 = min(N, (b + 1) * block)
+    if M == 1:  # a GEMV: four weight rows per pass (`gemv_rows`: four read streams, docs/cpu.md)
+        for n in range(b * block, n1, 4):
+            if ahead and n + AHEAD + 3 < N:
+                for i in range(4):
+                    prefetch_row(w, n + AHEAD + i)
+            gemv_rows(x, 0, w, n, min(n1, n + 4), scale, y, 0)
+        return
     for mc in range(0, M, M_CHUNK):
         for n in range(b * block, n1, 2):
             n2 = min(n + 1, n1 - 1)
