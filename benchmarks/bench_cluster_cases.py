@@ -184,7 +184,7 @@ def one_gpu(a, cases: list) -> None:
     if a.write_doc:
         after = loadavg()
         titles = {"1gpu": "the 1-GPU replica beside AIConfigurator, a static batch",
-                  "steady": "the 1-GPU replica beside AIConfigurator, the steady state at max_num_batched_tokens 2,048"}
+                  "steady": "the 1-GPU replica beside AIConfigurator, the steady state"}
         for key, lines in tables.items():
             name = f"peer-{a.engine}-{key}"
             title = f"{titles[key]}, {a.engine} {a.engine_version or 'current'} tables (estimated)"
