@@ -54,6 +54,10 @@ the peer substitutes those rows, moetune priced the engine's measured 2-node dis
 substitutes them too (op_tables.Measured.deepep_curves), EP-16 TPOT 0.83-1.04x the peer's. The tables
 and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py).
 
+2026-12-05 (issue 38), `--peer PYTHON --one-gpu`: the 1-GPU replica agrees with AIConfigurator on a static batch
+(TPOT 0.96-1.01 at 1-512) and, after the mixed-step fix (op_tables.mixed_split), on its mixed step (0.97-0.99; was
+0.74 on Qwen3 at 384); the steady states part by the schedule's shape only (TPOT 0.81-0.96). docs/search.md has it.
+
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
 closed loop is prefill-bound: 123–138 output tok/s/GPU, TPOT ~560 ms); Mixtral TP 4 on 4×A100 at
