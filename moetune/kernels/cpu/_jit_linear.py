@@ -1,6 +1,7 @@
 """Small-M linear: x [M, K] @ W [N, K].T over blocks of weight rows (numba; imported by `_jit`).
 
-fp32 / int8 rows through the fp32 tiles of `_jit_tiles` (`linear_dense`), int8 rows in integers
+fp32 / int8 rows through the fp32 tiles of `_jit_tiles` (`linear_dense`; at one x row four weight
+rows per pass, `gemv_rows`), int8 rows in integers
 (`linear_q8`: x quantised once per call to int16 per block, `_jit_q8`), int4 rows in integers
 (`linear_q4`) or through the fp32 nibble split (`linear_int4`). Each parallel driver has a serial
 twin over the same work items (`runtime.launch` hands them out for small calls).

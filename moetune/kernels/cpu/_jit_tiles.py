@@ -75,7 +75,7 @@ def dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
         y[r, col], y[r + 1, col] = a0 * s, a1 * s
         y[r, col2], y[r + 1, col2] = b0 * s2, b1 * s2
         m += 2
-    while m < m1:  # one x row: a plain dot per weight row (one stream each; 1.5x the joint loop's rate)
+    while m < m1:  # the last x row of a chunk: a dot per weight row (a call of one x row takes `gemv_rows`)
         y[ym0 + m - m0, col] = dot_row(x, m, w, n) * s
         if n2 != n or col2 != col:
             y[ym0 + m - m0, col2] = dot_row(x, m, w, n2) * s2
