@@ -137,8 +137,8 @@ class _Maker:
         replicas = self.pick("replicas", self.lim.max_ranks // (2 * group), 1)
         per_replica = self.lim.requests if self.lim.per_replica else -(-self.lim.requests // replicas)
         per_replica *= 2 if load_per_gpu else 1  # the decode worker holds both workers' GPUs' share
-        return {**self.mesh_point(group), **{k: v for k, v in workers.items() if k in self.domains},
-                "replicas": replicas, "max_num_seqs": self.seqs_holding(-(-per_replica // group))}
+        knobs = {**workers, "replicas": replicas, "max_num_seqs": self.seqs_holding(-(-per_replica // group))}
+        return {**self.mesh_point(group), **{k: v for k, v in knobs.items() if k in self.domains}}
 
     def seqs_holding(self, per_rank: int) -> int:
         """The smallest max_num_seqs of the space holding `per_rank` requests (else its largest)."""
