@@ -120,8 +120,10 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
     sock = bind(cfg.serve.host, cfg.serve.port)  # a taken port fails before the model loads
     server = build_server(cfg, api_key)
     host, port = sock.getsockname()[:2]
+    from moetune.engine.threads import wait_policy
+
     print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
-          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
+          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops; OpenMP wait: {wait_policy()})", file=sys.stderr, flush=True)
     uv = CleanExitServer(uvicorn_config(server.app, "info", cfg.serve), server.state, cfg.serve.drain_timeout_s)
 
     def fatal(reason: str) -> None:  # on the engine thread
