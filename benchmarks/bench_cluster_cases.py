@@ -52,7 +52,12 @@ configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and 
 TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
 the peer substitutes those rows, moetune priced the engine's measured 2-node dispatch); since moetune
 substitutes them too (op_tables.Measured.deepep_curves), EP-16 TPOT 0.83-1.04x the peer's. The tables
-and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py).
+and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py);
+peer_disagg.py: the peer's best disaggregated DeepSeek-V3 deployment (16×H200) step by step, op group by op group.
+2026-12-05, with the disaggregated seed and the prefill worker's expert TP searched (commit a2b194c, load 1.5):
+DeepSeek-V3 16×H200 picks the peer's own shape (1 prefill + 1 decode worker, DP-8 attention × TP-8 experts),
+508 tok/s/GPU at 404 in flight vs the peer's 412 (1.23×; the peer prices it at 413); 8×H200 unchanged (327;
+after main's mixed-step pricing, e4ea4d6: 277, the same on main alone).
 
 2026-12-05 (issue 38), `--peer PYTHON --one-gpu`: the 1-GPU replica agrees with AIConfigurator on a static batch
 (TPOT 0.96-1.01 at 1-512) and, after the mixed-step fix (op_tables.mixed_split), on its mixed step (0.97-0.99; was
