@@ -36,6 +36,7 @@ I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64
 F32 = ir.FloatType()
 FAST = ("fast",)
 ROWS = 16  # weight rows per interleaved block (one int32 lane each)
+PART = 254.0  # ratio of one x part's step to the next's (`_jit_q4r.quantize_row`)
 V8, V16, V32 = ir.VectorType(I8, 64), ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 VF = ir.VectorType(F32, 16)
 
@@ -142,7 +143,14 @@ def _bcast4(builder, xp, off):
     return builder.bitcast(_splat(builder, v, I32, 16), V8)
 
 
-def _q4r_codegen(R: int):
+def _scales(builder, sp, g, s_t):
+    """The block's 16 rows' group-g scales as <16 x float>: fp32, or fp16 bits widened."""
+    if s_t.dtype == types.float32:
+        return _load(builder, sp, builder.mul(g, I64(ROWS)), VF)
+    return _half_to_float(builder, _load(builder, sp, builder.mul(g, I64(ROWS)), ir.VectorType(I16, 16)))
+
+
+def _q4r_codegen(R: int, P: int):
     def codegen(context, builder, sig, args):
         xq_t, xd_t, xc_t, _, w_t, s_t, _, out_t = sig.args[:8]
         r, nb, orow, ocol = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (3, 6, 8, 9))
@@ -151,29 +159,36 @@ def _q4r_codegen(R: int):
         xdp = [_row_ptr(context, builder, xd_t, args[1], m, F32)[0] for m in xrows]
         xcp = [_row_ptr(context, builder, xc_t, args[2], m, I32)[0] for m in xrows]
         wp, wary = _row_ptr(context, builder, w_t, args[4], builder.mul(nb, I64(ROWS)), I8)
-        sp = _row_ptr(context, builder, s_t, args[5], nb, I16)[0]  # fp16 bits
+        elem = F32 if s_t.dtype == types.float32 else I16
+        sp = _row_ptr(context, builder, s_t, args[5], nb, elem)[0]
         ops = [builder.gep(_row_ptr(context, builder, out_t, args[7], builder.add(orow, I64(i)), F32)[0], [ocol])
                for i in range(R)]
         G, H = cgutils.unpack_tuple(builder, wary.shape)[1:]
         C = builder.sdiv(H, I64(4))  # chunks per group
+        K = builder.mul(G, builder.mul(H, I64(2)))  # x columns: part p of x row i at xq[i, p·K:]
         faccs = [cgutils.alloca_once_value(builder, ir.Constant(VF, None)) for _ in range(R)]
         low = ir.Constant(V8, [15] * 64)
         with cgutils.for_range(builder, G) as gl:
             g = gl.index
-            iaccs = [cgutils.alloca_once_value(builder, _splat(builder, builder.load(builder.gep(p, [g])), I32, 16))
-                     for p in xcp]
+            iaccs = [[cgutils.alloca_once_value(builder, _splat(builder, builder.load(builder.gep(p, [builder.add(
+                builder.mul(I64(q), G), g)])), I32, 16)) for q in range(P)] for p in xcp]  # [R][P]
             t0 = builder.mul(g, C)
             with cgutils.for_range(builder, C) as cl:
                 t = builder.add(t0, cl.index)
                 v = _load(builder, wp, builder.mul(t, I64(64)), V8)
                 lo, hi = builder.and_(v, low), builder.lshr(v, ir.Constant(V8, [4] * 64))
                 for i in range(R):
-                    xe, xo = _bcast4(builder, xps[i], builder.mul(t, I64(8))), _bcast4(builder, xps[i], builder.add(builder.mul(t, I64(8)), I64(4)))
-                    builder.store(_dot8(builder, builder.load(iaccs[i]), lo, xe, hi, xo), iaccs[i])
-            sv = _half_to_float(builder, _load(builder, sp, builder.mul(g, I64(ROWS)), ir.VectorType(I16, 16)))
+                    for q in range(P):
+                        off = builder.add(builder.mul(I64(q), K), builder.mul(t, I64(8)))
+                        xe, xo = _bcast4(builder, xps[i], off), _bcast4(builder, xps[i], builder.add(off, I64(4)))
+                        builder.store(_dot8(builder, builder.load(iaccs[i][q]), lo, xe, hi, xo), iaccs[i][q])
+            sv = _scales(builder, sp, g, s_t)
             for i in range(R):
                 sc = builder.fmul(sv, _splat(builder, builder.load(builder.gep(xdp[i], [g])), F32, 16), flags=FAST)
-                fv = builder.sitofp(builder.load(iaccs[i]), VF)
+                fv = builder.sitofp(builder.load(iaccs[i][P - 1]), VF)
+                for q in range(P - 2, -1, -1):  # Σ_q acc_q·254^-q, lowest part first (Horner)
+                    fv = builder.fadd(builder.fmul(fv, ir.Constant(VF, [1 / PART] * 16), flags=FAST),
+                                      builder.sitofp(builder.load(iaccs[i][q]), VF), flags=FAST)
                 builder.store(builder.fadd(builder.load(faccs[i]), builder.fmul(fv, sc, flags=FAST), flags=FAST), faccs[i])
         for i in range(R):
             builder.store(builder.load(faccs[i]), builder.bitcast(ops[i], VF.as_pointer()), align=4)
@@ -181,18 +196,25 @@ def _q4r_codegen(R: int):
     return codegen
 
 
-def _q4r_tile(R: int):
+def _q4r_tile(R: int, P: int):
     @intrinsic
     def tile(typingctx, xq, xd, xc, r, w, s, nb, out, orow, ocol):
         def arr(a, dt, nd):
-            return isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" and a.ndim == nd
-        if not (arr(xq, types.int8, 2) and arr(xd, types.float32, 2) and arr(xc, types.int32, 2)
-                and arr(w, types.uint8, 3) and arr(s, types.int16, 3) and arr(out, types.float32, 2)):
+            return isinstance(a, types.Array) and a.dtype in dt and a.layout == "C" and a.ndim == nd
+        if not (arr(xq, (types.int8,), 2) and arr(xd, (types.float32,), 2) and arr(xc, (types.int32,), 2)
+                and arr(w, (types.uint8,), 3) and arr(s, (types.int16, types.float32), 3)
+                and arr(out, (types.float32,), 2)):
             return None
-        return types.void(xq, xd, xc, r, w, s, nb, out, orow, ocol), _q4r_codegen(R)
+        return types.void(xq, xd, xc, r, w, s, nb, out, orow, ocol), _q4r_codegen(R, P)
     return tile
 
 
-q4r_tile_1 = _q4r_tile(1)
-q4r_tile_2 = _q4r_tile(2)
-q4r_tile_4 = _q4r_tile(4)
+
+q4r_tile_1 = _q4r_tile(1, 1)
+q4r_tile_2 = _q4r_tile(2, 1)
+q4r_tile_4 = _q4r_tile(4, 1)
+q4r_tile_1p2 = _q4r_tile(1, 2)
+q4r_tile_2p2 = _q4r_tile(2, 2)
+q4r_tile_4p2 = _q4r_tile(4, 2)
+q4r_tile_1p3 = _q4r_tile(1, 3)
+q4r_tile_2p3 = _q4r_tile(2, 3)
