@@ -165,3 +165,39 @@ def test_a_weight_written_in_place_is_repacked_again():
     got = linear(x, one, threads=1)
     assert not torch.equal(got, before)
     _close(got, x, other)
+
+
+def test_slots_are_repacked_once_per_write(monkeypatch):
+    """An offloading cache's slots count their writes (`PackedWeight.generation`), which torch's version
+    counter misses (it writes them with preadv, or under inference mode): the repack cache follows the
+    counts, slot by slot — a slot written is repacked once, the others not at all."""
+    from moetune.kernels.cpu import q4r
+
+    g = torch.Generator().manual_seed(11)
+    with torch.inference_mode():  # as the slots of an engine's cache: no version counter
+        w = quantize_int4(torch.randn(3, 64, 64, generator=g), 32)  # w13 of 3 experts: 2I = 64, D = 64
+        data, scale = w.data.clone(), w.scale.clone()
+    written = torch.zeros(3, dtype=torch.int64)
+    slots = PackedWeight(data, scale, WeightFormat.INT4, 32, generation=written)
+    calls = []
+    real = q4r.repack
+    monkeypatch.setattr(q4r, "repack", lambda v, fp16=False: calls.append(v.data.dim()) or real(v, fp16))
+    first = [t.clone() for t in q4r.repacked(slots)]
+    assert calls == [3]  # the whole weight, once
+    assert all(torch.equal(a, b) for a, b in zip(q4r.repacked(slots), first)) and calls == [3]  # nothing written
+    other = quantize_int4(torch.randn(64, 64, generator=g), 32)
+    with torch.inference_mode():
+        data[1].copy_(other.data)
+        scale[1].copy_(other.scale)
+    written[1] += 1
+    got = q4r.repacked(slots)
+    assert calls == [3, 2]  # slot 1 alone
+    fresh = real(PackedWeight(data, scale, WeightFormat.INT4, 32))
+    assert all(torch.equal(a, b) for a, b in zip(got, fresh))  # the copy holds the new bytes
+    assert not torch.equal(got[0][1], first[0][1]) and torch.equal(got[0][0], first[0][0])
+    q4r.repacked(slots)
+    assert calls == [3, 2]  # once per write
+    w2 = quantize_int4(torch.randn(3, 64, 32, generator=g), 32)
+    x, off = torch.randn(3, 64, generator=g), torch.tensor([0, 1, 3, 3])
+    plain = PackedWeight(data.clone(), scale.clone(), WeightFormat.INT4, 32)
+    assert torch.equal(fused_experts_cpu(x, off, slots, w2, threads=1), fused_experts_cpu(x, off, plain, w2, threads=1))

@@ -1,12 +1,16 @@
-"""Int4 weights in the interleaved layout against int8-rounded x (numba; imported by `_jit`).
+"""Int4 weights in the interleaved layout against x in int8 parts (numba; imported by `_jit`).
 
 The layout and the tile are `_simd_q4r`'s (blocks of 16 weight rows, one int32 lane per row); here
-x is rounded once per call (`quantize_rows`: int8 per group, Q8_0-style) and the tiles run over
-every (block of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1, so each unpacked
-weight chunk serves up to 4 x rows and each broadcast x chunk 16 weight rows.
+x is rounded once per call (`quantize_row`: per group, in P int8 parts, each the rounded residual of
+the ones before: P = 1 is Q8_0-style, 2 ~16 bits, 3 ~fp32's 24) and the tiles run over every (block
+of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1 (3 parts: 2, then 1), so each
+unpacked weight chunk serves up to 4 x rows and each broadcast x chunk 16 weight rows. A call (an
+expert) of up to FEW_ROWS x rows takes `few` parts, a longer one `many` (`parts`; `runtime.Q4_X_PARTS_FEW`,
+`Q4_X_PARTS`).
 
-  linear_q4r(x, w, s, y)          y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [NB, G, 16])
-  experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y)
+  linear_q4r(x, w, s, y, few, many)
+                                  y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [NB, G, 16])
+  experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many)
                                   y[rows of e] = (silu(x W1ᵀ)·(x W3ᵀ)) W2ᵀ for each active expert e:
                                   w13 [E, 2I, Gd, Hd] (gate rows, then up rows: blocks of 16 never
                                   straddle the two, I being a multiple of the group), w2 [E, D, Gi, Hi],

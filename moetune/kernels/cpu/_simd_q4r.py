@@ -3,23 +3,27 @@
 Layout (`q4r.repack`): the int4 rows of a weight in blocks of 16 rows; within a block, for each
 group g and each 4-byte chunk c of the group's bytes, the 4 bytes of row 0, then row 1, ... row 15:
 one 64-byte vector holds chunk c of 16 rows (8 weights each: 4 low nibbles = even columns, 4 high =
-odd columns, the byte order of `formats.quantize_int4`). Scales [NB, G, 16] in fp16 (their bits as
-int16, widened by `vcvtph2ps`; llama.cpp's Q4_0 keeps fp16 scales too): the block's 16 rows' scales of
-group g side by side. x is rounded to int8 per group (Q8_0-style: scale absmax/127) in the
-order of the chunks: for each group, for each chunk c, its 4 even then its 4 odd columns (`xq`),
-with xd [M, G] the group scales and xc [M, G] = −8·Σ_group xq (the nibbles' zero point).
+odd columns, the byte order of `formats.quantize_int4`). Scales [NB, G, 16] in fp32, or fp16 (their
+bits as int16, widened by `vcvtph2ps`; llama.cpp's Q4_0 keeps fp16 scales): the block's 16 rows' scales
+of group g side by side. x is rounded per group in P int8 parts (the first Q8_0-style: step absmax/127;
+each next one the rounded residual in steps 254 times finer: x ≈ xd·Σ_p xq_p·254⁻ᵖ) in the order of the
+chunks: for each group, for each chunk c, its 4 even then its 4 odd columns (part p of row m at
+xq[m, pK:]), with xd [M, G] the group scales and xc [M, P·G] = −8·Σ_group xq_p (the nibbles' zero point).
 
-  q4r_tile_R(xq, xd, xc, r, w, s, nb, out, orow, ocol)
-      out[orow + i, ocol + l] = Σ_g s[nb, g, l]·xd[r + i, g]·(xc[r + i, g] + Σ_{k in g} xq[r + i, k]·q[16·nb + l, k])
-      for i < R (1, 2, 4 x rows), l < 16 (the block's rows): w uint8 [Npad, G, H] (interleaved, H bytes
-      per row and group), s int16 [NB, G, 16] (fp16 bits), xq int8 [M, K], xd fp32 [M, G], xc int32 [M, G], out fp32.
+  q4r_tile_R[pP](xq, xd, xc, r, w, s, nb, out, orow, ocol)
+      out[orow + i, ocol + l] = Σ_g s[nb, g, l]·xd[r + i, g]·Σ_p 254⁻ᵖ·S_p,
+      S_p = xc[r + i, pG + g] + Σ_{k in g} xq[r + i, pK + k]·q[16·nb + l, k]
+      for i < R (1, 2, 4 x rows), p < P (1, 2, 3 parts), l < 16 (the block's rows): w uint8 [Npad, G, H]
+      (interleaved, H bytes per row and group), s fp32 or int16 (fp16 bits) [NB, G, 16], xq int8 [M, P·K],
+      xd fp32 [M, G], xc int32 [M, P·G], out fp32. Each part has its own int32 accumulator (P chains).
 
 One 64-byte load, one shift and two ands serve 16 weight rows and R x rows; x's 4 even (odd) int8 of a
 chunk are broadcast to the 16 int32 lanes, one lane per weight row, so no horizontal sum is left:
 the 16 lanes are the 16 outputs. Integer dot of 4 unsigned nibbles × 4 signed int8 into int32 lanes:
 VNNI `vpdpbusd` (AVX-512 VNNI zmm, AVX-VNNI ymm), else `vpmaddubsw` (no saturation: ≤ 2·15·127 per
 pair, ≤ 4·15·127 after adding the odd chunk's) then `vpmaddwd` by ones; generic IR without AVX2.
-A group's sum is exact in int32 (≤ 128·15·127 + 8·128·127), converted once and scaled per lane.
+A part's group sum is exact in int32 (|partial sums| ≤ 8·g·127 + 15·g·127 = 373,888 at g = 128, far from
+2³¹), converted once; the parts combined in fp32 (Horner: (S_2/254 + S_1)/254 + S_0) and scaled per lane.
 
 numba's disk cache keys a kernel on its own source file only: after editing this file delete
 moetune/kernels/cpu/__pycache__/*.nb* (or the kernels that call these tiles keep the old code).

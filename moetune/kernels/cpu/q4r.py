@@ -58,11 +58,14 @@ def repack(w: PackedWeight, fp16: bool = False) -> tuple[torch.Tensor, torch.Ten
 
 def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """`repack(w)`, made once per weight: cached on its data tensor's identity (dropped when that is
-    freed) and remade when its data or scales were written in place since (torch's version counter:
-    an offloading store copies experts into its slot tensors). An inference tensor (made under
-    `torch.inference_mode`) has no version counter, and an offloading cache's slots are written without
-    bumping it (`PackedWeight.stable` False): those are repacked on every call, never cached."""
+    freed) and remade when its data or scales were written in place since: torch's version counter, or
+    for an offloading cache's slots (which it writes without bumping that) their write counts
+    (`PackedWeight.generation`: only the slots written since are repacked, into the cached copy). An
+    inference tensor (made under `torch.inference_mode`) has no version counter, and a weight marked
+    unstable is written untracked: those without write counts are repacked on every call, never cached."""
     fp16 = runtime.Q4_SCALE_FP16
+    if w.generation is not None and w.stable:
+        return _slots_repacked(w, fp16)
     if not w.stable or w.data.is_inference() or w.scale.is_inference():
         return repack(w, fp16)
     key, version = id(w.data), (w.data._version, w.scale._version, fp16)
@@ -71,6 +74,24 @@ def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
         if hit is None:
             weakref.finalize(w.data, _CACHE.pop, key, None)
         hit = _CACHE[key] = (*repack(w, fp16), version)
+    return hit[0], hit[1]
+
+
+def _slots_repacked(w: PackedWeight, fp16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`repacked` of a weight [P, N, K/2] whose slots count their writes (w.generation [P]): the cached
+    copy [P, ...] with the slots written since the last call repacked again, one by one."""
+    key, now = id(w.data), w.generation.clone()  # [P]: a snapshot (a prefetch thread may write meanwhile)
+    hit = _CACHE.get(key)
+    if hit is None or hit[2][0] != fp16:
+        if hit is None:
+            weakref.finalize(w.data, _CACHE.pop, key, None)
+        hit = _CACHE[key] = (*repack(w, fp16), (fp16, now))
+        return hit[0], hit[1]
+    seen = hit[2][1]  # [P]
+    for i in (now != seen).nonzero().flatten().tolist():
+        d, sc = repack(PackedWeight(w.data[i], w.scale[i], w.fmt, w.group_size), fp16)
+        hit[0][i], hit[1][i] = d, sc
+        seen[i] = now[i]
     return hit[0], hit[1]
 
 
