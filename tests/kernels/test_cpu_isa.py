@@ -38,11 +38,11 @@ w2 = quantize_int4(torch.randn(3, 96, 64, generator=g), 32)
 off = torch.tensor([0, 1, 1, 2]); xe = torch.randn(2, 96, generator=g)
 ye = fused_experts_cpu(xe, off, w13, w2, threads=1)
 k = runtime.jit()
-yp = {}  # the other x parts of the interleaved kernels: 1 (with fp16 scales, llama.cpp's Q4_0 x Q8_0) and 3
-for parts, fp16 in ((1, True), (3, False)):
-    runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = parts, fp16
+yp = {}  # the other x parts of the interleaved kernels (the default: 1, fp16 scales as llama.cpp's Q4_0 x Q8_0)
+for parts in (2, 3):
+    runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = parts, False
     yp[parts] = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases[1:]]
-runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = 2, False
+runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = 1, True
 runtime.Q4_INTERLEAVED = False  # the int16 int4 path too (the documented option)
 ys16 = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases[1:]]
 asm = "".join(f.inspect_asm(f.signatures[0]) for f in (k.linear_q8_serial, k.linear_q4_serial))
@@ -76,7 +76,7 @@ def _run_variant(variant: str, tmp_path) -> dict:
     return torch.load(tmp_path / "out.pt", weights_only=False)  # PackedWeights: written by the test itself
 
 
-def _twin_close(got, x, w, interleaved: bool = True, parts: int = 2, fp16: bool = False) -> None:
+def _twin_close(got, x, w, interleaved: bool = True, parts: int = 1, fp16: bool = True) -> None:
     """got equals the integer twin up to one x element rounding the other way, and the fp32 twin
     within `q8_bound` (as tests/kernels/test_cpu_int_simd.py and test_cpu_q4r.py state it). interleaved:
     int4 on the interleaved kernels (x in `parts` int8 parts, the scales in fp16 or fp32; these calls
@@ -116,13 +116,13 @@ def test_each_variant_matches_the_twins(variant, tmp_path):
     for (w, x), (y1, y) in zip(got["cases"][1:], got["y16"]):
         _twin_close(y1, x[:1], w, interleaved=False)
         _twin_close(y, x, w, interleaved=False)
-    for parts, fp16 in ((1, True), (3, False)):
+    for parts in (2, 3):
         for (w, x), (y1, y) in zip(got["cases"][1:], got["parts"][parts]):
-            _twin_close(y1, x[:1], w, parts=parts, fp16=fp16)
-            _twin_close(y, x, w, parts=parts, fp16=fp16)
+            _twin_close(y1, x[:1], w, parts=parts, fp16=False)
+            _twin_close(y, x, w, parts=parts, fp16=False)
     w13, w2, off, xe, ye = got["experts"]
-    ref = fused_experts_cpu_ref(xe, off, w13, w2)  # one-row experts, x and the activation in 2 int8 parts
-    assert ((ye - ref).norm() / ref.norm()).item() < 1e-4
+    ref = fused_experts_cpu_ref(xe, off, w13, w2)  # one-row experts, x and the activation in int8: < 3e-2
+    assert ((ye - ref).norm() / ref.norm()).item() < 3e-2
 
 
 def test_describe_names_the_choice(monkeypatch):

@@ -42,26 +42,26 @@ def quantize_row(x, m, G, P, xq, xd, xc, r):
     int8 in group g (the nibbles' zero point)."""
     K = x.shape[1]
     gs = K // G
+    v = np.empty(gs, F32)  # the group in xq's order, in steps of the part being rounded
     for g in range(G):
         k0 = g * gs
         top = F32(0.0)
         for j in range(gs):
             top = max(top, abs(x[m, k0 + j]))
         inv = QMAX / top if top > 0 else F32(0.0)
-        step = top / QMAX
+        for c in range(gs // 8):  # chunk c: its 4 even columns, then its 4 odd ones
+            for i in range(4):
+                v[8 * c + i] = x[m, k0 + 8 * c + 2 * i] * inv
+                v[8 * c + 4 + i] = x[m, k0 + 8 * c + 2 * i + 1] * inv
         for p in range(P):
-            xc[r, p * G + g] = 0
-        for j in range(gs):  # j: position in xq's order; c chunk, e even (0) / odd (1), i byte in the chunk
-            c, e, i = j // 8, (j // 4) % 2, j % 4
-            v = x[m, k0 + 2 * (4 * c + i) + e] * inv  # in steps of the first part
-            for p in range(P):
-                q = min(max(np.rint(v), -QMAX), QMAX)
-                xq[r, p * K + k0 + j] = np.int8(q)
-                xc[r, p * G + g] += I32(q)
-                v = (v - q) * PART32
-        xd[r, g] = step
-        for p in range(P):
-            xc[r, p * G + g] *= I32(-8)
+            base, total = p * K + k0, 0
+            for j in range(gs):
+                q = min(max(np.rint(v[j]), -QMAX), QMAX)
+                xq[r, base + j] = np.int8(q)
+                total += np.int32(q)
+                v[j] = (v[j] - q) * PART32
+            xc[r, p * G + g] = -8 * total
+        xd[r, g] = top / QMAX
 
 
 @njit(**OPTS)

@@ -41,6 +41,7 @@ F32 = ir.FloatType()
 FAST = ("fast",)
 ROWS = 16  # weight rows per interleaved block (one int32 lane each)
 PART = 254.0  # ratio of one x part's step to the next's (`_jit_q4r.quantize_row`)
+SPAN = 4  # chunks per step of the chunk loop (unrolled; without VNNI their int16 sums widened once)
 V8, V16, V32 = ir.VectorType(I8, 64), ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 VF = ir.VectorType(F32, 16)
 
@@ -102,27 +103,46 @@ def _dot8(builder, acc, lo, xe, hi, xo):
             a = _call(builder, "llvm.x86.avx512.vpdpbusd.256", h8, [a, builder.bitcast(l, h8), builder.bitcast(e, h8)])
             outs.append(_call(builder, "llvm.x86.avx512.vpdpbusd.256", h8, [a, builder.bitcast(h, h8), builder.bitcast(o, h8)]))
         return _join(builder, outs[0], outs[1], 8)
+    return _widen(builder, acc, _pairs(builder, lo, xe, hi, xo))
+
+
+def _vnni() -> bool:
+    """Whether `_dot8` adds into int32 lanes with VNNI (else the int16 pairs of `_pairs` + `_widen`)."""
+    return (_has("avx512vnni") and (_has("avx512bw") or _has("avx512vl"))) or _has("avxvnni")
+
+
+def _pairs(builder, lo, xe, hi, xo):
+    """<32 x i16>: per pair of bytes, lo·xe + lo'·xe' + hi·xo + hi'·xo' (`vpmaddubsw` ×2 + `vpaddw`;
+    ≤ 4·15·127 = 7,620, no saturation) — without AVX2 in generic IR."""
     if _has("avx512bw"):
-        ones = ir.Constant(V16, [1] * 32)
-        p = builder.add(_call(builder, "llvm.x86.avx512.pmaddubs.w.512", V16, [lo, xe]),
-                        _call(builder, "llvm.x86.avx512.pmaddubs.w.512", V16, [hi, xo]))
-        return builder.add(acc, _call(builder, "llvm.x86.avx512.pmaddw.d.512", V32, [p, ones]))
+        return builder.add(_call(builder, "llvm.x86.avx512.pmaddubs.w.512", V16, [lo, xe]),
+                           _call(builder, "llvm.x86.avx512.pmaddubs.w.512", V16, [hi, xo]))
     if _has("avx2"):
-        h8, h16 = ir.VectorType(I32, 8), ir.VectorType(I16, 16)
-        ones = ir.Constant(h16, [1] * 16)
-        outs = []
-        for l, e, h, o in zip(_halves(builder, lo, 32), _halves(builder, xe, 32), _halves(builder, hi, 32),
-                              _halves(builder, xo, 32)):
-            p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", h16, [l, e]),
+        h16 = ir.VectorType(I16, 16)
+        outs = [builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", h16, [l, e]),
                             _call(builder, "llvm.x86.avx2.pmadd.ub.sw", h16, [h, o]))
-            outs.append(_call(builder, "llvm.x86.avx2.pmadd.wd", h8, [p, ones]))
-        return builder.add(acc, _join(builder, outs[0], outs[1], 8))
-    wide = ir.VectorType(I32, 64)
+                for l, e, h, o in zip(_halves(builder, lo, 32), _halves(builder, xe, 32), _halves(builder, hi, 32),
+                                      _halves(builder, xo, 32))]
+        return _join(builder, outs[0], outs[1], 16)
+    wide = ir.VectorType(I16, 64)
     p = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xe, wide)),
                     builder.mul(builder.zext(hi, wide), builder.sext(xo, wide)))
-    for s in range(4):
-        acc = builder.add(acc, builder.shuffle_vector(p, p, ir.Constant(V32, list(range(s, 64, 4)))))
-    return acc
+    return builder.add(builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, 32), list(range(0, 64, 2)))),
+                       builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, 32), list(range(1, 64, 2)))))
+
+
+def _widen(builder, acc, p16):
+    """acc <16 x i32> + the int16 pairs p16 <32 x i16> summed by twos (`vpmaddwd` by ones)."""
+    if _has("avx512bw"):
+        return builder.add(acc, _call(builder, "llvm.x86.avx512.pmaddw.d.512", V32, [p16, ir.Constant(V16, [1] * 32)]))
+    if _has("avx2"):
+        h8, h16 = ir.VectorType(I32, 8), ir.VectorType(I16, 16)
+        outs = [_call(builder, "llvm.x86.avx2.pmadd.wd", h8, [h, ir.Constant(h16, [1] * 16)])
+                for h in _halves(builder, p16, 16)]
+        return builder.add(acc, _join(builder, outs[0], outs[1], 8))
+    w = builder.sext(p16, ir.VectorType(I32, 32))
+    return builder.add(acc, builder.add(builder.shuffle_vector(w, w, ir.Constant(V32, list(range(0, 32, 2)))),
+                                        builder.shuffle_vector(w, w, ir.Constant(V32, list(range(1, 32, 2))))))
 
 
 def _half_to_float(builder, bits):
@@ -177,15 +197,26 @@ def _q4r_codegen(R: int, P: int):
             iaccs = [[cgutils.alloca_once_value(builder, _splat(builder, builder.load(builder.gep(p, [builder.add(
                 builder.mul(I64(q), G), g)])), I32, 16)) for q in range(P)] for p in xcp]  # [R][P]
             t0 = builder.mul(g, C)
-            with cgutils.for_range(builder, C) as cl:
-                t = builder.add(t0, cl.index)
-                v = _load(builder, wp, builder.mul(t, I64(64)), V8)
-                lo, hi = builder.and_(v, low), builder.lshr(v, ir.Constant(V8, [4] * 64))
-                for i in range(R):
-                    for q in range(P):
-                        off = builder.add(builder.mul(I64(q), K), builder.mul(t, I64(8)))
-                        xe, xo = _bcast4(builder, xps[i], off), _bcast4(builder, xps[i], builder.add(off, I64(4)))
-                        builder.store(_dot8(builder, builder.load(iaccs[i][q]), lo, xe, hi, xo), iaccs[i][q])
+            with cgutils.for_range(builder, builder.sdiv(C, I64(SPAN))) as cl:  # C: group/8, a multiple of 4
+                tc = builder.add(t0, builder.mul(cl.index, I64(SPAN)))
+                wide = _vnni()
+                p16 = [[ir.Constant(V16, None) for _ in range(P)] for _ in range(R)]  # int16 sums (no VNNI)
+                for j in range(SPAN):
+                    t = builder.add(tc, I64(j))
+                    v = _load(builder, wp, builder.mul(t, I64(64)), V8)
+                    lo, hi = builder.and_(v, low), builder.lshr(v, ir.Constant(V8, [4] * 64))
+                    for i in range(R):
+                        for q in range(P):
+                            off = builder.add(builder.mul(I64(q), K), builder.mul(t, I64(8)))
+                            xe, xo = _bcast4(builder, xps[i], off), _bcast4(builder, xps[i], builder.add(off, I64(4)))
+                            if wide:
+                                builder.store(_dot8(builder, builder.load(iaccs[i][q]), lo, xe, hi, xo), iaccs[i][q])
+                            else:
+                                p16[i][q] = builder.add(p16[i][q], _pairs(builder, lo, xe, hi, xo))
+                if not wide:  # ≤ SPAN·2·2·15·127 = 30,480 in each int16 lane: widened once per SPAN chunks
+                    for i in range(R):
+                        for q in range(P):
+                            builder.store(_widen(builder, builder.load(iaccs[i][q]), p16[i][q]), iaccs[i][q])
             sv = _scales(builder, sp, g, s_t)
             for i in range(R):
                 sc = builder.fmul(sv, _splat(builder, builder.load(builder.gep(xdp[i], [g])), F32, 16), flags=FAST)
