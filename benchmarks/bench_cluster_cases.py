@@ -21,6 +21,8 @@ its phase breakdown, and the time each simulated trial took (median, P99).
   [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
       benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
       run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
+  [--peer PYTHON --one-gpu [--write-doc]]   (the 1-GPU replica of Mixtral and Qwen3: static batches 1-512 and the
+      steady state at 384 / 512 in flight, op by op: benchmarks/peer_steady.py)
 
 Every figure is an estimate. Public reference points (their own conditions; not the same workload):
 SGLang's large-scale EP DeepSeek-V3 (96 H100, prefill/decode disaggregated) ~2.8k output tok/s per
@@ -50,7 +52,16 @@ configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and 
 TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
 the peer substitutes those rows, moetune priced the engine's measured 2-node dispatch); since moetune
 substitutes them too (op_tables.Measured.deepep_curves), EP-16 TPOT 0.83-1.04x the peer's. The tables
-and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py).
+and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py);
+peer_disagg.py: the peer's best disaggregated DeepSeek-V3 deployment (16×H200) step by step, op group by op group.
+2026-12-05, with the disaggregated seed and the prefill worker's expert TP searched (commit a2b194c, load 1.5):
+DeepSeek-V3 16×H200 picks the peer's own shape (1 prefill + 1 decode worker, DP-8 attention × TP-8 experts),
+508 tok/s/GPU at 404 in flight vs the peer's 412 (1.23×; the peer prices it at 413); 8×H200 unchanged (327;
+after main's mixed-step pricing, e4ea4d6: 277, the same on main alone).
+
+2026-12-05 (issue 38), `--peer PYTHON --one-gpu`: the 1-GPU replica agrees with AIConfigurator on a static batch
+(TPOT 0.96-1.01 at 1-512) and, after the mixed-step fix (op_tables.mixed_split), on its mixed step (0.97-0.99; was
+0.74 on Qwen3 at 384); the steady states part by the schedule's shape only (TPOT 0.81-0.96). docs/search.md has it.
 
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
@@ -165,6 +176,30 @@ def reference_points(trace: str, tmp: Path) -> None:
                   f"{m.peak_mem_gb:.1f}{fits} |", flush=True)
 
 
+ONE_GPU_CONFIGS = ("mixtral-8x7b.json", "qwen3-30b-a3b.json")  # the cases whose bf16 weights fit one H200
+
+
+def one_gpu(a, cases: list) -> None:
+    """--peer --one-gpu: the 1-GPU replica beside the peer, a static batch and the steady state (peer_steady.py)."""
+    from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
+    from peer_compare import peer_table
+    from peer_steady import steady_table
+
+    tables = {}
+    before = loadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        tables["1gpu"] = peer_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp), one_gpu=True)
+        tables["steady"] = steady_table(a.trace, cases, a.peer, a.engine, a.engine_version, Path(tmp))
+    if a.write_doc:
+        after = loadavg()
+        titles = {"1gpu": "the 1-GPU replica beside AIConfigurator, a static batch",
+                  "steady": "the 1-GPU replica beside AIConfigurator, the steady state"}
+        for key, lines in tables.items():
+            name = f"peer-{a.engine}-{key}"
+            title = f"{titles[key]}, {a.engine} {a.engine_version or 'current'} tables (estimated)"
+            write_section(name, section(name, title, lines, before, after), ROOT / "docs" / "search.md")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
@@ -180,6 +215,8 @@ def main() -> None:
     ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
     ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
                     "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
+    ap.add_argument("--one-gpu", action="store_true", help="with --peer: the 1-GPU replica (TP 1 / EP 1) of the cases "
+                    "that fit one GPU, static batches up to 512 and the steady state (benchmarks/peer_steady.py)")
     ap.add_argument("--cross", default=None, help="Python of a venv with aiconfigurator: each tool's winner priced by "
                     "the other (benchmarks/peer_cross.py; --trials per moetune search, default 80 there)")
     ap.add_argument("--measured-only", action="store_true", help="with --cross: moetune's search over the expert "
@@ -198,6 +235,9 @@ def main() -> None:
             title = (f"each tool's winner priced by the other, {a.engine} tables"
                      + (", moetune's search over measured expert formats" if a.measured_only else "") + " (estimated)")
             write_section(key, section(key, title, lines, before, loadavg()), ROOT / "docs" / "search.md")
+        return
+    if a.peer and a.one_gpu:
+        one_gpu(a, [c for c in cases if c[1] in ONE_GPU_CONFIGS])
         return
     if a.peer:
         from doc_section import loadavg, section, write_section  # benchmarks/, beside this script

@@ -24,11 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER_MODELS = {"mixtral-8x7b.json": "mistralai--Mixtral-8x7B-v0.1", "qwen3-30b-a3b.json": "Qwen--Qwen3-30B-A3B",
                "deepseek-v3.json": "deepseek-ai--DeepSeek-V3"}
 BATCHES = (1, 32, 128, 256)
+ONE_GPU_BATCHES = (1, 32, 128, 256, 384, 512)  # --one-gpu: up to the steady state's loads (peer_steady.py)
 GROUPS = ("attention", "moe", "comm", "other")
 
 
-def meshes(gpus: int) -> dict[str, tuple[dict, tuple[int, int, int, int]]]:
-    """name → (moetune Deployment knobs, the peer's (tp, attention dp, moe tp, moe ep))."""
+def meshes(gpus: int, one_gpu: bool = False) -> dict[str, tuple[dict, tuple[int, int, int, int]]]:
+    """name → (moetune Deployment knobs, the peer's (tp, attention dp, moe tp, moe ep)); one_gpu: the 1-GPU
+    replica alone (TP 1 / EP 1, `gpus` replicas)."""
+    if one_gpu:
+        return {f"1 GPU ({gpus} replicas)": (dict(ep_size=1, tp_size=1, expert_tp_size=1, replicas=gpus), (1, 1, 1, 1))}
     return {"TP-8": (dict(ep_size=1, tp_size=8, expert_tp_size=8, replicas=gpus // 8), (8, 1, 8, 1)),
             f"EP-{gpus} DP attention": (dict(ep_size=gpus), (1, gpus, 1, gpus))}
 
@@ -102,8 +106,10 @@ def gap_note(ours: dict, peer: dict) -> str:
     return "; ".join(parts)
 
 
-def peer_table(trace: str, cases: list, peer_python: str, engine: str, version: str | None, tmp: Path) -> list[str]:
-    """Print the comparison table (markdown) for the cases (name, config, hardware); returns its lines."""
+def peer_table(trace: str, cases: list, peer_python: str, engine: str, version: str | None, tmp: Path,
+               one_gpu: bool = False) -> list[str]:
+    """Print the comparison table (markdown) for the cases (name, config, hardware); returns its lines.
+    one_gpu: the 1-GPU replica at ONE_GPU_BATCHES instead of the TP-8 / EP meshes."""
     models = peer_models(tmp, peer_python)
     lines = ["| case | mesh | batch | decode step ms (moetune / peer) | TTFT ms | TPOT ms | tok/s/GPU | TPOT ratio | "
              "tok/s/GPU ratio | measured share | gap > 15 %: decode ms by op group (moetune/peer) |",
@@ -111,8 +117,8 @@ def peer_table(trace: str, cases: list, peer_python: str, engine: str, version: 
     print("\n" + "\n".join(lines))
     for name, config, hw in cases:
         gpus = int(hw.split("x")[0])
-        for mesh, (knobs, peer_mesh) in meshes(gpus).items():
-            for b in BATCHES:
+        for mesh, (knobs, peer_mesh) in meshes(gpus, one_gpu).items():
+            for b in ONE_GPU_BATCHES if one_gpu else BATCHES:
                 ours = moetune_estimate(trace, config, hw, knobs, b, engine, version)
                 peer = peer_estimate(peer_python, models / PEER_MODELS[config], engine, version, b, peer_mesh)
                 lines.append(row(f"{name} {gpus}×H200", mesh, b, ours, peer))

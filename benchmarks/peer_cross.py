@@ -10,11 +10,13 @@ The mapping (what the engines run): a moetune deployment of R EP ranks × G TP r
 `-tp G -dp R --enable-expert-parallel` (the peer's tp G, attention DP R, MoE EP R·G; R = 1: MoE TP G);
 a general mesh its own (tp, attention DP, MoE TP, MoE EP); a batch per attention-DP rank = concurrency /
 DP; expert formats fp8 → fp8 (fp8_block for an fp8 checkpoint or SGLang), int4 → int4_wo, a hot fraction
-(a mix the peer cannot price) as all experts in the low format. The peer's best, back: its (tp, dp,
-moe_tp, moe_ep) as the legacy mesh where DP = MoE EP and TP = MoE TP, else a general mesh (all-gather
-mode where it is not pure EP), max_num_seqs its batch, max_num_batched_tokens its ctx_tokens, replicas
-the GPUs over a worker's; disaggregated: P and D workers, each worker's mesh, the prefill batch × ISL as
-its step budget.
+(a mix the peer cannot price) as all experts in the low format; the step budget: the peer's `ctx_tokens`
+is the prompt tokens of its mixed step, beside the decode rows, where vLLM's max_num_batched_tokens counts
+both, so ctx_tokens = max_num_batched_tokens less the batch (the whole budget where the batch takes it all).
+The peer's best, back: its (tp, dp, moe_tp, moe_ep) as the legacy mesh where DP = MoE EP and TP = MoE TP,
+else a general mesh (all-gather mode where it is not pure EP), max_num_seqs its batch, max_num_batched_tokens
+what its own vLLM launch file sets (`launch_tokens`), replicas the GPUs over a worker's; disaggregated: P and
+D workers, each worker's mesh, the prefill batch × ISL as its step budget.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ def peer_spec(d, concurrency: int, detail: dict, fp8_checkpoint: bool, engine: s
     q = quant_modes(d, fp8_checkpoint, engine)
     if not d.prefill_workers:
         tp, dp, mtp, mep = mesh_of(d)
-        return {"mode": "agg", "batch_size": max(1, math.ceil(concurrency / dp)),
-                "ctx_tokens": d.max_num_batched_tokens, "tp_size": tp, "attention_dp_size": dp, "moe_tp_size": mtp,
+        batch = max(1, math.ceil(concurrency / dp))
+        budget = d.max_num_batched_tokens
+        return {"mode": "agg", "batch_size": batch, "ctx_tokens": budget - batch if budget > batch else budget,
+                "tp_size": tp, "attention_dp_size": dp, "moe_tp_size": mtp,
                 "moe_ep_size": mep, **q}
     from moetune.search.cost.disagg import workers
 
@@ -74,6 +78,15 @@ def peer_spec(d, concurrency: int, detail: dict, fp8_checkpoint: bool, engine: s
             "prefill_num_workers": d.prefill_workers * d.replicas, "decode_tp_size": dtp,
             "decode_attention_dp_size": ddp, "decode_moe_tp_size": dmtp, "decode_moe_ep_size": dmep,
             "decode_batch_size": int(dis.get("decode_batch", 1)), "decode_num_workers": d.decode_workers * d.replicas}
+
+
+def launch_tokens(bs: int, engine: str, ctx_tokens: int) -> int:
+    """max_num_batched_tokens of the peer's own launch for an aggregated worker of batch bs: vLLM's rule file
+    (aiconfigurator/generator/rule_plugin/vllm.rule: max_batch_size raised to 512, or doubled from 512 on,
+    then `agg max_num_tokens = max_batch_size + isl + 1500`); SGLang's sets no such budget: its ctx_tokens."""
+    if engine != "vllm":
+        return ctx_tokens
+    return (512 if bs < 512 else 2 * bs) + ISL + 1500
 
 
 def _mesh_knobs(tp: int, dp: int, mtp: int, mep: int) -> dict:
@@ -89,14 +102,15 @@ def _formats(row: dict, side: str = "") -> dict:
                 kv_format="fp8" if kv.startswith("fp8") else "none")
 
 
-def deployment_of(row: dict, gpus: int):
+def deployment_of(row: dict, gpus: int, engine: str = "vllm"):
     """(moetune Deployment, concurrency per replica) of the peer's best row (module doc)."""
     from moetune.search.cost.deployment import Deployment
 
     if "(d)bs" not in row:
         tp, dp, mtp, mep = (int(row[k]) for k in ("tp", "dp", "moe_tp", "moe_ep"))
         bs = int(row["bs"])
-        d = Deployment(max_num_seqs=bs, max_num_batched_tokens=int(row.get("ctx_tokens") or ISL),
+        budget = launch_tokens(bs, engine, int(row.get("ctx_tokens") or ISL))
+        d = Deployment(max_num_seqs=bs, max_num_batched_tokens=budget,
                        replicas=gpus // (tp * dp), cuda_graph_max_bs=bs, **_mesh_knobs(tp, dp, mtp, mep), **_formats(row))
         return d, bs * dp
     dec = _mesh_knobs(*(int(row[f"(d){k}"]) for k in ("tp", "dp", "moe_tp", "moe_ep")))
@@ -181,7 +195,7 @@ def cross_case(name: str, config: str, hw: str, trace: str, peer_python: str, en
     if "error" in best or best["chosen"] not in best["rows"]:
         return f"| {name} {gpus}×H200 | {ours}| {r1} | peer: {best.get('error', 'no best row')} | – | – | – |"
     row = best["rows"][best["chosen"]]
-    pd_, conc = deployment_of(row, gpus)
+    pd_, conc = deployment_of(row, gpus, engine)
     back = moetune_of_recipe(trace, config, hw, engine, pd_, conc, tmp)
     if "error" not in back:
         back["ttft_p50"] = back["latency_ms"]["ttft"]["p50"]

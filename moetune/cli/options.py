@@ -98,6 +98,9 @@ SloPercentileOpt = typer.Option(90.0, "--slo-percentile", help="The percentile o
                                 "--request-rate / --burst, each deployment runs the highest concurrency meeting them.")
 BurstOpt = flag(False, "--burst", help="Every request at t=0 (the default on this-machine; on GPU hardware the "
                 "default is the steady state: the load the SLOs allow, else --concurrency 256 per replica).")
+UnstaggeredOpt = flag(False, "--unstaggered", help="A simulated closed loop's first C requests all join at t=0 and "
+                      "run in synchronized waves (default: staggered, joining spread over one output: the steady "
+                      "state a server runs in). With --concurrency or the load the SLOs allow.")
 
 
 def run_config(model: Optional[str], recipe: Optional[str], dtype: Optional[str] = None,
@@ -194,6 +197,7 @@ class TraceArgs:
     slo_tpot_ms: Optional[float] = None
     slo_percentile: float = 90.0
     burst: bool = False
+    unstaggered: bool = False
     calibrate_on: str = "microbenchmarks"
     recalibrate: bool = False
     spec_acceptance: Optional[float] = None
@@ -221,7 +225,7 @@ WORKLOAD = [("num_requests", Optional[int], NumRequestsOpt), ("input_len", Optio
             ("request_rate", Optional[float], RateOpt), ("warmup_requests", Optional[int], WarmupOpt),
             ("arrival_seed", int, ArrivalSeedOpt), ("slo_ttft_ms", Optional[float], SloTtftOpt),
             ("slo_tpot_ms", Optional[float], SloTpotOpt), ("slo_percentile", float, SloPercentileOpt),
-            ("burst", bool, BurstOpt)]
+            ("burst", bool, BurstOpt), ("unstaggered", bool, UnstaggeredOpt)]
 TRACE = [("trace", str, TraceOpt), ("hardware", str, HardwareOpt), ("nodes", Optional[int], NodesOpt),
          ("scale_model", Optional[str], ScaleModelOpt), ("scale_routing", Optional[str], ScaleRoutingOpt),
          *WORKLOAD, ("calibrate_on", str, CalibrateOnOpt), ("recalibrate", bool, RecalibrateOpt),

@@ -89,3 +89,25 @@ def test_an_ep_move_re_tiles_the_redundant_slots_within_the_space():
                                           "max_num_batched_tokens": 256, "ep_size": [1, 3, 4]})
     out, notes = fit_memory(d, space, LIMITS, rule)
     assert (out.ep_size, out.redundant_experts) == (4, 4) and "ep_size 3 → 4" in notes[0]
+
+
+def test_a_disaggregated_prefill_worker_over_memory_is_widened(run_dir):
+    """DeepSeek-V3 on 16×H200: a prefill worker of one GPU (its 671 GB of experts) is the fuller worker; its
+    experts are split wider (expert TP, then EP) until it fits, the decode worker untouched."""
+    from moetune.search.study.evaluate import SimulateEvaluator
+    from moetune.search.study.setup import Inputs, prepare
+
+    setup = prepare(Inputs(str(run_dir), "16xH200", scale_model=str(ROOT / "recipes/scale/deepseek-v3.json"),
+                           input_len=1024, output_len=256, concurrency=64))
+    space = build_space(setup.source.model.E, 16)
+    rule = SimulateEvaluator(setup.sim, setup.workload).memory_rule()
+    decode = dict(attn_dp=8, expert_tp_size=8, tp_size=1, moe_a2a=0, max_num_seqs=64, **FP8)
+    d = Deployment(prefill_workers=1, prefill_ep=1, prefill_expert_tp=1, **decode)
+    assert rule.reason(d) is not None
+    out, notes = fit_memory(d, space, setup.limits(), rule)
+    assert rule.reason(out) is None and out.prefill_expert_tp > 1 and "prefill_expert_tp 1 →" in notes[0]
+    assert {k: getattr(out, k) for k in decode} == decode and out.prefill_ep == 1
+    narrow = replace(space, knobs=tuple(replace(k, values=(1,)) if k.name == "prefill_expert_tp" else k
+                                        for k in space.knobs))
+    out, notes = fit_memory(d, narrow, setup.limits(), rule)  # expert TP fixed by the space: EP widened instead
+    assert rule.reason(out) is None and out.prefill_expert_tp == 1 and out.prefill_ep > 1 and "prefill_ep 1 →" in notes[0]

@@ -206,8 +206,29 @@ def test_the_disaggregated_form_is_searched_unnamed_on_two_nodes_and_the_meshes_
     assert "prefill_workers" not in one_node  # the base recipe's (neutral): out of the grid
     assert one_node["attn_dp"] == (0, 1, 2, 4, 8) and one_node["moe_a2a"] == (0, 1)  # meshes: 2+ GPUs
     assert two_nodes["prefill_workers"] == (0, 1, 2, 4) and two_nodes["attn_dp"] == (0, 1, 2, 4, 8, 16)
+    assert two_nodes["prefill_expert_tp"] == (1, 2, 4, 8)  # a prefill worker's DP attention × TP experts (the peer's
+    assert "prefill_tokens" not in two_nodes and "prefill_expert_tp" not in one_node  # DeepSeek-V3 pick) unnamed
     named = {k.name: k.values for k in build_space(256, 8, overrides={"attn_dp": [0, 1, 8], "moe_a2a": [0, 1]}).knobs}
     assert named["attn_dp"] == (0, 1, 8) and named["moe_a2a"] == (0, 1)
+
+
+def test_a_disaggregated_point_over_the_gpus_is_repaired_down_to_the_decode_workers_ep():
+    """One prefill worker beside a decode worker as wide as the GPUs (EP 16 on 16 GPUs: 17) is repaired, not
+    pruned: the prefill side first (workers, EP, expert TP halved), then the decode worker's EP, its mesh kept
+    one the engines run (attention DP dividing its GPUs)."""
+    from moetune.search.cost.disagg import total_gpus
+    from moetune.search.study.deploy_knobs import repair_workers
+
+    d = Deployment(ep_size=16, redundant_experts=32, prefill_workers=2, decode_workers=2, prefill_ep=4,
+                   prefill_expert_tp=2)
+    out, notes = repair_workers(d, 16, [])
+    assert (out.prefill_workers, out.decode_workers, out.prefill_ep, out.prefill_expert_tp, out.ep_size) == (1, 1, 1, 1, 8)
+    assert total_gpus(out) == 9 and "(2, 2, 4, 2, 16) → (1, 1, 1, 1, 8)" in notes[-1]
+    mesh = Deployment(ep_size=16, attn_dp=16, moe_a2a=1, prefill_workers=1, prefill_ep=2)
+    out, _ = repair_workers(mesh, 16, [])
+    assert (out.ep_size, out.attn_dp, out.tp_size, out.prefill_ep) == (8, 8, 1, 1) and total_gpus(out) <= 16
+    fits = Deployment(ep_size=8, prefill_workers=1, prefill_ep=8)
+    assert repair_workers(fits, 16, []) == (fits, [])  # 8 + 8 GPUs: unchanged
 
 
 def test_a_recipe_deploy_section_round_trips_every_priced_knob():

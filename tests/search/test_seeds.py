@@ -6,6 +6,7 @@ from pathlib import Path
 
 from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.memory import HEADROOM
+from moetune.search.study.evaluate import SimulateEvaluator
 from moetune.search.study.repair import repair
 from moetune.search.study.optuna_study import Constraints, StudySettings
 from moetune.search.study.run import SearchSettings, run_search
@@ -25,8 +26,6 @@ def _inputs(run_dir, config="deepseek-v3.json", hardware="8xH200", concurrency=6
 
 
 def _seeds(inputs: Inputs, overrides: dict | None = None):
-    from moetune.search.study.evaluate import SimulateEvaluator
-
     setup = prepare(inputs)
     space = build_space(setup.source.model.E, setup.hardware.max_ranks, overrides=overrides)
     rule = SimulateEvaluator(setup.sim, setup.workload).memory_rule()
@@ -53,6 +52,29 @@ def test_the_seeds_are_points_of_the_space_that_prune_passes(run_dir):
     assert wide["redundant_experts"] == 32 and wide["quant_low_format"] == wide["dense_format"] == "fp8"
     assert (node["max_num_batched_tokens"], wide["max_num_batched_tokens"]) == (512, 256)
     assert wide["max_num_seqs"] == 8  # 64 in flight over 8 ranks
+
+
+def test_on_two_nodes_a_disaggregated_seed_runs_the_peers_deepseek_v3_shape(run_dir):
+    """16×H200: one prefill and one decode worker, each attention DP 8 × experts TP 8 (AIConfigurator's best
+    DeepSeek-V3 deployment there); with the load found per trial the decode worker holds both nodes' share."""
+    inputs = _inputs(run_dir, hardware="16xH200", concurrency=256)
+    space, setup, seeds = _seeds(inputs)
+    names = [s.name for s in seeds]
+    assert names[-1] == "disagg-dp-attention" and "dp-attention" in names, names
+    p = seeds[-1].params
+    assert (p["prefill_workers"], p["decode_workers"], p["prefill_ep"], p["prefill_tp"], p["prefill_expert_tp"]) == \
+        (1, 1, 1, 1, 8)
+    assert (p["attn_dp"], p["ep_size"], p["expert_tp_size"], p["moe_a2a"], p["replicas"]) == (8, 1, 8, 0, 1)
+    assert p["max_num_seqs"] == 32  # 256 in flight over the decode worker's 8 DP ranks
+    mesh = next(s for s in seeds if s.name == "dp-attention").params
+    assert (mesh["replicas"], mesh["max_num_seqs"]) == (2, 32)  # 256 per replica (each replica's, not split)
+    d, _ = repair(_deployment(p), 256, 16, True)
+    assert prune(d, setup.limits()) is None and setup.sim.memory_reason(d) is None
+    rule = SimulateEvaluator(setup.sim, setup.workload).memory_rule()
+    found = reference_seeds(space, setup.limits(), 8, rule, load_per_gpu=True)
+    assert found[-1].name == "disagg-dp-attention" and found[-1].params["max_num_seqs"] == 64  # 2 × 256 / 8
+    one_node = [s.name for s in _seeds(_inputs(run_dir))[2]]
+    assert not any(n.startswith("disagg") for n in one_node)  # the disaggregated form is searched on 2+ nodes
 
 
 def test_a_small_model_gets_the_most_replicas_and_a_tp_seed_only_where_tp_is_searched(run_dir):

@@ -64,3 +64,23 @@ def test_the_window_follows_littles_law(deepseek, stagger):
     if stagger:  # every measured request alike: the medians are the means
         assert m.request_s == pytest.approx(little, rel=0.05)
     assert m.output_tok_s == pytest.approx(little * O, rel=0.05 if stagger else 0.15)
+
+
+def test_unstaggered_on_the_command_line_prices_the_synchronized_waves(run_dir, big_config):
+    """`moetune simulate --unstaggered` is the loop of `stagger=False` (through the console script, --json -):
+    the waves' TTFT; the staggered default the steady one. Given without a closed loop: one line, exit 2."""
+    import json
+
+    from tests.cli_run import moetune
+
+    def figures(*extra):
+        got = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--scale-model", str(big_config),
+                      "--input-len", "1024", "--output-len", str(O), "--concurrency", str(C), "--json", "-", *extra)
+        assert got.returncode == 0, got.stderr
+        return json.loads(got.stdout)["latency_ms"]["ttft"]["p50"]
+
+    waves, steady = figures("--unstaggered"), figures()  # the trace's recipe: 4 sequences, 8,192 tokens a step
+    assert steady < 0.5 * waves
+    bad = moetune("simulate", "--trace", str(run_dir), "--hardware", "H200", "--unstaggered", "--burst")
+    assert bad.returncode != 0 and "--unstaggered" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

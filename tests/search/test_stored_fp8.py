@@ -23,8 +23,17 @@ def fp8_config(big_config, tmp_path_factory):
 
 
 def _setup(run_dir, config):
-    return prepare(Inputs(str(run_dir), "8xH200", scale_model=str(config), num_requests=16, input_len=64,
-                          output_len=8))
+    return roofline(prepare(Inputs(str(run_dir), "8xH200", scale_model=str(config), num_requests=16, input_len=64,
+                                   output_len=8)))
+
+
+def roofline(setup):
+    """The roofline's pricing, with or without the gpu-db extra: the twin claim is the roofline's (the measured
+    tables price a checkpoint's block-wise fp8 experts with other kernels' rows than online per-tensor fp8)."""
+    from moetune.search.cost.op_tables import UNMEASURED, TableChoice
+
+    setup.sim.tables = TableChoice("vllm", None, None, UNMEASURED)
+    return setup
 
 
 def test_an_fp8_checkpoint_is_priced_as_its_bf16_twin_with_both_fp8_knobs(run_dir, big_config, fp8_config):
@@ -47,8 +56,8 @@ def test_the_checkpoints_fp8_experts_compute_at_the_fp8_rate(run_dir, big_config
     run at the fp8 rate as the twin's fp8 experts do; an int4 mix keeps its hot experts' fp8 rate."""
     long = Inputs(str(run_dir), "8xH200", scale_model=str(fp8_config), num_requests=32, input_len=2048,
                   output_len=4)
-    fp8 = prepare(long).sim
-    bf16 = prepare(Inputs(**{**long.__dict__, "scale_model": str(big_config)})).sim
+    fp8 = roofline(prepare(long)).sim
+    bf16 = roofline(prepare(Inputs(**{**long.__dict__, "scale_model": str(big_config)}))).sim
     d = Deployment(ep_size=8, max_num_seqs=4, max_num_batched_tokens=8192)
     twin = Deployment(ep_size=8, max_num_seqs=4, max_num_batched_tokens=8192, quant_low_format="fp8",
                       dense_format="fp8")

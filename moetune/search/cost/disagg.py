@@ -123,13 +123,17 @@ def one_step(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndar
     return memo[key]
 
 
-def _priced_steps(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndarray, dict]:
+def worker_schedule(d: Deployment, rows: list[tuple[float, ...]]) -> Schedule:
+    """The steps `rows` = (prefill, decode, pairs, context, sampled, seqs), the same on every attention-DP rank of d."""
     R = dp_ranks(d)
-    cols = [np.repeat(np.array([r[k] for r in rows], dtype=np.float64)[:, None], R, 1) for k in range(6)]
+    cols = [np.repeat(np.array([r[k] for r in rows], dtype=np.float64)[:, None], R, 1) for k in range(6)]  # [S, R]
     none = np.zeros(0, dtype=np.int64)
-    s = Schedule(cols[0].astype(np.int64), cols[1].astype(np.int64), cols[2], cols[3], cols[4].astype(np.int64),
-                 cols[5].astype(np.int64), none, none)
-    step_s, phases, _ = sim.price_schedule(d, s)
+    return Schedule(cols[0].astype(np.int64), cols[1].astype(np.int64), cols[2], cols[3], cols[4].astype(np.int64),
+                    cols[5].astype(np.int64), none, none)
+
+
+def _priced_steps(sim, d: Deployment, rows: list[tuple[float, ...]]) -> tuple[np.ndarray, dict]:
+    step_s, phases, _ = sim.price_schedule(d, worker_schedule(d, rows))
     return step_s, op_tables.trial_figures(sim.tables, sim.measured, phases)
 
 
@@ -163,18 +167,25 @@ class Pricer:
     def k_max(self) -> int:
         return max(1, min(self.pre.max_num_seqs, int(self.pre.max_num_batched_tokens // max(self.L, 1))))
 
+    def prefill_rows(self, k: int) -> list[tuple[float, ...]]:
+        """The step rows (worker_schedule) of a prefill of k whole prompts per DP rank (a prompt over the
+        budget: its chunks, back to back)."""
+        L, budget = int(round(self.L)), self.pre.max_num_batched_tokens
+        if L <= budget:
+            return [(k * L, 0, k * L * (L + 1) / 2, k * L, k, k)]
+        n = math.ceil(L / budget)
+        chunks = [min(budget, L - j * budget) for j in range(n)]
+        return [(t, 0, t * (j * budget + (t + 1) / 2), j * budget + t, int(j == n - 1), 1) for j, t in enumerate(chunks)]
+
+    def decode_rows(self, b: int) -> list[tuple[float, ...]]:
+        """The step row of a decode step with b sequences per DP rank at the mean context L + O/2."""
+        ctx = self.L + self.O / 2
+        return [(0, b, b * ctx, b * ctx, b, b)]
+
     def prefill_s(self, k: int) -> float:
         """Seconds of a prefill step with k whole prompts per DP rank (a prompt over the budget: its chunks)."""
         if k not in self._p:
-            L, budget = int(round(self.L)), self.pre.max_num_batched_tokens
-            if L <= budget:
-                rows = [(k * L, 0, k * L * (L + 1) / 2, k * L, k, k)]
-            else:
-                n = math.ceil(L / budget)
-                rows = [(min(budget, L - j * budget), 0, 0, 0, 0, 1) for j in range(n)]
-                rows = [(t, 0, t * (j * budget + (t + 1) / 2), j * budget + t, int(j == n - 1), 1)
-                        for j, (t, *_rest) in enumerate(rows)]
-            step_s, self.figures[("prefill", k)] = one_step(self.sim, self.pre, rows)
+            step_s, self.figures[("prefill", k)] = one_step(self.sim, self.pre, self.prefill_rows(k))
             self._p[k] = float(step_s.sum())
         return self._p[k]
 
@@ -182,8 +193,7 @@ class Pricer:
         """Seconds of a decode step with b sequences per DP rank at the mean context L + O/2."""
         b = max(1, min(b, self.dec.max_num_seqs))
         if b not in self._d:
-            ctx = self.L + self.O / 2
-            step_s, self.figures[("decode", b)] = one_step(self.sim, self.dec, [(0, b, b * ctx, b * ctx, b, b)])
+            step_s, self.figures[("decode", b)] = one_step(self.sim, self.dec, self.decode_rows(b))
             self._d[b] = float(step_s[0])
         return self._d[b]
 

@@ -12,7 +12,7 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 
 | phase | table op | at |
 |---|---|---|
-| attention (GQA) | GEMM qkv + GEMM o + generation attention (decode-only ranks) / context attention | tokens; decode batch and mean KV length; a rank with prompt tokens as b prompts of s tokens, b·s = its tokens, b·s²/2 = its (query, key) pairs |
+| attention (GQA) | GEMM qkv + GEMM o + context attention (prompt tokens) + generation attention (decode rows) | tokens; prompt tokens as b prompts of s tokens (b·s = prompt tokens, b·s²/2 = their pairs); decode rows at their mean KV length (`mixed_split`) |
 | attention (MLA) | vLLM: its MLA module (projections included); SGLang: q/KV down-projection + q up-projection + the absorbed BMMs + the MLA kernel + o (`mla_projections`) | as above |
 | router | GEMM (E × D, bf16) | tokens |
 | experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens); a hot/low mix: one per format (`mixed_experts`) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load; a mix: each format at its own rows per expert |
@@ -43,6 +43,7 @@ from typing import Protocol
 
 import numpy as np
 
+from moetune.search.cost import moe_rows
 from moetune.search.cost.table_curves import at, at2, hot_share, mixed_experts
 
 UNMEASURED = "roofline (unmeasured)"
@@ -157,7 +158,7 @@ def installed() -> bool:
 class AicBackend:
     """aiconfigurator-core's tables for (system, engine, version) through its op-list interface."""
 
-    def __init__(self, system: str, engine: str, version: str | None):
+    def __init__(self, system: str, engine: str, version: str | None, unlisted: bool = False):
         from importlib.metadata import version as pkg_version
 
         from aiconfigurator_core.sdk import perf_database
@@ -165,10 +166,12 @@ class AicBackend:
 
         slots = perf_database.get_version_slots(system, engine) or {}
         self.version = version or slots.get("current") or "current"
-        self.db = perf_database.get_database(system, engine, self.version)
+        # unlisted: a version outside the package's queryable slots (an older collection: moe_rows.py)
+        self.db = perf_database.get_database(system, engine, self.version, allow_unlisted_version=unlisted)
         if self.db is None:
             raise LookupError(f"no {engine} {self.version} tables for {system}")
         self.handle = EngineHandle.for_database(self.db)
+        self.system, self.engine = system, engine
         self.label = f"aiconfigurator-core {pkg_version('aiconfigurator-core')}: {system} {engine} {self.version}"
 
     def latency_ms(self, op: Op, x: int, y: int = 1) -> float | None:
@@ -183,15 +186,17 @@ class AicBackend:
             return None
         return float(ms) if source in MEASURED_SOURCES and ms > 0 else None
 
-    def row_version(self, op: Moe) -> str | None:
-        """The engine version whose fused-MoE rows answer op: the tables fill a shape their version lacks
-        from older collections (the package's shared layer: vLLM 0.24.0 ← 0.19.0); None where the asked
-        version's own rows do, or where the sources cannot be read."""
-        if not getattr(self, "_moe_keys", None):  # the sources are reported once a table was read
-            self._moe_keys = _source_keys(self.db)
-        key = (op.quant, op.D, op.I, op.K, op.E, op.tp, op.ep)
-        version = next((v for v, keys in self._moe_keys if key in keys), None)
-        return None if version in (None, self.version) else version
+    def moe_rows(self, op: Moe) -> tuple["AicBackend", str | None]:
+        """The tables whose fused-MoE rows price op, and the note naming them where they are not the asked
+        version's own (`moe_rows.pick`: an older version's where this one lacks the shape, or where its rows
+        are another quantization method's kernel than the engine runs for the launch)."""
+        if getattr(self, "_moe_keys", None) is None:  # the sources are reported once a table was read
+            self._moe_keys = moe_rows.source_keys(self.db)
+        version, note = moe_rows.pick(self._moe_keys, self.engine, self.version,
+                                      (op.quant, op.D, op.I, op.K, op.E, op.tp, op.ep))
+        if version is None:
+            return self, note
+        return _aic_backend(self.system, self.engine, version, True), note
 
     def _op(self, op: Op):
         import aiconfigurator_core.sdk.operations as ops
@@ -230,23 +235,21 @@ class AicBackend:
         return ops.GenerationAttention("attn", 1, op.heads, op.kv_heads, kv, head_size=op.head_dim)
 
 
-def _source_keys(db) -> list[tuple[str, set]]:
-    """(version, {(quant, D, I, K, E, tp, ep)}) of each fused-MoE source the tables read, in their order."""
-    try:
-        import pyarrow.parquet as pq
-
-        report = getattr(db, "_materialize_source_reports", None)  # the package's source report (0.12: no public
-        if report is not None:  # name); without it, the reports the package made so far
-            report()
-        out = []
-        for src in (getattr(db, "data_provenance", None) or {}).get("moe_perf.parquet", []):
-            if src.get("exists"):
-                t = pq.read_table(src["path"], columns=["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts",
-                                                        "moe_tp_size", "moe_ep_size"]).to_pydict()
-                out.append((str(src["version"]), set(zip(*(t[c] for c in t)))))
-        return out
-    except Exception:  # a package layout without these reports: no row origin is named
-        return []
+def mixed_split(T, prefill, pairs, context):
+    """(decode rows, their mean KV length, prompts b, prompt length s) of a rank's step (each [...]): the
+    prompt tokens are b prompts of s tokens (b·s = prefill, b·s²/2 their pairs), the decode rows read
+    their own KV through the generation kernel, as the engines run them and the peer prices a mixed step
+    (AIConfigurator `rust_engine_step.estimate_mixed_step_breakdown_with_rust`). In the schedule's counts
+    a decode row's pairs = KV = computed + 1 and a prompt chunk's KV = prefix + tokens, so the decode
+    rows' KV is context − prefill: exact where each chunk starts its prompt, over by continued chunks'
+    prefixes (≤ max_num_batched_tokens a step against the decode rows' KV)."""
+    T, prefill = np.asarray(T, dtype=np.float64), np.asarray(prefill, dtype=np.float64)
+    decode = np.maximum(T - prefill, 0)
+    dec_kv = np.where(decode > 0, np.maximum(np.where(prefill > 0, context - prefill, context), 0), 0)
+    dec_len = np.where(decode > 0, dec_kv / np.maximum(decode, 1), 0)
+    pre_pairs = np.maximum(pairs - dec_kv, prefill)  # each prompt token sees at least itself
+    prompt = np.where(prefill > 0, np.maximum(2 * pre_pairs / np.maximum(prefill, 1), 1), 1)
+    return decode, dec_len, prefill / prompt, prompt
 
 
 class ParquetBackend:
@@ -304,8 +307,8 @@ def choose(hardware_name: str, engine: str = "vllm", version: str | None = None)
 
 
 @lru_cache(maxsize=8)
-def _aic_backend(system: str, engine: str, version: str | None) -> AicBackend:
-    return AicBackend(system, engine, version)
+def _aic_backend(system: str, engine: str, version: str | None, unlisted: bool = False) -> AicBackend:
+    return AicBackend(system, engine, version, unlisted)
 
 
 # ---- curves: sampled once, priced with numpy ------------------------------------------------------
@@ -367,16 +370,13 @@ class Measured:
         return None if c is None else at(c, tokens)
 
     def attention(self, T, prefill, pairs, context) -> np.ndarray | None:
-        """[...] seconds of one layer's attention on each rank."""
+        """[...] seconds of one layer's attention on each rank: its prompt tokens through the context
+        kernel, its decode rows through the generation kernel (`mixed_split`), the projections on all T."""
         r, m = self.rank, self.model
         heads = max(1, m.heads // self.tp) if m.heads else 0
         if not heads:
             return None
-        decode = np.maximum(T - prefill, 0)
-        dec_len = np.where(decode > 0, context / np.maximum(decode, 1), 0)  # decode-only ranks: KV per sequence
-        # a rank with prompt tokens: b prompts of s tokens with b·s = T and b·s²/2 = its (query, key) pairs
-        prompt = np.maximum(2 * pairs / np.maximum(T, 1), 1)
-        prompts = T / prompt
+        decode, dec_len, prompts, prompt = mixed_split(T, prefill, pairs, context)
         if m.kv_heads:
             dh = m.kv_elems // (2 * m.kv_heads)
             kvh = max(1, m.kv_heads // self.tp)
@@ -387,14 +387,13 @@ class Measured:
             module = (Attention(False, heads, 0, 0, self.kv_q, True), Attention(True, heads, 0, 0, self.kv_q, True))
             g = [grid(self.backend, o) for o in module] if self.engine == "vllm" else [None]  # vLLM's own module rows
             if all(x is not None for x in g):
-                return np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
+                return at2(g[1], prompts, prompt) + at2(g[0], decode, dec_len)  # each 0 where it has no rows
             proj = self.mla_projections(heads, T)
             ops = (Attention(False, heads, 0, 0, self.kv_q), Attention(True, heads, 0, 0, self.kv_q))
         g = [grid(self.backend, o) for o in ops]
         if any(p is None for p in proj) or any(x is None for x in g):
             return None
-        kernel = np.where(prefill > 0, at2(g[1], prompts, prompt), at2(g[0], decode, dec_len))
-        return sum(proj) + kernel
+        return sum(proj) + at2(g[1], prompts, prompt) + at2(g[0], decode, dec_len)
 
     def mla_projections(self, heads: int, T) -> list:
         """MLA's projections as the engines run them (SGLang's op list): the down-projection of q and the
@@ -437,11 +436,12 @@ class Measured:
     def _expert_curve(self, quant: str) -> np.ndarray | None:
         m = self.model
         op = Moe(m.D, m.I, m.K, m.E, self.etp, self.ep, quant)
-        c = curve(self.backend, op)
-        older = getattr(self.backend, "row_version", lambda _: None)(op) if c is not None else None
-        if older is not None:  # named in the experts' source (the phase keeps its first label)
-            self.sources.setdefault("experts", f"{self.backend.label} ({quant} fused-MoE rows of {self.engine} "
-                                    f"{older}: the asked version has none for this shape)")
+        c = curve(self.backend, op)  # read first: the package reports its row sources once a table was read
+        rows = getattr(self.backend, "moe_rows", None)  # which version's rows price op (moe_rows.py)
+        backend, note = rows(op) if rows is not None and c is not None else (self.backend, None)
+        c = c if backend is self.backend else curve(backend, op)
+        if c is not None and note:  # named in the experts' source (the phase keeps its first label)
+            self.sources.setdefault("experts", f"{self.backend.label} ({note})")
         return c
 
     def mlp(self, inter: int, tokens) -> np.ndarray | None:

@@ -11,15 +11,16 @@ runs, and their place in a recipe (the `deploy` section, config.DeployConfig).
 | prefill_ep | deploy.prefill_ep_size | 1, 2, 4, … up to the GPUs | — |
 | prefill_tp | deploy.prefill_tp_size | 1, 2, 4, 8 | pruned when it does not divide the prefill worker's GPUs |
 | prefill_expert_tp | deploy.prefill_expert_tp_size | 1, 2, 4, 8 | — |
-| prefill_tokens | deploy.prefill_max_num_batched_tokens | 4096, 8192, 16384 | — |
+| prefill_tokens | deploy.prefill_max_num_batched_tokens | 1024, 2048, 4096, 8192, 16384 | — |
 
 Searched on priced (simulated GPU) searches, never on this-machine (moetune's CPU engine runs
 neither: `deploy_reason`): the mesh knobs attn_dp and moe_a2a (with the parallel section's expert_tp_size,
 space.py) unnamed on hardware of 2 GPUs or more (the meshes the engines run: DP attention with TP or EP
 experts; a sampled attn_dp that does not divide the experts' GPUs, or an all-to-all under expert TP, is
-repaired to the nearest mesh that runs, `repair_mesh`, rather than pruned); prefill_expert_tp /
-prefill_tokens when --space names them; prefill_workers, decode_workers, prefill_ep and prefill_tp also
-unnamed on 16 GPUs or more (`default_searched`). Not searched: the base recipe's
+repaired to the nearest mesh that runs, `repair_mesh`, rather than pruned); prefill_tokens when --space
+names it; prefill_workers, decode_workers, prefill_ep, prefill_tp and prefill_expert_tp also unnamed on 16
+GPUs or more (`default_searched`: without prefill_expert_tp a prefill worker could only be EP × attention TP,
+never the DP-attention × TP-experts mesh the measured tables favour for DeepSeek-V3's prefill). Not searched: the base recipe's
 value (its `deploy` section), left out of the grid where that is the neutral one.
 """
 
@@ -34,7 +35,8 @@ from moetune.search.cost.mesh import mesh_reason
 
 DEPLOY_KNOBS = ("attn_dp", "moe_a2a", "prefill_workers", "decode_workers", "prefill_ep", "prefill_tp",
                 "prefill_expert_tp", "prefill_tokens")
-DISAGG_DEFAULT = ("prefill_workers", "decode_workers", "prefill_ep", "prefill_tp")  # searched unnamed on 2+ nodes
+DISAGG_DEFAULT = ("prefill_workers", "decode_workers", "prefill_ep", "prefill_tp", "prefill_expert_tp")  # searched
+# unnamed on 2+ nodes
 MESH_DEFAULT = ("attn_dp", "moe_a2a")  # searched unnamed on 2+ GPUs (with expert_tp_size: space.py)
 MULTI_NODE_GPUS = 16  # two nodes of 8 GPUs (every built-in hardware's node)
 DISAGG_NEUTRAL = dict(decode_workers=1, prefill_ep=1, prefill_tp=1, prefill_expert_tp=1, prefill_tokens=8192)
@@ -54,7 +56,7 @@ def deploy_rows(max_ranks: int) -> list[tuple[str, str, tuple, str]]:
         ("prefill_tp", "deploy.prefill_tp_size", tuple(g for g in pow2 if g <= 8), "a prefill worker's attention TP"),
         ("prefill_expert_tp", "deploy.prefill_expert_tp_size", tuple(g for g in pow2 if g <= 8),
          "a prefill worker's expert TP"),
-        ("prefill_tokens", "deploy.prefill_max_num_batched_tokens", (4096, 8192, 16384),
+        ("prefill_tokens", "deploy.prefill_max_num_batched_tokens", (1024, 2048, 4096, 8192, 16384),
          "a prefill worker's tokens per step"),
     ]
 
@@ -135,27 +137,31 @@ def canonical_deploy(d: Deployment, notes: list[str]) -> tuple[Deployment, list[
 
 def repair_workers(d: Deployment, gpus: int, notes: list[str]) -> tuple[Deployment, list[str]]:
     """A disaggregated point as the nearest one that runs: the prefill attention TP dividing the prefill
-    worker's GPUs, then fewer prefill workers, decode workers and prefill EP ranks (halved in that order)
-    until one replica's workers fit the GPUs. Other points unchanged."""
+    worker's GPUs, then fewer prefill workers, decode workers, prefill EP ranks and prefill expert-TP ranks
+    (halved in that order) until one replica's workers fit the GPUs; then, where one of each is still over
+    (a decode worker as wide as the GPUs), the decode worker's EP halved (its mesh repaired again: attention
+    DP dividing its GPUs). Other points unchanged."""
     if not d.prefill_workers:
         return d, notes
     out, N_p = d, d.prefill_ep * d.prefill_expert_tp
     if N_p % d.prefill_tp:
         out = replace(out, prefill_tp=math.gcd(d.prefill_tp, N_p))
         notes.append(f"prefill_tp {d.prefill_tp} → {out.prefill_tp} (it divides the prefill worker's {N_p} GPUs)")
-    before = (out.prefill_workers, out.decode_workers, out.prefill_ep)
+    knobs = ("prefill_workers", "decode_workers", "prefill_ep", "prefill_expert_tp", "ep_size")
+    before = tuple(getattr(out, k) for k in knobs)
     while total_gpus(out) > gpus:
-        for knob in ("prefill_workers", "decode_workers", "prefill_ep"):
-            if getattr(out, knob) > 1:
-                out = replace(out, **{knob: getattr(out, knob) // 2})
-                break
-        else:
-            break  # one of each does not fit: pruned
+        knob = next((k for k in knobs if getattr(out, k) > 1), None)
+        if knob is None:
+            break  # one GPU a worker does not fit: pruned
+        out = replace(out, **{knob: getattr(out, knob) // 2})
+        if knob == "ep_size":  # the decode worker's mesh: attention DP dividing its GPUs again
+            out, notes = repair_mesh(out, gpus, notes)
         if out.prefill_tp > out.prefill_ep * out.prefill_expert_tp:
             out = replace(out, prefill_tp=out.prefill_ep * out.prefill_expert_tp)
-    after = (out.prefill_workers, out.decode_workers, out.prefill_ep)
+    after = tuple(getattr(out, k) for k in knobs)
     if after != before:
-        notes.append(f"prefill workers, decode workers, prefill EP {before} → {after} (they fit the {gpus} GPUs)")
+        notes.append(f"prefill workers, decode workers, prefill EP, prefill expert TP, decode EP {before} → {after} "
+                     f"(they fit the {gpus} GPUs)")
     return out, notes
 
 

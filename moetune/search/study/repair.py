@@ -9,7 +9,7 @@ default grid's (ep_size, redundant_experts, replicas) triples do not tile the GP
 - offloading at R > 1 (the engine offloads on one rank only): every expert resident;
 - (fit_memory, simulated searches: the evaluator's `memory_rule`) a point over the per-rank memory
   estimate stepped by MOVES, least harm first, to the first point that fits, each move only to a value
-  the space's domain holds (docs/search.md "Repair").
+  the space's domain holds (a disaggregated point's prefill worker widened among them; docs/search.md "Repair").
 
 A repaired trial says what it ran and why (the trial's `same_as` note, trials.csv `deployment`),
 and reuses the result of an earlier trial of the same deployment, like a canonical twin.
@@ -67,7 +67,9 @@ STEPS = tuple(2 ** p for p in range(13, 2, -1))  # max_num_batched_tokens / max_
 # prune() passes and the rank needs fewer bytes; at the first point that fits the moves stop, and then
 # each knob moved (most harmful first, ep_size aside) is set back as far toward its sampled value as still fits
 MOVES = ("kv_format", "dense_format", "quant_low_format:fp8", "quant_hot_fraction", "redundant_experts",
-         "quant_low_format", "max_num_batched_tokens", "max_num_seqs", "ep_size")
+         "prefill_expert_tp", "prefill_ep", "quant_low_format", "max_num_batched_tokens", "max_num_seqs", "ep_size")
+# (prefill_*: a disaggregated point's prefill worker over more GPUs, its experts split wider, before a format below
+# fp8 that both workers would run — where the prefill worker is the fuller of the two, e.g. DeepSeek-V3's on 1 GPU)
 ORDER = {"kv_format": ("none", "fp8"), "dense_format": ("none", "fp8"), "quant_low_format": LOW_ORDER,
          "quant_hot_fraction": (0.5, 0.25, 0.125, 0.0), "max_num_batched_tokens": (16384, *STEPS),
          "max_num_seqs": (1024, *STEPS)}  # each knob's values, least harm (most bytes) first
@@ -122,6 +124,12 @@ def _candidates(d: Deployment, move: str, gpus: int, num_experts: int) -> list[D
     if name in ("max_num_batched_tokens", "max_num_seqs"):
         value = getattr(d, name)
         return [replace(d, **{name: v}) for v in STEPS if v < value]
+    if name in ("prefill_expert_tp", "prefill_ep"):  # a prefill worker's GPUs doubled, each a new point (prune: fit)
+        if not d.prefill_workers:
+            return []
+        value = getattr(d, name)
+        wider = (value * 2 ** k for k in range(1, 8) if value * 2 ** k <= gpus)
+        return [replace(d, **{name: v}) for v in wider if name == "prefill_expert_tp" or num_experts % v == 0]
     W = max(d.tp_size, d.expert_tp_size)  # ep_size: more ranks per replica, fewer replicas; N re-tiled up or down
     wider = [r for r in range(d.ep_size + 1, gpus // W + 1) if (gpus // W) % r == 0 or d.replicas == 1]
     out = []

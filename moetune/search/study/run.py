@@ -142,7 +142,8 @@ def run_search(settings: SearchSettings, on_trial: Callable | None = None,
         inputs = study_inputs(settings.inputs.trace, space.grid())
         seed_lim = replace(limits, requests=DEFAULT_CONCURRENCY) if setup.workload.find_load else limits  # the
         # load is found per trial: the seeds hold the default concurrency per replica in one decode batch
-        seeds = reference_seeds(space, seed_lim, setup.hardware.ranks_per_node, evaluator.memory_rule()) \
+        seeds = reference_seeds(space, seed_lim, setup.hardware.ranks_per_node, evaluator.memory_rule(),
+                                setup.workload.find_load) \
             if settings.study.reference_trials else None
         study = run_study(replace(settings.study, inputs=inputs), space, limits, evaluator, on_trial, seeds)
     except MoetuneError:

@@ -10,6 +10,7 @@ trial budget starts from points a cluster engineer would try by hand instead of 
 | `ep-node` | EP over one node's GPUs (a replica per node), EPLB placement with ~E/8 redundant slots, 512 tokens per step (short prefill chunks keep TPOT low) |
 | `wide-ep` | EP over every GPU (one replica), EPLB, ~E/8 redundant slots, 256 tokens per step (one node: EP over its GPUs at the shorter chunk) |
 | `dp-attention` | attention data-parallel over one node's GPUs with every expert TP-split over them (all-gather dispatch, `deploy.attn_dp`): vLLM's `--data-parallel-size` without expert parallelism, the mesh measured tables favour for DeepSeek-V3 (only where the space searches attn_dp and expert_tp_size); `dp-attention-G`: the same mesh over G < a node's GPUs with replicas filling the rest (each G dividing the GPUs, kept where it fits memory: the peer's Mixtral pick, 2 × DP-4 × TP-4) |
+| `disagg-dp-attention` | disaggregated prefill/decode over two nodes: one prefill worker and one decode worker, each attention DP over a node's GPUs × experts TP over it (the peer's DeepSeek-V3 pick on 16 H200), replicas filling the rest; the decode worker holding the requests of both workers' GPUs (`load_per_gpu`: when the load is found per trial, the same requests per GPU as the node-wide `dp-attention` seed; its prefill moved to the other node, the decode worker has the room). Only where the space searches the disaggregated form (2+ nodes) with those worker meshes |
 | `tp` | attention, dense and expert weights split over the smallest TP group the heads allow that fits, replicas filling the GPUs (only where --space searches tp_size) |
 
 Every seed prefers fp8 experts, dense weights and KV cache where the space holds those values, one
@@ -33,8 +34,11 @@ class Seed:
     params: dict  # one value per knob of the space, each from its domain (what `enqueue_trial` fixes)
 
 
-def reference_seeds(space: Space, lim: Limits, gpus_per_node: int, rule: MemoryRule | None = None) -> list[Seed]:
-    """The reference deployments for this space, hardware and model, in the order the study runs them."""
+def reference_seeds(space: Space, lim: Limits, gpus_per_node: int, rule: MemoryRule | None = None,
+                    load_per_gpu: bool = False) -> list[Seed]:
+    """The reference deployments for this space, hardware and model, in the order the study runs them.
+    `load_per_gpu`: lim.requests is a node-wide replica's load (the load is found per trial), so that a
+    disaggregated replica over two nodes holds twice it (module doc)."""
     make = _Maker(space, lim, rule)
     node = max((r for r in make.domain("ep_size") if r <= gpus_per_node), default=1)
     wide = max(make.domain("ep_size"))
@@ -52,6 +56,9 @@ def reference_seeds(space: Space, lim: Limits, gpus_per_node: int, rule: MemoryR
         point = make.mesh_point(g)
         if g == node or make.fits(point):
             candidates.append(("dp-attention" if g == node else f"dp-attention-{g}", point))
+    disagg = make.disagg_point(node, load_per_gpu)
+    if disagg is not None and make.fits(disagg):
+        candidates.append(("disagg-dp-attention", disagg))
     if any(g > 1 for g in make.domain("tp_size")):
         groups = [g for g in make.tiling("tp_size") if g > 1]
         candidates.append(("tp", make.smallest_fitting(lambda g: make.point(tp_size=g, tokens=2048), groups)))
@@ -93,8 +100,7 @@ class _Maker:
         replicas = self.pick("replicas", gpus // group, 1)
         per_replica = self.lim.requests if self.lim.per_replica else -(-self.lim.requests // replicas)
         per_rank = -(-per_replica // ep_size)  # a TP group's ranks hold the same requests
-        seqs = self.pick("max_num_seqs", *sorted(v for v in self.domain("max_num_seqs") if v >= per_rank),
-                         max(self.domain("max_num_seqs")))
+        seqs = self.seqs_holding(per_rank)
         redundant = sorted((v for v in self.domain("redundant_experts") if v > 0), key=lambda v: abs(v - E / 8))
         values = {
             "ep_size": self.pick("ep_size", ep_size), "tp_size": tp, "expert_tp_size": etp, "replicas": replicas,
@@ -115,12 +121,29 @@ class _Maker:
         """Attention DP over `group` GPUs, the experts TP-split over the same GPUs (module doc), each DP rank
         holding its share of the replica's requests."""
         p = self.point(tp_size=group, tokens=2048)
-        per_rank = -(-self.lim.requests // (p["replicas"] * group))
-        seqs = self.pick("max_num_seqs", *sorted(v for v in self.domain("max_num_seqs") if v >= per_rank),
-                         max(self.domain("max_num_seqs")))
+        per_replica = self.lim.requests if self.lim.per_replica else -(-self.lim.requests // p["replicas"])
         mesh = {"attn_dp": group, "moe_a2a": 0, "tp_size": self.pick("tp_size", 1), "expert_tp_size": group,
-                "max_num_seqs": seqs}
+                "max_num_seqs": self.seqs_holding(-(-per_replica // group))}
         return {**p, **{k: v for k, v in mesh.items() if k in self.domains}}
+
+    def disagg_point(self, group: int, load_per_gpu: bool) -> dict | None:
+        """One prefill and one decode worker, each attention DP over `group` GPUs × experts TP over them, replicas
+        filling the GPUs (module doc); None where the space holds no such point."""
+        workers = {"prefill_workers": 1, "decode_workers": 1, "prefill_ep": 1, "prefill_tp": 1,
+                   "prefill_expert_tp": group}
+        if any(v not in self.domain(k) for k, v in workers.items()) or group < 2 or self.lim.max_ranks % (2 * group) \
+                or group not in self.domain("attn_dp") or group not in self.domain("expert_tp_size"):
+            return None
+        replicas = self.pick("replicas", self.lim.max_ranks // (2 * group), 1)
+        per_replica = self.lim.requests if self.lim.per_replica else -(-self.lim.requests // replicas)
+        per_replica *= 2 if load_per_gpu else 1  # the decode worker holds both workers' GPUs' share
+        knobs = {**workers, "replicas": replicas, "max_num_seqs": self.seqs_holding(-(-per_replica // group))}
+        return {**self.mesh_point(group), **{k: v for k, v in knobs.items() if k in self.domains}}
+
+    def seqs_holding(self, per_rank: int) -> int:
+        """The smallest max_num_seqs of the space holding `per_rank` requests (else its largest)."""
+        return self.pick("max_num_seqs", *sorted(v for v in self.domain("max_num_seqs") if v >= per_rank),
+                         max(self.domain("max_num_seqs")))
 
     def ep_point(self, ep_size: int, tokens: int) -> dict | None:
         return self.point(ep_size=ep_size, tokens=tokens, eplb=True) if ep_size > 1 else None

@@ -43,6 +43,7 @@ class Inputs:
     slo_tpot_ms: float | None = None
     slo_percentile: float = 90.0  # the SLOs apply at this percentile of the steady window's requests
     burst: bool = False  # every request at t = 0 (the default on this-machine; on GPU hardware only when asked)
+    unstaggered: bool = False  # a closed loop's first wave joins at t = 0 (synchronized waves; schedule.py)
     spec_acceptance: float | None = None  # speculation's per-token acceptance where the trace did not measure it
     scale_routing: str | None = None  # --scale-routing stats | blocks | loads:FILE (None: stats; scale.py)
     engine: str | None = None  # --engine: whose measured op tables price the GPU ops (cost/op_tables.py; None: vllm)
@@ -127,7 +128,7 @@ def workload(inp: Inputs, run: SimWorkload) -> SimWorkload:
         {"burst": 0, "concurrency": concurrency, "rate": n // 5}[mode]
     return SimWorkload(_lens(inp, run, n), inp.output_len or run.output_len, mode, concurrency,
                        inp.request_rate or 0.0, inp.arrival_seed, warmup, inp.slo_ttft_ms, inp.slo_tpot_ms,
-                       inp.slo_percentile)
+                       inp.slo_percentile, stagger=not inp.unstaggered)
 
 
 def load_mode(inp: Inputs) -> str:
@@ -144,6 +145,10 @@ def load_mode(inp: Inputs) -> str:
         raise MoetuneError("--burst sends every request at t=0: drop --concurrency / --request-rate")
     if inp.warmup_requests is not None and inp.warmup_requests < 0:
         raise MoetuneError("--warmup-requests must be at least 0")
+    if inp.unstaggered and (inp.burst or inp.request_rate is not None or (
+            inp.hardware == "this-machine" and inp.concurrency is None)):
+        raise MoetuneError("--unstaggered sets how a closed loop starts: give it with --concurrency or, on GPU "
+                           "hardware, the SLOs (not with --burst or --request-rate)")
     if inp.concurrency:
         return "concurrency"
     if inp.request_rate:
@@ -167,7 +172,8 @@ def _find_load_template(inp: Inputs, run: SimWorkload) -> SimWorkload:
     (the memory rule prices the KV cache of the sequences a rank holds; `most_in_flight`: that bound)."""
     n = inp.num_requests or UNBOUNDED_LOAD
     return SimWorkload(_lens(inp, run, n), inp.output_len or run.output_len, "concurrency", 0, 0.0, inp.arrival_seed,
-                       0, inp.slo_ttft_ms, inp.slo_tpot_ms, inp.slo_percentile, find_load=True)
+                       0, inp.slo_ttft_ms, inp.slo_tpot_ms, inp.slo_percentile, find_load=True,
+                       stagger=not inp.unstaggered)
 
 
 def hardware_for(inp: Inputs, source: TraceSource, base: RunConfig) -> tuple[Hardware, Calibration | None]:
