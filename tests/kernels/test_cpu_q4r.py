@@ -192,7 +192,7 @@ def test_slots_are_repacked_once_per_write(monkeypatch):
     written[1] += 1
     got = q4r.repacked(slots)
     assert calls == [3, 2]  # slot 1 alone
-    fresh = real(PackedWeight(data, scale, WeightFormat.INT4, 32))
+    fresh = real(PackedWeight(data, scale, WeightFormat.INT4, 32), runtime.Q4_SCALE_FP16)
     assert all(torch.equal(a, b) for a, b in zip(got, fresh))  # the copy holds the new bytes
     assert not torch.equal(got[0][1], first[0][1]) and torch.equal(got[0][0], first[0][0])
     q4r.repacked(slots)
