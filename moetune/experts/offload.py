@@ -99,12 +99,18 @@ class _Region:
     parts: tuple[torch.Tensor, ...]
     layout: BlobLayout
     template: FormatGroup  # formats and group sizes
+    written: torch.Tensor  # [stop - start] int64: writes into each slot (`PackedWeight.generation`)
 
     def packed(self, parts, start: int, stop: int) -> FormatGroup:
+        """The slots as a FormatGroup: the region's own tensors carry their write counts (kernels cache
+        what they derive from a slot until it is written again); other `parts` (a step's transient
+        buffer) are marked unstable."""
         named = dict(zip([p[0] for p in self.layout.parts], parts))
         t13, t2 = self.template.w13, self.template.w2
-        w13 = PackedWeight(named["w13"], named.get("w13_scale"), t13.fmt, t13.group_size, stable=False)  # slots
-        w2 = PackedWeight(named["w2"], named.get("w2_scale"), t2.fmt, t2.group_size, stable=False)
+        own = parts is self.parts
+        kw = {"generation": self.written} if own else {"stable": False}
+        w13 = PackedWeight(named["w13"], named.get("w13_scale"), t13.fmt, t13.group_size, **kw)
+        w2 = PackedWeight(named["w2"], named.get("w2_scale"), t2.fmt, t2.group_size, **kw)
         return FormatGroup(start, stop, w13, w2)
 
 
@@ -218,7 +224,8 @@ class OffloadingExpertStore:
         for g, size in enumerate(region_sizes(C, [grp.size for grp in w.groups])):
             parts = tuple(torch.empty(size, *shape, dtype=dtype, device=self.device)
                           for _, dtype, shape, _, _ in layouts[g].parts)
-            regions.append(_Region(start, start + size, parts, layouts[g], w.groups[g]))
+            regions.append(_Region(start, start + size, parts, layouts[g], w.groups[g],
+                                   torch.zeros(size, dtype=torch.int64)))
             start += size
         return _LayerCache(E, regions, group_of, backing, torch.full((E,), -1, dtype=torch.int64), [-1] * C,
                            last_used=np.zeros(E, dtype=np.int64), uses=np.zeros(E, dtype=np.int64))
@@ -398,7 +405,11 @@ class OffloadingExpertStore:
         cache.expert_in[slot] = -1
 
     def _fill(self, cache: _LayerCache, e: int, slot: int, stream) -> None:
+        """Expert e into cache slot `slot`, then its write counted (after the read: a kernel that sees
+        the new count reads the new bytes; on CUDA the counts are not read, q4r is CPU-only)."""
         self._count_bytes(cache, e, cache.backing.read(e, cache.dests(e, slot), stream))
+        r = cache.region(e)
+        r.written[slot - r.start] += 1
 
     def _weights(self, cache: _LayerCache) -> ExpertWeights:
         E, C = cache.num_experts, cache.capacity

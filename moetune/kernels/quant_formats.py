@@ -40,8 +40,11 @@ class PackedWeight:
     scale: torch.Tensor | None
     fmt: WeightFormat = WeightFormat.NONE
     group_size: int = 0  # INT4 only
-    stable: bool = True  # False: its tensors are rewritten in place (an offloading cache's slots), so no
-    # kernel caches anything derived from them (`kernels/cpu/q4r.repacked`)
+    stable: bool = True  # False: its tensors are rewritten in place untracked (an offloading step's transient
+    # buffer), so no kernel caches anything derived from them (`kernels/cpu/q4r.repacked`)
+    generation: torch.Tensor | None = None  # [P] int64: how often each slice of the leading axis was written
+    # in place (an offloading cache's slots: `experts/offload.py` counts its writes, which torch's version
+    # counter misses); a kernel's cache of derived data keys on it, slice by slice
 
     @property
     def num_experts(self) -> int:

@@ -10,7 +10,7 @@ A weight is a float tensor or a packed int8 / int4 `PackedWeight` [N, K] (`moetu
 --dense`, or a recipe's `quant.dense`: `model/dense_quant.py`). A packed weight runs the kernel up
 to LARGE_WEIGHT_M rows whatever its size (the other way dequantises it first), and `F.linear` on its
 dequantised copy beyond, or wherever the kernel is off (the torch twin); an int4 weight runs the
-kernel at every M while `runtime.Q4_INT8_X` is on (the interleaved kernels beat the dequantised GEMM
+kernel at every M while `runtime.Q4_INTERLEAVED` is on (the interleaved kernels beat the dequantised GEMM
 at prefill too, docs/cpu.md).
 """
 
@@ -46,7 +46,7 @@ def project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, s
     M, packed = x.shape[0], isinstance(weight, PackedWeight)
     if 0 < M <= small_m or (small_m and M <= LARGE_WEIGHT_M
                             and (packed or weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES)) or (
-            small_m and M > 0 and packed and weight.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X):
+            small_m and M > 0 and packed and weight.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED):
         y = cpu_linear(x, weight)  # [M, N]
         return y if bias is None else y.add_(bias)
     if packed:  # the twin: dequantise, then torch's GEMM

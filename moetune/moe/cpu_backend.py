@@ -33,7 +33,7 @@ from moetune.moe.permute import PermuteOutput
 
 MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
 SMALL_EXPERT_BYTES = 1 << 20  # w13 + w2 of one expert below this: torch's per-slot calls cost more than the math
-INT4_ROWS = 1 << 30  # int4 experts with the interleaved kernels (`runtime.Q4_INT8_X`): every row count
+INT4_ROWS = 1 << 30  # int4 experts with the interleaved kernels (`runtime.Q4_INTERLEAVED`): every row count
 # (a 512-token prefill's int4 experts: the kernel 4-9x the old path per projection, at or above
 # torch's fp32 GEMM on the dequantised copy, docs/cpu.md)
 SMALL_EXPERT_ROWS = 64  # so such experts stay on the kernel up to this many rows (bundled model: +15 % tok/s)
@@ -52,7 +52,7 @@ class CPUBackend(TorchBackend):
         an amount that only pays for its per-slot calls (3 GEMM-sized ops each) when the expert is big."""
         if self.max_rows is not None:
             return self.max_rows
-        if weights.w13.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X:
+        if weights.w13.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:
             return INT4_ROWS
         w13, w2 = weights.w13.data, weights.w2.data
         per_expert = (w13.numel() * w13.element_size() + w2.numel() * w2.element_size()) // w13.shape[0]

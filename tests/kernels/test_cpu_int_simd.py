@@ -5,7 +5,7 @@ each equals its twin (x rounded per block as the kernel rounds it, exact integer
 within the stated bound `q8_bound` (Σ_b xs_b/2 · Σ_{k in b} |W[n, k]|, xs_b = absmax(x block) / 32767),
 on M = 1…16, odd N and K, int4 groups 32 / 64 / 128; a row cut at block edges (a tensor-parallel
 rank's slice) rounds x as the whole row does. Each instruction-set variant (AVX2, generic, ...)
-against the twins: test_cpu_isa.py. These are the int16 int4 kernels (`runtime.Q4_INT8_X` off, the
+against the twins: test_cpu_isa.py. These are the int16 int4 kernels (`runtime.Q4_INTERLEAVED` off, the
 documented option); the default interleaved int4 kernels (int8 x): test_cpu_q4r.py."""
 
 import pytest
@@ -28,7 +28,7 @@ ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 16]
 
 @pytest.fixture(autouse=True)
 def int16_int4(monkeypatch):
-    monkeypatch.setattr(runtime, "Q4_INT8_X", False)
+    monkeypatch.setattr(runtime, "Q4_INTERLEAVED", False)
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import torch
 pytest.importorskip("numba")
 
 from moetune.kernels.cpu import fused_experts_cpu_ref, isa, linear_ref  # noqa: E402
-from moetune.kernels.cpu.linear import linear_q4_ref, linear_q8_ref, q8_bound, quantize_rows_ref, x_block  # noqa: E402
+from moetune.kernels.cpu.linear import (linear_q4_ref, linear_q8_ref, q8_bound, quantize_rows_ref, x_block,  # noqa: E402
+                                        x_levels)
 from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.cpu.formats import dequantize  # noqa: E402
 from moetune.kernels.cpu.q4r import linear_q4r_ref, quantize_x_ref  # noqa: E402
@@ -37,11 +38,16 @@ w2 = quantize_int4(torch.randn(3, 96, 64, generator=g), 32)
 off = torch.tensor([0, 1, 1, 2]); xe = torch.randn(2, 96, generator=g)
 ye = fused_experts_cpu(xe, off, w13, w2, threads=1)
 k = runtime.jit()
-runtime.Q4_INT8_X = False  # the int16 int4 path too (the documented option)
+yp = {}  # the other x parts of the interleaved kernels (the default: 1, fp16 scales as llama.cpp's Q4_0 x Q8_0)
+for parts in (2, 3):
+    runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = parts, False
+    yp[parts] = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases[1:]]
+runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = 1, True
+runtime.Q4_INTERLEAVED = False  # the int16 int4 path too (the documented option)
 ys16 = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases[1:]]
 asm = "".join(f.inspect_asm(f.signatures[0]) for f in (k.linear_q8_serial, k.linear_q4_serial))
 asm4 = k.linear_q4r_serial.inspect_asm(k.linear_q4r_serial.signatures[0])
-torch.save({"cases": cases, "y": ys, "y16": ys16, "experts": (w13, w2, off, xe, ye), "variant": isa.describe(),
+torch.save({"cases": cases, "y": ys, "y16": ys16, "parts": yp, "experts": (w13, w2, off, xe, ye), "variant": isa.describe(),
             "zmm": "zmm" in asm, "ymm": "ymm" in asm, "vnni": "vpdpwssd" in asm, "madd": "vpmaddwd" in asm,
             "q4r": ("zmm" in asm4, "ymm" in asm4, "vpdpbusd" in asm4, "vpmaddubsw" in asm4)},
            sys.argv[1])
@@ -70,23 +76,28 @@ def _run_variant(variant: str, tmp_path) -> dict:
     return torch.load(tmp_path / "out.pt", weights_only=False)  # PackedWeights: written by the test itself
 
 
-def _twin_close(got, x, w, int8_x: bool = True) -> None:
+def _twin_close(got, x, w, interleaved: bool = True, parts: int = 1, fp16: bool = True) -> None:
     """got equals the integer twin up to one x element rounding the other way, and the fp32 twin
-    within `q8_bound` (as tests/kernels/test_cpu_int_simd.py and test_cpu_q4r.py state it). int8_x:
-    int4 on the interleaved kernels (x in int8, `q4r`), else the int16 path."""
-    interleaved = w.fmt == WeightFormat.INT4 and int8_x
-    _, xs = quantize_x_ref(x, w.group_size) if interleaved else quantize_rows_ref(x, x_block(w))  # [M, blocks]
-    step = xs.amax(dim=1)[:, None] * dequantize(w).abs().amax(dim=1)[None, :]  # [M, N]
-    want = (linear_q4r_ref(x, w) if interleaved else linear_q4_ref(x, w) if w.fmt == WeightFormat.INT4
-            else linear_q8_ref(x, w))
-    assert ((got - want).abs() <= step + 2e-5 * want.abs().amax() + 1e-30).all()
-    ref = linear_ref(x, w)
-    old = runtime.Q4_INT8_X
-    runtime.Q4_INT8_X = int8_x  # q8_bound's levels follow the switch
+    within `q8_bound` (as tests/kernels/test_cpu_int_simd.py and test_cpu_q4r.py state it). interleaved:
+    int4 on the interleaved kernels (x in `parts` int8 parts, the scales in fp16 or fp32; these calls
+    have ≤ 16 x rows: Q4_X_PARTS_FEW), else the int16 path."""
+    old = runtime.Q4_INTERLEAVED, runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16
+    runtime.Q4_INTERLEAVED, runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = interleaved, parts, fp16  # the twins follow
     try:
+        interleaved = w.fmt == WeightFormat.INT4 and interleaved
+        if interleaved:
+            _, xd = quantize_x_ref(x, w.group_size)  # [M, G]
+            xs = xd * 127 / x_levels(w, x.shape[0])  # the last part's step
+        else:
+            _, xs = quantize_rows_ref(x, x_block(w))  # [M, blocks]
+        step = xs.amax(dim=1)[:, None] * dequantize(w).abs().amax(dim=1)[None, :]  # [M, N]
+        want = (linear_q4r_ref(x, w) if interleaved else linear_q4_ref(x, w) if w.fmt == WeightFormat.INT4
+                else linear_q8_ref(x, w))
+        assert ((got - want).abs() <= step + 2e-5 * want.abs().amax() + 1e-30).all()
+        ref = linear_ref(x, w)
         assert ((got - ref).abs() <= q8_bound(x, w) * (1 + 1e-4) + 2e-6 * ref.abs().amax()).all()
     finally:
-        runtime.Q4_INT8_X = old
+        runtime.Q4_INTERLEAVED, runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = old
 
 
 @pytest.mark.parametrize("variant", isa.VARIANTS)
@@ -103,8 +114,12 @@ def test_each_variant_matches_the_twins(variant, tmp_path):
         _twin_close(y1, x[:1], w)
         _twin_close(y, x, w)
     for (w, x), (y1, y) in zip(got["cases"][1:], got["y16"]):
-        _twin_close(y1, x[:1], w, int8_x=False)
-        _twin_close(y, x, w, int8_x=False)
+        _twin_close(y1, x[:1], w, interleaved=False)
+        _twin_close(y, x, w, interleaved=False)
+    for parts in (2, 3):
+        for (w, x), (y1, y) in zip(got["cases"][1:], got["parts"][parts]):
+            _twin_close(y1, x[:1], w, parts=parts, fp16=False)
+            _twin_close(y, x, w, parts=parts, fp16=False)
     w13, w2, off, xe, ye = got["experts"]
     ref = fused_experts_cpu_ref(xe, off, w13, w2)  # one-row experts, x and the activation in int8: < 3e-2
     assert ((ye - ref).norm() / ref.norm()).item() < 3e-2

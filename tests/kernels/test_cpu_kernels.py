@@ -32,10 +32,10 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def close_fmt(a: torch.Tensor, b: torch.Tensor, fmt: str, stages: int) -> None:
-    """`close`, but int4 (the interleaved kernels round x to int8 per group, `runtime.Q4_INT8_X`): within
+    """`close`, but int4 (the interleaved kernels round x to int8 per group, `runtime.Q4_INTERLEAVED`): within
     the stated rounding bound, stages · 2 · `rounding_rel(group, 127)` of the norm (each of the
     `stages` packed weights on the path rounds its input once; gain ≤ 1 per stage, tests/model/test_dense_quant.py)."""
-    if not (fmt.startswith("int4") and runtime.Q4_INT8_X):
+    if not (fmt.startswith("int4") and runtime.Q4_INTERLEAVED):
         return close(a, b)
     from moetune.kernels.cpu.linear import rounding_rel
 

@@ -59,7 +59,7 @@ def test_experts_match_the_torch_twin(fmt, case, parallel):
         ids = torch.stack([torch.randperm(E - 1, generator=g)[:2] for _ in range(T)])  # expert E-1 empty
     got, want = _both(x, ids, _weights(E, D, I, fmt))
     assert got.block_m == 1 and got.y.shape == want.y.shape == (T * ids.shape[1], D)
-    if fmt == "int4":  # x and the activation rounded to int8 per group of 64 (`runtime.Q4_INT8_X`): the
+    if fmt == "int4":  # x and the activation rounded to int8 per group of 64 (`runtime.Q4_INTERLEAVED`): the
         # stated bound, 2 stages · 2 · rounding_rel (tests/kernels/test_cpu_kernels.py: close_fmt)
         assert ((got.y - want.y).norm() / want.y.norm()).item() <= 4 * rounding_rel(64, 127)
     else:
@@ -122,7 +122,7 @@ def test_a_layer_in_several_formats_runs_each_format_group_through_the_kernels()
     perm = permute(torch.randn(T, D, generator=gen), ids, E)
     ref = TorchBackend().experts(perm.x_sorted, perm.offsets, weights).y
     out = CPUBackend().experts(perm.x_sorted, perm.offsets, weights).y
-    rows = slice(int(perm.offsets[4]), None)  # the int4 group's rows: x rounded to int8 (`runtime.Q4_INT8_X`)
+    rows = slice(int(perm.offsets[4]), None)  # the int4 group's rows: x rounded to int8 (`runtime.Q4_INTERLEAVED`)
     torch.testing.assert_close(out[:rows.start], ref[:rows.start], atol=1e-4, rtol=1e-4)
     assert ((out[rows] - ref[rows]).norm() / ref[rows].norm()).item() <= 4 * rounding_rel(64, 127)
     CPUBackend().warm(weights)  # compiles each group's format without tripping over the mixed layer

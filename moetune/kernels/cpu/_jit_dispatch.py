@@ -5,9 +5,9 @@ more axis): numba types each record by its arrays, so the kind is known when a l
 compiled and each overload returns the one body that kind runs, the same kernels `linear.linear` and
 `experts.fused_experts_cpu` call for it, under the same rules:
 
-  matmul_into(x, w, scale, y, parallel, q8, q4)   y [T, N] = x [T, K] @ W.T
+  matmul_into(x, w, scale, y, parallel, q8, q4, q4x)   y [T, N] = x [T, K] @ W.T
       int8 rows, T ≤ q8: `linear_q8` (integers); int4 interleaved (scales [N/16, G, 16], `q4r`):
-      `linear_q4r` (x in int8, any T); int4, T ≤ q4: `linear_q4` (integers), else
+      `linear_q4r` (x in q4x int8 parts, any T); int4, T ≤ q4: `linear_q4` (integers), else
       `linear_int4` on x split into even / odd columns (`split_int4`); fp32 (and int8 past q8):
       `linear_dense`. parallel: the parallel kernel, else its serial twin.
   experts_into(x, offsets, active, experts, tuning, lanes, y)   y [N, D] = every active expert's
@@ -52,22 +52,22 @@ def split_int4(x, G, H):
     return xq, xs
 
 
-def matmul_into(x, w, scale, y, parallel, q8, q4):
+def matmul_into(x, w, scale, y, parallel, q8, q4, q4x):
     """y = x @ W.T (with W's scales) by W's kind (see the module docstring)."""
     raise NotImplementedError("matmul_into runs inside numba kernels only")
 
 
 @overload(matmul_into, jit_options={"fastmath": True})
-def _matmul_into(x, w, scale, y, parallel, q8, q4):
+def _matmul_into(x, w, scale, y, parallel, q8, q4, q4x):
     if w.ndim == 3 and scale.ndim == 3:  # int4 interleaved (`q4r`): [N, G, H], scales [N/16, G, 16]
-        def int4r(x, w, scale, y, parallel, q8, q4):
+        def int4r(x, w, scale, y, parallel, q8, q4, q4x):
             if parallel:
-                linear_q4r(x, w, scale, y)
+                linear_q4r(x, w, scale, y, q4x[0], q4x[1])
             else:
-                linear_q4r_serial(x, w, scale, y)
+                linear_q4r_serial(x, w, scale, y, q4x[0], q4x[1])
         return int4r
     if w.ndim == 3:  # int4 [N, G, group/2]
-        def int4(x, w, scale, y, parallel, q8, q4):
+        def int4(x, w, scale, y, parallel, q8, q4, q4x):
             if x.shape[0] <= q4:
                 if parallel:
                     linear_q4(x, w, scale, y, BLOCK_N)
@@ -81,7 +81,7 @@ def _matmul_into(x, w, scale, y, parallel, q8, q4):
                 linear_int4_serial(xq, xs, w, scale, y, BLOCK_N)
         return int4
 
-    def dense(x, w, scale, y, parallel, q8, q4):
+    def dense(x, w, scale, y, parallel, q8, q4, q4x):
         if w.itemsize == 1 and x.shape[0] <= q8:
             if parallel:
                 linear_q8(x, w, scale, y, BLOCK_N)
@@ -106,9 +106,9 @@ def _experts_into(x, offsets, active, experts, tuning, lanes, y):
             w13, s13, w2, s2 = experts[0], experts[1], experts[2], experts[3]  # Experts
             a = np.empty((x.shape[0], w2.shape[2] * 2 * w2.shape[3]), np.float32)  # [N, I] activation
             if lanes > 1:
-                experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y)
+                experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, tuning[7], tuning[8])
             else:
-                experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y)
+                experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, tuning[7], tuning[8])
         return int4r
     if experts[0].ndim == 4:  # int4 w13 [P, 2I, Gd, Hd]
         def int4(x, offsets, active, experts, tuning, lanes, y):

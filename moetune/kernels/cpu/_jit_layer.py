@@ -29,10 +29,10 @@ def _project(x, p, tuning):
     int8 rows against up to the Tuning's q8 x rows, int4 against up to q4, take the integer paths
     (`linear.linear`'s rules; `_jit_dispatch.matmul_into`)."""
     w, scale, bias = p  # Projection
-    threads, serial_bytes, q8, q4 = tuning[0], tuning[1], tuning[5], tuning[6]  # Tuning
+    threads, serial_bytes, q8, q4, q4x = tuning[0], tuning[1], tuning[5], tuning[6], (tuning[7], tuning[8])  # Tuning
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     parallel = threads > 1 and w.size * w.itemsize >= serial_bytes
-    matmul_into(x, w, scale, y, parallel, q8, q4)
+    matmul_into(x, w, scale, y, parallel, q8, q4, q4x)
     if bias.shape[0]:
         for t in range(y.shape[0]):
             for n in range(y.shape[1]):

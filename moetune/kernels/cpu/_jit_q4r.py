@@ -1,12 +1,16 @@
-"""Int4 weights in the interleaved layout against int8-rounded x (numba; imported by `_jit`).
+"""Int4 weights in the interleaved layout against x in int8 parts (numba; imported by `_jit`).
 
 The layout and the tile are `_simd_q4r`'s (blocks of 16 weight rows, one int32 lane per row); here
-x is rounded once per call (`quantize_rows`: int8 per group, Q8_0-style) and the tiles run over
-every (block of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1, so each unpacked
-weight chunk serves up to 4 x rows and each broadcast x chunk 16 weight rows.
+x is rounded once per call (`quantize_row`: per group, in P int8 parts, each the rounded residual of
+the ones before: P = 1 is Q8_0-style, 2 ~16 bits, 3 ~fp32's 24) and the tiles run over every (block
+of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1 (3 parts: 2, then 1), so each
+unpacked weight chunk serves up to 4 x rows and each broadcast x chunk 16 weight rows. A call (an
+expert) of up to FEW_ROWS x rows takes `few` parts, a longer one `many` (`parts`; `runtime.Q4_X_PARTS_FEW`,
+`Q4_X_PARTS`).
 
-  linear_q4r(x, w, s, y)          y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [NB, G, 16])
-  experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y)
+  linear_q4r(x, w, s, y, few, many)
+                                  y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [NB, G, 16])
+  experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many)
                                   y[rows of e] = (silu(x W1ᵀ)·(x W3ᵀ)) W2ᵀ for each active expert e:
                                   w13 [E, 2I, Gd, Hd] (gate rows, then up rows: blocks of 16 never
                                   straddle the two, I being a multiple of the group), w2 [E, D, Gi, Hi],
@@ -21,139 +25,185 @@ from numba import njit, prange
 
 from moetune.kernels.cpu._jit_experts import silu
 from moetune.kernels.cpu._opts import OPTS
-from moetune.kernels.cpu._simd_q4r import ROWS, q4r_tile_1, q4r_tile_2, q4r_tile_4
+from moetune.kernels.cpu._simd_q4r import (PART, ROWS, q4r_tile_1, q4r_tile_1p2, q4r_tile_1p3, q4r_tile_2, q4r_tile_2p2,
+                                          q4r_tile_2p3, q4r_tile_4, q4r_tile_4p2)
 
 F32, I32 = np.float32, np.int32
-QMAX = F32(127.0)  # int8 x, as llama.cpp's Q8_0 rounds its activations
+PART32 = F32(PART)
+QMAX = F32(127.0)  # each part of x in int8 (one part: as llama.cpp's Q8_0 rounds its activations)
 
 
 @njit(**OPTS)
-def quantize_row(x, m, G, xq, xd, xc, r):
-    """xq[r] = row m of x [M, K] as int8 in the chunk order of `_simd_q4r` (per group of K/G columns,
-    per 4 bytes of weights: 4 even then 4 odd columns), xd[r, g] = absmax(group g) / 127,
-    xc[r, g] = −8·Σ of group g's int8 (the nibbles' zero point)."""
-    gs = x.shape[1] // G
+def quantize_row(x, m, G, P, xq, xd, xc, r):
+    """xq[r, pK:(p+1)K] = part p < P of row m of x [M, K] as int8 in the chunk order of `_simd_q4r` (per
+    group of K/G columns, per 4 bytes of weights: 4 even then 4 odd columns): x ≈ xd[r, g]·Σ_p
+    xq_p·254⁻ᵖ, xd[r, g] = absmax(group g) / 127, each part the rounded residual of the ones before
+    (|residual| ≤ half a step of the part before: |xq_p| ≤ 127); xc[r, pG + g] = −8·Σ of part p's
+    int8 in group g (the nibbles' zero point)."""
+    K = x.shape[1]
+    gs = K // G
+    v = np.empty(gs, F32)  # the group in xq's order, in steps of the part being rounded
     for g in range(G):
         k0 = g * gs
         top = F32(0.0)
         for j in range(gs):
             top = max(top, abs(x[m, k0 + j]))
         inv = QMAX / top if top > 0 else F32(0.0)
-        total = I32(0)
-        for j in range(gs):  # j: position in xq's order; c chunk, p even (0) / odd (1), i byte in the chunk
-            c, p, i = j // 8, (j // 4) % 2, j % 4
-            q = np.int8(min(max(np.rint(x[m, k0 + 2 * (4 * c + i) + p] * inv), -QMAX), QMAX))
-            xq[r, k0 + j] = q
-            total += I32(q)
+        for c in range(gs // 8):  # chunk c: its 4 even columns, then its 4 odd ones
+            for i in range(4):
+                v[8 * c + i] = x[m, k0 + 8 * c + 2 * i] * inv
+                v[8 * c + 4 + i] = x[m, k0 + 8 * c + 2 * i + 1] * inv
+        for p in range(P):
+            base, total = p * K + k0, 0
+            for j in range(gs):
+                q = min(max(np.rint(v[j]), -QMAX), QMAX)
+                xq[r, base + j] = np.int8(q)
+                total += np.int32(q)
+                v[j] = (v[j] - q) * PART32
+            xc[r, p * G + g] = -8 * total
         xd[r, g] = top / QMAX
-        xc[r, g] = I32(-8) * total
 
 
 @njit(**OPTS)
-def block_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol):
-    """out[orow + m − m0, ocol:ocol + 16] for the x rows [m0, m1) against weight block nb."""
+def block_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol, P):
+    """out[orow + m − m0, ocol:ocol + 16] for the x rows [m0, m1) (P parts each) against weight block nb."""
     m = m0
-    while m + 4 <= m1:
-        q4r_tile_4(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
-        m += 4
-    if m + 2 <= m1:
-        q4r_tile_2(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
-        m += 2
-    if m < m1:
-        q4r_tile_1(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+    if P == 1:
+        while m + 4 <= m1:
+            q4r_tile_4(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+            m += 4
+        if m + 2 <= m1:
+            q4r_tile_2(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+            m += 2
+        if m < m1:
+            q4r_tile_1(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+    elif P == 2:
+        while m + 4 <= m1:
+            q4r_tile_4p2(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+            m += 4
+        if m + 2 <= m1:
+            q4r_tile_2p2(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+            m += 2
+        if m < m1:
+            q4r_tile_1p2(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+    else:
+        while m + 2 <= m1:
+            q4r_tile_2p3(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+            m += 2
+        if m < m1:
+            q4r_tile_1p3(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+
+
+@njit(**OPTS)
+def _x_buffers(M, K, G, P):
+    return np.empty((M, P * K), np.int8), np.empty((M, G), F32), np.empty((M, P * G), I32)
 
 
 SERIAL_X = 16384  # x elements up to which a call rounds x on the calling thread (a parallel region
 # wakes the other threads: more than rounding a few rows costs)
 
 
-@njit(parallel=True, **OPTS)
-def linear_q4r(x, w, s, y):
-    M, K, G = x.shape[0], x.shape[1], w.shape[1]
-    xq, xd, xc = np.empty((M, K), np.int8), np.empty((M, G), F32), np.empty((M, G), I32)
-    if M * K <= SERIAL_X:
-        for m in range(M):
-            quantize_row(x, m, G, xq, xd, xc, m)
-    else:
-        for m in prange(M):
-            quantize_row(x, m, G, xq, xd, xc, m)
-    for nb in prange(w.shape[0] // ROWS):
-        block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS)
+FEW_ROWS = 16  # x rows up to which a call (an expert) takes the `few` parts of x, else `many`
 
 
 @njit(**OPTS)
-def linear_q4r_serial(x, w, s, y):
+def parts(rows, few, many):
+    return few if rows <= FEW_ROWS else many
+
+
+@njit(parallel=True, **OPTS)
+def linear_q4r(x, w, s, y, few, many):
     M, K, G = x.shape[0], x.shape[1], w.shape[1]
-    xq, xd, xc = np.empty((M, K), np.int8), np.empty((M, G), F32), np.empty((M, G), I32)
+    P = parts(M, few, many)
+    xq, xd, xc = _x_buffers(M, K, G, P)
+    if M * K <= SERIAL_X:
+        for m in range(M):
+            quantize_row(x, m, G, P, xq, xd, xc, m)
+    else:
+        for m in prange(M):
+            quantize_row(x, m, G, P, xq, xd, xc, m)
+    for nb in prange(w.shape[0] // ROWS):
+        block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P)
+
+
+@njit(**OPTS)
+def linear_q4r_serial(x, w, s, y, few, many):
+    M, K, G = x.shape[0], x.shape[1], w.shape[1]
+    P = parts(M, few, many)
+    xq, xd, xc = _x_buffers(M, K, G, P)
     for m in range(M):
-        quantize_row(x, m, G, xq, xd, xc, m)
+        quantize_row(x, m, G, P, xq, xd, xc, m)
     for nb in range(w.shape[0] // ROWS):
-        block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS)
+        block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P)
+
+
+@njit(**OPTS)
+def _quantize_expert(x, offsets, e, G, few, many, q):
+    """The rows of expert e of x into q = (xq, xd, xc), in the parts its row count takes."""
+    P = parts(offsets[e + 1] - offsets[e], few, many)
+    for m in range(offsets[e], offsets[e + 1]):
+        quantize_row(x, m, G, P, q[0], q[1], q[2], m)
 
 
 UP_BLOCKS = 4  # blocks of 16 activation columns per work item of the w13 pass (one scratch each)
 
 
 @njit(inline="always", **OPTS)
-def _up_item(q, offsets, e, w13, s13, a, b0, b1):
+def _up_item(q, offsets, e, w13, s13, a, b0, b1, few, many):
     """a[rows of e, 16b:16b + 16] = silu(gate)·up of blocks b in [b0, b1) (gate block b, up block I/16 + b)."""
     xq, xd, xc = q
+    P = parts(offsets[e + 1] - offsets[e], few, many)
     nbi = w13.shape[1] // (2 * ROWS)
     gu = np.empty((4, 2 * ROWS), F32)  # [x rows of a tile, gate | up]
     for b in range(b0, b1):
         for m0 in range(offsets[e], offsets[e + 1], 4):
             m1 = min(offsets[e + 1], m0 + 4)
-            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0)
-            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS)
+            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0, P)
+            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS, P)
             for i in range(m1 - m0):
                 for l in range(ROWS):
                     a[m0 + i, b * ROWS + l] = silu(gu[i, l]) * gu[i, ROWS + l]
 
 
 @njit(parallel=True, **OPTS)
-def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y):
+def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
     N, D, I, A = x.shape[0], x.shape[1], a.shape[1], active.shape[0]
     Gd, Gi = w13.shape[2], w2.shape[2]
-    q = (np.empty((N, D), np.int8), np.empty((N, Gd), F32), np.empty((N, Gd), I32))
-    qa = (np.empty((N, I), np.int8), np.empty((N, Gi), F32), np.empty((N, Gi), I32))
+    Pmax = max(few, many)  # an expert's rows take `parts(its rows, few, many)` of the buffers' Pmax
+    q, qa = _x_buffers(N, D, Gd, Pmax), _x_buffers(N, I, Gi, Pmax)
     if N * D <= SERIAL_X:
         for e in active:
-            for m in range(offsets[e], offsets[e + 1]):
-                quantize_row(x, m, Gd, q[0], q[1], q[2], m)
+            _quantize_expert(x, offsets, e, Gd, few, many, q)
     else:
         for t in prange(A):
-            for m in range(offsets[active[t]], offsets[active[t] + 1]):
-                quantize_row(x, m, Gd, q[0], q[1], q[2], m)
+            _quantize_expert(x, offsets, active[t], Gd, few, many, q)
     nbi, nbd = I // ROWS, D // ROWS
     nu = (nbi + UP_BLOCKS - 1) // UP_BLOCKS
     for t in prange(A * nu):
         u = t // A
-        _up_item(q, offsets, active[t % A], w13, s13, a, u * UP_BLOCKS, min(nbi, (u + 1) * UP_BLOCKS))
+        _up_item(q, offsets, active[t % A], w13, s13, a, u * UP_BLOCKS, min(nbi, (u + 1) * UP_BLOCKS), few, many)
     if N * I <= SERIAL_X:
         for e in active:
-            for m in range(offsets[e], offsets[e + 1]):
-                quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
+            _quantize_expert(a, offsets, e, Gi, few, many, qa)
     else:
         for t in prange(A):
-            for m in range(offsets[active[t]], offsets[active[t] + 1]):
-                quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
+            _quantize_expert(a, offsets, active[t], Gi, few, many, qa)
     for t in prange(A * nbd):
         e = active[t % A]
         block_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], t // A, y, offsets[e],
-                   (t // A) * ROWS)
+                   (t // A) * ROWS, parts(offsets[e + 1] - offsets[e], few, many))
 
 
 @njit(**OPTS)
-def experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y):
+def experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
     N, D, I = x.shape[0], x.shape[1], a.shape[1]
     Gd, Gi = w13.shape[2], w2.shape[2]
-    q = (np.empty((N, D), np.int8), np.empty((N, Gd), F32), np.empty((N, Gd), I32))
-    qa = (np.empty((N, I), np.int8), np.empty((N, Gi), F32), np.empty((N, Gi), I32))
+    Pmax = max(few, many)
+    q, qa = _x_buffers(N, D, Gd, Pmax), _x_buffers(N, I, Gi, Pmax)
     for e in active:
-        for m in range(offsets[e], offsets[e + 1]):
-            quantize_row(x, m, Gd, q[0], q[1], q[2], m)
-        _up_item(q, offsets, e, w13, s13, a, 0, I // ROWS)
-        for m in range(offsets[e], offsets[e + 1]):
-            quantize_row(a, m, Gi, qa[0], qa[1], qa[2], m)
+        P = parts(offsets[e + 1] - offsets[e], few, many)
+        _quantize_expert(x, offsets, e, Gd, few, many, q)
+        _up_item(q, offsets, e, w13, s13, a, 0, I // ROWS, few, many)
+        _quantize_expert(a, offsets, e, Gi, few, many, qa)
         for b in range(D // ROWS):
-            block_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], b, y, offsets[e], b * ROWS)
+            block_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], b, y, offsets[e], b * ROWS, P)

@@ -12,8 +12,8 @@ vector tiles, one fp32 scale per block); int4 weights against up to `runtime.Q4_
 theirs (x to int16 per group, nibbles unpacked in-register, one fp32 scale per group). Per-block
 scales keep tensor-parallel meshes equal to one rank (`x_block_aligned`). Twins: `linear_q8_ref`,
 `linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
-With `runtime.Q4_INT8_X` on (the default) int4 weights take the interleaved kernels at every M
-instead (`q4r`: x rounded to int8 per group; twin `q4r.linear_q4r_ref`).
+With `runtime.Q4_INTERLEAVED` on (the default) int4 weights take the interleaved kernels at every M
+instead (`q4r`: x rounded per group to int8 parts, `runtime.Q4_X_PARTS`; twin `q4r.linear_q4r_ref`).
 Which is faster at which M is measured in docs/cpu.md.
 """
 
@@ -23,7 +23,8 @@ import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu import runtime
-from moetune.kernels.cpu.q4r import quantize_x_ref, repacked
+from moetune.kernels.cpu.q4r import quantize_x_ref, repacked, x_parts
+from moetune.kernels.cpu.q4r import x_levels as q4r_levels
 from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
@@ -63,7 +64,7 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
     if M == 0 or N == 0:
         return y.zero_()
     with launch(threads, weight_bytes(w)) as k:
-        if w.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X:
+        if w.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:
             return _linear_q4r(k, x, w)
         if w.fmt == WeightFormat.INT4 and M <= runtime.Q4_ROWS:
             wq = w.data.contiguous().view(N, -1, w.group_size // 2)  # [N, G, group/2]
@@ -86,7 +87,8 @@ def _linear_q4r(k, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     data, scale = repacked(w)  # [Npad, G, H], [Npad/16, G, 16]
     N = w.data.shape[0]
     y = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)  # [M, Npad]
-    k.linear_q4r(numpy_view(x), numpy_view(data), numpy_view(scale), y.numpy())
+    k.linear_q4r(numpy_view(x), numpy_view(data), numpy_view(scale), y.numpy(), runtime.Q4_X_PARTS_FEW,
+                 runtime.Q4_X_PARTS)
     return y if data.shape[0] == N else y[:, :N].contiguous()
 
 
@@ -107,10 +109,13 @@ def rounding_rel(block: int, levels: int = 32767) -> float:
     return block ** 0.5 / (2 * levels)
 
 
-def x_levels(w: PackedWeight) -> int:
-    """The largest |xq| of the integer path of w: 127 for int4 on the interleaved kernels (int8 x,
-    `runtime.Q4_INT8_X`), else 32767 (int16 x)."""
-    return 127 if w.fmt == WeightFormat.INT4 and runtime.Q4_INT8_X else 32767
+def x_levels(w: PackedWeight, rows: int = 1) -> int:
+    """x's rounding on the integer path of w in a call of `rows` x rows: each element moves by at most
+    absmax(its block) / (2·levels). 32767 (int16 x), or for int4 on the interleaved kernels
+    (`runtime.Q4_INTERLEAVED`) 127·254^(parts − 1) (`q4r.x_levels`: int8 parts of x)."""
+    if w.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:
+        return q4r_levels(x_parts(rows))
+    return 32767
 
 
 def x_block(w: PackedWeight) -> int:
@@ -166,13 +171,16 @@ def linear_q4_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
 
 def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """[M, N]: how far an integer path may be from `linear_ref` by rounding x:
-    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / `x_levels(w)`, `x_block` columns);
-    int4 on the interleaved kernels also rounds its scales to fp16: + 2⁻¹¹·Σ_k |x[m, k]|·|W[n, k]|."""
+    Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / `x_levels(w, M)`, `x_block` columns);
+    int4 on the interleaved kernels with fp16 scales (`runtime.Q4_SCALE_FP16`): + 2⁻¹¹·Σ_k |x[m, k]|·|W[n, k]|."""
     block = x_block(w)
     _, xs = quantize_rows_ref(x, block)  # [M, B]
-    if x_levels(w) == 127:  # int8 x, and the scales in fp16 (≤ 2⁻¹¹ relative each): + 2⁻¹¹·|x|·|W|ᵀ
-        _, xs = quantize_x_ref(x, block)  # [M, G]
+    levels = x_levels(w, x.shape[0])
+    if levels != 32767:  # int4 on the interleaved kernels (int8 parts of x)
+        _, xd = quantize_x_ref(x, block)  # [M, G]: absmax / 127
+        xs = xd * 127 / levels
         wabs = dequantize(w).abs()  # [N, K]
-        return (xs / 2) @ _per_block(wabs, block).sum(-1).t() + 2.0 ** -11 * (x.abs() @ wabs.t())
+        fp16 = 2.0 ** -11 * (x.abs() @ wabs.t()) if runtime.Q4_SCALE_FP16 else 0.0  # ≤ 2⁻¹¹ relative each
+        return (xs / 2) @ _per_block(wabs, block).sum(-1).t() + fp16
     wabs = _per_block(dequantize(w).abs(), block).sum(-1)  # [N, B]
     return (xs / 2) @ wabs.t()

@@ -31,12 +31,14 @@ from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 
 ROWS = 16  # `_simd_q4r.ROWS`
 CHUNK = 4  # bytes of one row per int32 lane
+PART = 254.0  # one x part's step ÷ the next's (`_simd_q4r.PART`)
+FEW_ROWS = 16  # `_jit_q4r.FEW_ROWS`
 _CACHE: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
 
 
-def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., Npad/16, G, 16]: fp16
-    as int16 bits)."""
+def repack(w: PackedWeight, fp16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., Npad/16, G, 16]: fp32,
+    or with fp16 its bits as int16)."""
     if w.fmt != WeightFormat.INT4:
         raise ValueError(f"only int4 weights are repacked, not {w.fmt.name}")
     *lead, N, half = w.data.shape
@@ -50,30 +52,53 @@ def repack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(lead)
     d = d.permute(*range(n), n, n + 2, n + 3, n + 1, n + 4)  # [..., NB, G, C, 16, 4]
     s = scale.reshape(*lead, NB, ROWS, G).transpose(-1, -2)  # [..., NB, G, 16]
-    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), s.half().contiguous().view(torch.int16)
+    s = s.half().contiguous().view(torch.int16) if fp16 else s.contiguous()
+    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), s
 
 
 def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """`repack(w)`, made once per weight: cached on its data tensor's identity (dropped when that is
-    freed) and remade when its data or scales were written in place since (torch's version counter:
-    an offloading store copies experts into its slot tensors). An inference tensor (made under
-    `torch.inference_mode`) has no version counter, and an offloading cache's slots are written without
-    bumping it (`PackedWeight.stable` False): those are repacked on every call, never cached."""
+    freed) and remade when its data or scales were written in place since: torch's version counter, or
+    for an offloading cache's slots (which it writes without bumping that) their write counts
+    (`PackedWeight.generation`: only the slots written since are repacked, into the cached copy). An
+    inference tensor (made under `torch.inference_mode`) has no version counter, and a weight marked
+    unstable is written untracked: those without write counts are repacked on every call, never cached."""
+    fp16 = runtime.Q4_SCALE_FP16
+    if w.generation is not None and w.stable:
+        return _slots_repacked(w, fp16)
     if not w.stable or w.data.is_inference() or w.scale.is_inference():
-        return repack(w)
-    key, version = id(w.data), (w.data._version, w.scale._version)
+        return repack(w, fp16)
+    key, version = id(w.data), (w.data._version, w.scale._version, fp16)
     hit = _CACHE.get(key)
     if hit is None or hit[2] != version:
         if hit is None:
             weakref.finalize(w.data, _CACHE.pop, key, None)
-        hit = _CACHE[key] = (*repack(w), version)
+        hit = _CACHE[key] = (*repack(w, fp16), version)
+    return hit[0], hit[1]
+
+
+def _slots_repacked(w: PackedWeight, fp16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`repacked` of a weight [P, N, K/2] whose slots count their writes (w.generation [P]): the cached
+    copy [P, ...] with the slots written since the last call repacked again, one by one."""
+    key, now = id(w.data), w.generation.clone()  # [P]: a snapshot (a prefetch thread may write meanwhile)
+    hit = _CACHE.get(key)
+    if hit is None or hit[2][0] != fp16:
+        if hit is None:
+            weakref.finalize(w.data, _CACHE.pop, key, None)
+        hit = _CACHE[key] = (*repack(w, fp16), (fp16, now))
+        return hit[0], hit[1]
+    seen = hit[2][1]  # [P]
+    for i in (now != seen).nonzero().flatten().tolist():
+        d, sc = repack(PackedWeight(w.data[i], w.scale[i], w.fmt, w.group_size), fp16)
+        hit[0][i], hit[1][i] = d, sc
+        seen[i] = now[i]
     return hit[0], hit[1]
 
 
 def interleaved(w: PackedWeight) -> bool:
-    """Whether the fused decode layer takes this int4 projection repacked: `runtime.Q4_INT8_X` on and
+    """Whether the fused decode layer takes this int4 projection repacked: `runtime.Q4_INTERLEAVED` on and
     N a multiple of 16 (its kernels size y by the weight's rows; `linear` cuts padded rows itself)."""
-    return runtime.Q4_INT8_X and w.data.shape[-2] % ROWS == 0
+    return runtime.Q4_INTERLEAVED and w.data.shape[-2] % ROWS == 0
 
 
 def x_order(K: int, group: int) -> torch.Tensor:
@@ -85,25 +110,45 @@ def x_order(K: int, group: int) -> torch.Tensor:
     return g * group + 2 * (CHUNK * c + i) + p
 
 
-def quantize_x_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] fp32 → (xq [M, K] int8 in column order (not the kernels' order), xd [M, G] = absmax/127):
-    the kernels' rounding (round half to even of x·127/absmax, per group)."""
+def x_parts(rows: int) -> int:
+    """The int8 parts x takes in a call (an expert) of `rows` x rows (`_jit_q4r.parts`)."""
+    return runtime.Q4_X_PARTS_FEW if rows <= FEW_ROWS else runtime.Q4_X_PARTS
+
+
+def x_levels(parts: int) -> int:
+    """x on the interleaved kernels moves by at most absmax(group) / (2·levels): 127·254^(parts − 1)."""
+    return 127 * int(PART) ** (parts - 1)
+
+
+def quantize_x_ref(x: torch.Tensor, group: int, parts: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 → (xq [M, parts, K] int8 in column order (not the kernels' order), xd [M, G] =
+    absmax/127): the kernels' rounding (`_jit_q4r.quantize_row`: round half to even of v = x·127/absmax,
+    per group, then of each part's residual (v − q)·254, in fp32): x ≈ xd·Σ_p xq_p·254⁻ᵖ."""
     M, K = x.shape
     xg = x.reshape(M, K // group, group)
     top = xg.abs().amax(-1)  # [M, G]
     inv = torch.where(top > 0, 127 / top, torch.zeros_like(top))
-    xq = torch.round(xg * inv[..., None]).clamp(-127, 127).to(torch.int8).reshape(M, K)
-    return xq, top / 127
+    v = xg * inv[..., None]  # [M, G, group] fp32, in steps of the first part
+    qs = []
+    for _ in range(parts):
+        q = torch.round(v).clamp(-127, 127)
+        qs.append(q.to(torch.int8).reshape(M, K))
+        v = (v - q) * PART
+    return torch.stack(qs, dim=1), top / 127
 
 
-def linear_q4r_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """Twin of the interleaved int4 kernels: x rounded as they round it, each group's sum exact
-    (int64), times both scales, summed in float64. [M, K] fp32 → [M, N] fp32."""
+def linear_q4r_ref(x: torch.Tensor, w: PackedWeight, parts: int | None = None) -> torch.Tensor:
+    """Twin of the interleaved int4 kernels: x rounded as they round it (`parts`: as a call of x's rows
+    takes, `x_parts`), each part's group sums exact (int64), Σ_p 254⁻ᵖ·sum_p times both scales (the
+    copy's: fp16 with `runtime.Q4_SCALE_FP16`), summed in float64. [M, K] fp32 → [M, N] fp32."""
     M, K = x.shape
-    xq, xd = quantize_x_ref(x, w.group_size)
+    parts = x_parts(M) if parts is None else parts
+    xq, xd = quantize_x_ref(x, w.group_size, parts)  # [M, P, K], [M, G]
     G = K // w.group_size
     b = w.data.to(torch.int64)  # [N, K/2]
     q = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(-1, G, w.group_size) - 8  # [N, G, group]
-    acc = torch.einsum("mgk,ngk->mng", xq.to(torch.int64).reshape(M, G, w.group_size), q)  # [M, N, G]
-    scale = w.scale.half().double()  # [N, G]: the kernels' fp16 scales
-    return (acc.double() * scale[None] * xd.double()[:, None, :]).sum(-1).float()
+    acc = torch.einsum("mpgk,ngk->mpng", xq.to(torch.int64).reshape(M, parts, G, w.group_size), q)  # [M, P, N, G]
+    weights = PART ** -torch.arange(parts, dtype=torch.float64)  # [P]
+    total = (acc.double() * weights[None, :, None, None]).sum(1)  # [M, N, G]
+    scale = (w.scale.half() if runtime.Q4_SCALE_FP16 else w.scale).double()  # [N, G]: the copy's scales
+    return (total * scale[None] * xd.double()[:, None, :]).sum(-1).float()

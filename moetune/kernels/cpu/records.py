@@ -112,6 +112,8 @@ class Tuning(NamedTuple):
     q8: int  # int8 projections against up to this many x rows (experts: one) in integers (0: never;
     # `runtime.INT8_ROW`, `runtime.Q8_ROWS`)
     q4: int  # int4 projections and experts against up to this many x rows in integers (`runtime.Q4_ROWS`)
+    q4x_few: int  # int8 parts of x on the interleaved int4 kernels: calls (experts) of ≤ 16 rows,
+    q4x: int  # and beyond (`runtime.Q4_X_PARTS_FEW`, `Q4_X_PARTS`)
 
 
 def plain(record: tuple) -> tuple:
