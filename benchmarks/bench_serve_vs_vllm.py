@@ -22,7 +22,8 @@ vLLM is served from the directory `moetune search` emits for it (the checkpoint 
 separate mtp.safetensors, which vLLM cannot load), with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and
 VLLM_CPU_OMP_THREADS_BIND=auto. With --lock, each server's start is done under a shared flock and
 its timed load under an exclusive one, one hold per concurrency (each well under 5 minutes), with
-/proc/loadavg read at the start of each.
+/proc/loadavg read at the start of each; moetune serve starts under an exclusive hold too (it
+chooses its OpenMP wait policy from the load it sees at start).
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ def load(url: str, c: int, output_len: int) -> dict:
 
 
 def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int) -> dict:
-    with held(args.lock, exclusive=False):
+    # moetune serve chooses how its OpenMP threads wait from the machine's load at start (engine/threads.py):
+    # started under the exclusive hold it sees the machine its timed load will run on (~20 s); vLLM's
+    # minutes-long start does not choose anything from the load and runs under the shared one
+    with held(args.lock, exclusive=name == "moetune"):
         server = start(argv, work / f"{name}-{rnd}.log", env)
     try:
         rows, loads = {}, {}
@@ -106,9 +110,18 @@ def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int
                 rows[c] = load(server.url, c, args.output_len)
         print(f"round {rnd} {name}: " + ", ".join(f"C={c} {r['out_tok_s']:.1f} tok/s" for c, r in rows.items())
               + f" (loadavg before each C: {'; '.join(' '.join(v) for v in loads.values())})", flush=True)
-        return {"rows": rows, "loadavg": loads[args.concurrency[0]], "loadavg_by_c": loads}
+        return {"rows": rows, "loadavg": loads[args.concurrency[0]], "loadavg_by_c": loads,
+                "omp_wait": omp_wait(work / f"{name}-{rnd}.log")}
     finally:
         server.stop()
+
+
+def omp_wait(log: Path) -> str:
+    """The OpenMP wait policy moetune serve's first line names ("" for vLLM)."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):  # the latest start (the log appends)
+        if "OpenMP wait: " in line:
+            return line.split("OpenMP wait: ", 1)[1].rstrip()[:-1]  # without the line's closing bracket
+    return ""
 
 
 def table(results: dict, concurrency: list[int]) -> str:
@@ -177,11 +190,13 @@ def write_doc(text: str, load_before: str, results: dict) -> None:
     held = "; ".join(f"{name} round {i + 1}: {' '.join(r['loadavg'])}" for name, rs in results.items()
                      for i, r in enumerate(rs))
     rounds = len(results["moetune"])
+    waits = ", ".join(r.get("omp_wait") or "?" for r in results["moetune"])
     table = [text, "", f"Load at the start of each server's first timed (exclusive-lock) load: {held}. Median over "
                        f"{rounds} interleaved rounds (min–max of out tok/s in brackets); ratio = moetune / vLLM (out "
                        "tok/s: higher is better for moetune; TTFT, TPOT: lower). Cores: moetune serve runs its model "
                        "on every core beside its front end (one process); vLLM (VLLM_CPU_OMP_THREADS_BIND=auto) "
-                       "keeps one core for its front end and runs its model on the rest."]
+                       "keeps one core for its front end and runs its model on the rest. moetune serve's OpenMP wait per "
+                       f"round: {waits}."]
     write_section("serve-vs-vllm", section("serve-vs-vllm", "moetune serve vs vLLM's CPU build (bench-serve, "
                                            "stdlib-moe)", table, load_before, loadavg()))
 

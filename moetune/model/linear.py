@@ -31,10 +31,13 @@ Weight = torch.Tensor | PackedWeight  # [N, K]: a float tensor, or int8 / int4 p
 
 SMALL_M = 16  # rows up to which the CPU kernel runs when it is on
 LARGE_WEIGHT_M = 64  # ... and up to which it runs on weights of LARGE_WEIGHT_BYTES or more
-LARGE_WEIGHT_BYTES = 8 << 20
-# Measured here (F.linear time / kernel time, 2 threads): [4096, 768] 1.49-1.59x at 16-64 rows, the
-# [32000, 768] LM head 1.64-2.04x, [8192, 256] 1.08-1.42x; but [1280, 768] 0.88x and [512, 256]
-# 0.77x at 64 rows: below ~8 MB torch's GEMM computes faster than the kernel reads (docs/cpu.md).
+LARGE_WEIGHT_BYTES = 128 << 20
+# Earlier (F.linear time / kernel time, 2 threads): [4096, 768] 1.49-1.59x at 16-64 rows, the
+# [32000, 768] LM head 1.64-2.04x, [8192, 256] 1.08-1.42x, when this was 8 MiB (docs/cpu.md). Re-measured
+# 2026-12-05 on the 2-vCPU AVX-512/AMX Xeon, torch 2.13, one OpenMP team per runtime, spinning workers:
+# torch's GEMM wins at 17-64 rows on every fp32 weight tried, 0.52-0.86x for the kernel ([8192, 256]
+# 0.85x at 17 rows, 0.52x at 64; [4096, 768] 0.83-0.62x; [32000, 768] 0.86-0.65x), so fp32 weights
+# take the kernel past SMALL_M rows only from 128 MiB (unmeasured here; packed weights as before).
 
 
 def project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, small_m: int = 0) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""`moetune serve`: load the model, wire engine worker + metrics + recorder into the app, run uvicorn.
+"""`moetune serve`: load the model, wire engine worker + metrics + recorder into the app, run uvicorn
+beside the engine's loop (the loop on the main thread, uvicorn on a second one: engine_on_main.py).
 
 SIGTERM (or Ctrl-C): the server stops accepting, gives in-flight requests serve.drain_timeout_s to
 finish, aborts the rest with 503 / a final SSE error event (shutdown.py), then uvicorn shuts down
@@ -22,6 +23,7 @@ import uvicorn
 
 from moetune.config import RunConfig, ServeConfig
 from moetune.errors import MoetuneError
+from moetune.serve.engine_on_main import serve_on_main
 from moetune.serve.shutdown import DrainingServer, stop_after_grace
 
 
@@ -118,15 +120,17 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
     sock = bind(cfg.serve.host, cfg.serve.port)  # a taken port fails before the model loads
     server = build_server(cfg, api_key)
     host, port = sock.getsockname()[:2]
+    from moetune.engine.threads import wait_policy
+
     print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
-          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops)", file=sys.stderr, flush=True)
+          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops; OpenMP wait: {wait_policy()})", file=sys.stderr, flush=True)
     uv = CleanExitServer(uvicorn_config(server.app, "info", cfg.serve), server.state, cfg.serve.drain_timeout_s)
 
     def fatal(reason: str) -> None:  # on the engine thread
         stop_after_grace(uv, server.state)
 
     server.state.worker.on_fatal = fatal
-    uv.run(sockets=[sock])
+    serve_on_main(uv, server.state.worker, [sock])  # the engine steps on this thread (engine_on_main.py)
     if server.state.worker.failure is not None:
         raise MoetuneError(f"the engine failed ({server.state.worker.failure}); exiting non-zero so that a "
                            "supervisor restarts the server")

@@ -107,14 +107,34 @@ class CommandWorker:
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._hosted = False  # the loop runs on a caller's thread (`host`), not on self._thread
+        self._done = threading.Event()  # a hosted loop returned
+
+    def host(self) -> None:
+        """The calling thread will run the loop (`run_hosted`) instead of a thread of the worker's own;
+        `start()` is then a no-op and `stop()` waits for that loop. For `moetune serve`, whose main
+        thread built the model: the CPU kernels' OpenMP teams belong to the thread that launches them,
+        and a second launching thread makes both teams slow (serve/engine_on_main.py)."""
+        self._thread = threading.current_thread()
+        self._hosted = True
+
+    def run_hosted(self) -> None:
+        """The loop on the thread that called `host()`, until `stop()` or the engine's failure."""
+        try:
+            self._run()
+        finally:
+            self._done.set()
 
     # called from any thread -------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        if not self._hosted:
+            self._thread.start()
 
     @property
     def healthy(self) -> bool:
         """Requests are taken: not failed, and the thread alive once started."""
+        if self._hosted:
+            return self.failure is None and not self._done.is_set()
         return self.failure is None and (self._thread.is_alive() or self._thread.ident is None)
 
     def submit(self, stream: Stream) -> None:
@@ -136,7 +156,11 @@ class CommandWorker:
     def stop(self, timeout: float | None = None) -> None:
         """Abort whatever still runs, then end the thread."""
         self._send(("stop",))
-        self._thread.join(self.stop_timeout_s if timeout is None else timeout)
+        timeout = self.stop_timeout_s if timeout is None else timeout
+        if self._hosted:
+            self._done.wait(timeout)
+        else:
+            self._thread.join(timeout)
 
     def _send(self, cmd: tuple) -> None:
         with self._lock:

@@ -110,6 +110,18 @@ def test_experts_both_schedules_match_twin(schedule, fmt, rows, threads, monkeyp
     close(fused_experts_cpu(x, offsets, w13, w2, threads=threads), fused_experts_cpu_ref(x, offsets, w13, w2))
 
 
+@pytest.mark.parametrize("D,I", [(47, 95), (5, 3), (9, 2)])
+def test_one_row_fp32_path_of_int8_weights_matches_twin(D, I, threads, monkeypatch):
+    """With the integer path off, one-row int8 experts and a one-row int8 linear take the fp32 GEMV
+    (four weight rows per pass, `_jit_tiles.gemv_rows`): odd column counts, fewer rows than four."""
+    monkeypatch.setattr(runtime, "INT8_ROW", False)
+    x, offsets, w13, w2 = experts_case([1, 0, 1], D, I, "int8", seed=D)
+    close(fused_experts_cpu(x, offsets, w13, w2, threads=threads), fused_experts_cpu_ref(x, offsets, w13, w2))
+    w = PackedWeight(w2.data[0], w2.scale[0], WeightFormat.INT8)  # [D, I]
+    a = torch.randn(1, I, generator=torch.Generator().manual_seed(I))
+    close(linear(a, w, threads=threads), linear_ref(a, w))
+
+
 @pytest.mark.parametrize("rows,lanes_n", [([5, 1, 3, 3], 2), ([1, 1], 2), ([7, 0, 2, 9, 4], 2), ([3, 3, 3], 4)])
 def test_plan_lanes_deals_most_rows_first_in_equal_counts(rows, lanes_n):
     import numpy as np

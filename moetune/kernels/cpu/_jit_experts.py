@@ -9,23 +9,30 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, dot2_q, quantize_row, quantize_single_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, F0, M_CHUNK, SHORT_ROW, dense_rows
+from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, dense_rows, dot_rows4, gemv_rows
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 
 
 @njit(**OPTS)
-def _dot3(x, m, w, e, n):
-    """Σ_k x[m, k]·w[e, n, k] in fp32 (w fp32 or int8 [E, N, K]; indexed in place, no view)."""
-    acc = F0
-    for k in range(w.shape[2]):
-        acc += x[m, k] * np.float32(w[e, n, k])
-    return acc
+def silu(g):
+    return g / (np.float32(1.0) + np.exp(-g))
 
 
 @njit(**OPTS)
-def silu(g):
-    return g / (np.float32(1.0) + np.exp(-g))
+def _up_pairs(x, m, we, s13, e, a, j0, j1, ahead):
+    """a[m, j] = silu(s13[e, j]·x[m]·we[j]) · s13[e, I+j]·x[m]·we[I+j] for j in [j0, j1), one x row,
+    we = w13[e] [2I, D]: columns j, j+1 together (`dot_rows4` over gate j, j+1 and up I+j, I+j+1)."""
+    I = we.shape[0] // 2
+    for j in range(j0, j1, 2):
+        j2 = min(j + 1, j1 - 1)
+        if ahead and j + AHEAD + 1 < I:
+            for i in range(2):
+                prefetch_row(we, j + AHEAD + i)
+                prefetch_row(we, I + j + AHEAD + i)
+        g0, g1, u0, u1 = dot_rows4(x, m, we, j, j2, I + j, I + j2)
+        a[m, j] = silu(g0 * s13[e, j]) * (u0 * s13[e, I + j])
+        a[m, j2] = silu(g1 * s13[e, j2]) * (u1 * s13[e, I + j2])
 
 
 @njit(**OPTS)
@@ -39,16 +46,15 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu, xq, xs):
         we = w13[e]
         ahead = we.itemsize == 1  # int8: widening each byte is enough work per line to fall behind
         q8 = xq.shape[0] > 0 and we.itemsize == 1
+        if not q8:  # fp32 (or int8 widened): gate and up of two columns per pass, four read streams
+            _up_pairs(x, m0, we, s13, e, a, j0, j1, ahead)
+            return
         for j in range(j0, j1):
             if ahead and j + AHEAD < I:
                 prefetch_row(we, j + AHEAD)
                 prefetch_row(we, I + j + AHEAD)
-            if q8:
-                t = dot2_q(xq, xs, m0, we, j, I + j)
-                a[m0, j] = silu(t[0] * s13[e, j]) * (t[1] * s13[e, I + j])
-            else:
-                g = _dot3(x, m0, w13, e, j) * s13[e, j]
-                a[m0, j] = silu(g) * _dot3(x, m0, w13, e, I + j) * s13[e, I + j]
+            t = dot2_q(xq, xs, m0, we, j, I + j)
+            a[m0, j] = silu(t[0] * s13[e, j]) * (t[1] * s13[e, I + j])
         return
     we, se = w13[e], s13[e]  # one view per call
     ahead = we.shape[1] * we.itemsize <= SHORT_ROW
@@ -72,13 +78,18 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1, aq, as_):
         we = w2[e]
         ahead = we.itemsize == 1
         q8 = aq.shape[0] > 0 and we.itemsize == 1
+        if not q8:  # fp32 (or int8 widened): four weight rows per pass (`gemv_rows`)
+            se = s2[e]  # one view per call
+            for n in range(n0, n1, 4):
+                if ahead and n + AHEAD + 3 < we.shape[0]:
+                    for i in range(4):
+                        prefetch_row(we, n + AHEAD + i)
+                gemv_rows(a, m0, we, n, min(n1, n + 4), se, y, m0)
+            return
         for n in range(n0, n1):
             if ahead and n + AHEAD < we.shape[0]:
                 prefetch_row(we, n + AHEAD)
-            if q8:  # one weight row at a time, as `_q8_block` at one x row
-                y[m0, n] = dot1_q(aq, as_, m0, we, n) * s2[e, n]
-            else:
-                y[m0, n] = _dot3(a, m0, w2, e, n) * s2[e, n]
+            y[m0, n] = dot1_q(aq, as_, m0, we, n) * s2[e, n]  # one weight row at a time, as `_q8_block` at one x row
         return
     we, se = w2[e], s2[e]
     ahead = we.shape[1] * we.itemsize <= SHORT_ROW
