@@ -21,6 +21,8 @@ its phase breakdown, and the time each simulated trial took (median, P99).
   [--peer PYTHON [--engine vllm|sglang] [--engine-version V] [--write-doc]]   (beside AIConfigurator's own estimate:
       benchmarks/peer_compare.py; PYTHON: a throwaway venv with `pip install aiconfigurator==0.12.0`,
       run with the gpu-db extra installed here for the measured tables; --trials 0 skips the studies)
+  [--balanced [--peer PYTHON] [--trials 80] [--write-doc]]   (the winner, and the peer's best, re-priced at the SLOs'
+      load with the trace's routing and balanced, P90 and P50: benchmarks/peer_balanced.py)
   [--peer PYTHON --one-gpu [--write-doc]]   (the 1-GPU replica of Mixtral and Qwen3: static batches 1-512 and the
       steady state at 384 / 512 in flight, op by op: benchmarks/peer_steady.py)
 
@@ -200,6 +202,20 @@ def one_gpu(a, cases: list) -> None:
             write_section(name, section(name, title, lines, before, after), ROOT / "docs" / "search.md")
 
 
+def balanced(a, cases: list) -> None:
+    """`--balanced`: each case's winner at the SLOs' load, the trace's routing beside balanced (peer_balanced.py)."""
+    from doc_section import loadavg, section, write_section  # benchmarks/, beside this script
+    from peer_balanced import balanced_table
+
+    before, lines = loadavg(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases:
+            lines += balanced_table(a.trace, case, a.engine, a.trials or 80, Path(tmp), a.peer) + [""]
+    if a.write_doc:
+        title = f"the same deployment, balanced routing, {a.engine} tables (estimated)"
+        write_section("balanced", section("balanced", title, lines[:-1], before, loadavg()), ROOT / "docs" / "search.md")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
@@ -217,6 +233,9 @@ def main() -> None:
                     "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
     ap.add_argument("--one-gpu", action="store_true", help="with --peer: the 1-GPU replica (TP 1 / EP 1) of the cases "
                     "that fit one GPU, static batches up to 512 and the steady state (benchmarks/peer_steady.py)")
+    ap.add_argument("--balanced", action="store_true", help="the README command's winner (and with --peer the "
+                    "peer's best) re-priced at the SLOs' load with the trace's and with balanced routing, P90 and P50: "
+                    "benchmarks/peer_balanced.py; --write-doc writes the section")
     ap.add_argument("--cross", default=None, help="Python of a venv with aiconfigurator: each tool's winner priced by "
                     "the other (benchmarks/peer_cross.py; --trials per moetune search, default 80 there)")
     ap.add_argument("--measured-only", action="store_true", help="with --cross: moetune's search over the expert "
@@ -238,6 +257,9 @@ def main() -> None:
         return
     if a.peer and a.one_gpu:
         one_gpu(a, [c for c in cases if c[1] in ONE_GPU_CONFIGS])
+        return
+    if a.balanced:
+        balanced(a, cases)
         return
     if a.peer:
         from doc_section import loadavg, section, write_section  # benchmarks/, beside this script

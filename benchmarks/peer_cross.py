@@ -122,8 +122,8 @@ def deployment_of(row: dict, gpus: int, engine: str = "vllm"):
     return d, int(row["concurrency"])
 
 
-def moetune_of_recipe(trace: str, config: str, hw: str, engine: str, d, concurrency: int, tmp: Path) -> dict:
-    """`moetune simulate --recipe` of d's recipe (the scaled model's base, as a search winner's) at concurrency."""
+def recipe_of(trace: str, config: str, hw: str, engine: str, d, tmp: Path, name: str = "peer_best") -> Path:
+    """d's recipe on the scaled model's base, as a search winner's, written to tmp/NAME.yaml."""
     import yaml
 
     from moetune.search.study.optuna_study import Constraints, StudySettings
@@ -135,9 +135,16 @@ def moetune_of_recipe(trace: str, config: str, hw: str, engine: str, d, concurre
     inputs = Inputs(trace, hw, scale_model=scale, input_len=ISL, output_len=OSL, engine=engine)
     st = StudySettings("x", f"sqlite:///{tmp / 'x.db'}", ("throughput_per_gpu",), "tpe", 1, 0, Constraints())
     setup = prepare(inputs)
-    recipe = tmp / "peer_best.yaml"
+    recipe = tmp / f"{name}.yaml"
     recipe.write_text(yaml.safe_dump(to_config(winner_base(SearchSettings(inputs, st, tmp, "simulate"), setup),
                                                d).model_dump(), sort_keys=False))
+    return recipe
+
+
+def moetune_of_recipe(trace: str, config: str, hw: str, engine: str, d, concurrency: int, tmp: Path) -> dict:
+    """`moetune simulate --recipe` of d's recipe (the scaled model's base, as a search winner's) at concurrency."""
+    recipe = recipe_of(trace, config, hw, engine, d, tmp)
+    scale = str(ROOT / "recipes/scale" / config)
     cmd = [sys.executable, "-m", "moetune", "simulate", "--trace", trace, "--recipe", str(recipe), "--hardware", hw,
            "--scale-model", scale, "--input-len", str(ISL), "--output-len", str(OSL), "--concurrency",
            str(concurrency), "--num-requests", str(max(3 * concurrency, 64)), "--engine", engine, "--json", "-"]
