@@ -165,14 +165,18 @@ def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray, a2a: "AllTo
     runs on a second stream beside the routed path — dispatch, routed experts, combine (vLLM's
     SharedFusedMoE, SGLang's alternate stream), as the peer prices it: each rank's expert time becomes
     max(routed, shared − dispatch − combine) and the shared-expert line 0 (in place on per_rank).
-    expert_s: [..., Lm, R], a2a's seconds [..., Lm]; returns the new expert_s."""
-    shared = per_rank["shared_expert"]  # [..., R]
+    expert_s: [..., Lm, R], a2a's seconds [..., Lm]; returns the new expert_s. per_rank's ranks are
+    expert_s's, or (a general mesh, cost/mesh.py: [..., a] attention groups beside [..., Lm, e] expert
+    ranks) every GPU runs the shared expert on the same rows: then their largest stands beside each rank."""
+    shared = per_rank["shared_expert"]  # [..., R] (or [..., a])
     if sim.measured is None or not np.any(shared):
         return expert_s
     sim.measured.sources["shared_expert"] = "beside the routed path (the engine's second stream)"
     per_rank["shared_expert"] = np.zeros_like(shared)
     comm = (np.asarray(a2a.dispatch) + np.asarray(a2a.combine))[..., None]  # [..., Lm, 1]
-    return np.maximum(expert_s, shared[..., None, :] - comm)
+    same = shared.shape[-1] == expert_s.shape[-1]
+    beside = shared[..., None, :] if same else shared.max(-1)[..., None, None]  # [..., 1, R | 1]
+    return np.maximum(expert_s, beside - comm)
 
 
 @dataclass
