@@ -1,6 +1,7 @@
 """The shared expert on a general mesh (search/cost/mesh.py): on the rows and weight split each engine gives
-it, and — with the measured tables bound — beside the routed path, as the legacy meshes price it
-(phase_costs.shared_beside_experts: max(routed, shared − dispatch − combine) per layer and rank).
+it, and — with the measured tables bound — beside the routed path in the steps the engine runs it on a second
+stream, as the legacy meshes price it (phase_costs.shared_beside_experts: max(routed, shared − dispatch −
+combine) per layer and rank; phase_costs.second_stream: which steps).
 
 DeepSeek-V3 on 8×H200 with attention DP 8 × experts TP 8 added the shared expert serially on all 128
 gathered rows at I_shared / 8: 9.8 ms of a 40.0 ms decode step where AIConfigurator's was 31.0
@@ -16,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from moetune.search.cost import op_tables
+from moetune.search.cost import op_tables, phase_costs
 from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.hardware import BUILTIN
 from moetune.search.cost.mesh import shared_split
@@ -40,6 +41,17 @@ def ds_sim(run_dir, big_config):
         sim.tables = tables
         return sim
     return make
+
+
+def test_the_shared_expert_takes_the_second_stream_where_each_engine_does():
+    """vLLM: steps of at most 256 shared-expert rows a GPU (VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD); SGLang:
+    CUDA-graph steps, or every step under DeepEP."""
+    rows, graph = np.array([1.0, 256.0, 257.0, 4096.0]), np.array([True, True, False, False])
+    assert list(phase_costs.second_stream("vllm", rows, graph, False)) == [True, True, False, False]
+    assert list(phase_costs.second_stream("vllm", rows, ~graph, True)) == [True, True, False, False]
+    assert list(phase_costs.second_stream("sglang", rows, graph, False)) == [True, True, False, False]
+    assert list(phase_costs.second_stream("sglang", rows, ~graph, False)) == [False, False, True, True]
+    assert phase_costs.second_stream("sglang", rows, ~graph, True).all()
 
 
 def test_each_engine_runs_the_shared_expert_on_its_own_rows_and_split():
@@ -107,10 +119,28 @@ def test_with_the_tables_the_dp_tp_mesh_hides_its_shared_expert_beside_the_route
     shared_ms = float(meas.mlp(m.I_shared, np.array([16.0]))[0]) * 1e3 * m.Lm  # whole MLP, 16 rows, every layer
     assert 0 < shared_ms < bare_dec["experts"]  # the precondition: shorter than the routed experts (comm aside)
     assert dec.get("shared_expert", 0.0) == 0.0
-    assert got.detail["op_sources"]["shared_expert"] == "beside the routed path (the engine's second stream)"
+    assert got.detail["op_sources"]["shared_expert"] == phase_costs.BESIDE
     assert dec["step"] == pytest.approx(bare_dec["step"], rel=1e-9)
     assert dec["experts"] == pytest.approx(bare_dec["experts"], rel=1e-9)
+    mixed, bare_mixed = got.phases_ms["mixed"], bare.phases_ms["mixed"]  # a prompt of 1,024 + decode rows: > 256
+    assert mixed["shared_expert"] > 0  # vLLM runs it serially there
+    assert mixed["step"] - bare_mixed["step"] == pytest.approx(mixed["shared_expert"], rel=1e-6)
     roof = ds_sim().evaluate(d, loop).phases_ms["decode"]
     roof_bare = ds_sim(drop_shared=True).evaluate(d, loop).phases_ms["decode"]
     assert roof["shared_expert"] > 0
     assert roof["step"] - roof_bare["step"] == pytest.approx(roof["shared_expert"], rel=1e-6)
+
+
+@TABLES
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_per_step_loop_takes_the_second_stream_in_the_same_steps_as_the_vectorised_pricing(ds_sim, engine):
+    """simulate.py's per-step reference and vector_price.py agree step for step where some steps run the shared
+    expert beside the routed path and some serially (prompts of 300 tokens: mixed steps past 256 rows)."""
+    loop = SimWorkload((300, 7, 64, 280) * 6, 6, mode="concurrency", concurrency=16)
+    tables = op_tables.choose("H200", engine)
+    for d in (Deployment(ep_size=8, max_num_seqs=8), Deployment(tp_size=2, expert_tp_size=2, max_num_seqs=16)):
+        fast, ref = ds_sim(tables), ds_sim(tables)
+        ref.reference = True
+        a, b = fast.evaluate(d, loop), ref.evaluate(d, loop)
+        assert a.tpot_ms == pytest.approx(b.tpot_ms, rel=1e-9) and a.ttft_ms == pytest.approx(b.ttft_ms, rel=1e-9)
+        assert a.phases_ms["mixed"]["shared_expert"] == pytest.approx(b.phases_ms["mixed"]["shared_expert"], rel=1e-9)

@@ -58,7 +58,7 @@ from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.memory import RankMemory, graph_bytes, rank_memory
 from moetune.search.cost.precision import precision
 from moetune.search.cost.vector import Windows, all_to_all, half, slots_of
-from moetune.search.cost.vector_price import add_steps, launch_all, overlapped, take
+from moetune.search.cost.vector_price import add_steps, graph_steps, launch_all, overlapped, take
 
 
 def attention_view(d: Deployment) -> Deployment:
@@ -164,7 +164,8 @@ def price(sim, d: Deployment, s, prep, empty):
     st = whole if halves == 1 else half(whole)
     win = Windows.of(sim, s)
     slots, _ = slots_of(win, prep, e, halves)  # [S, Lm, e] each EP rank's rows, from every group's copies
-    shared_rows, split = shared_split(d, sim.tables.engine if sim.tables is not None else "vllm", st.T)  # [S], int
+    engine = costs.engine_of(sim)
+    shared_rows, split = shared_split(d, engine, st.T)  # [S] rows a GPU, the MLP's TP split
     shared = sim.rank_view(replace(attention_view(d), tp_size=1, ep_size=1, expert_tp_size=split))  # I_shared / split
     kinds = np.where(s.prefill.any(1), "prefill", "decode")  # [S]
     launch = launch_all(sim, d, s)  # [S]
@@ -186,7 +187,8 @@ def price(sim, d: Deployment, s, prep, empty):
             expert_s[idx] = costs.experts(moe, sg, take(slots, idx))
             dense[idx], other[idx] = costs.dense_mlp(att, wg), costs.other(att, wg, step_lat)
     a2a = _moe_exchange(moe, d, st, win, prep, halves)
-    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a)  # with the tables bound, as simulate.py
+    stream = costs.second_stream(engine, shared_rows, graph_steps(d, s), a2a_used(d))  # [S] as simulate.py
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a, stream)  # with the tables bound
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves
     totals.rank_rows += halves * slots.rows_q.sum(0)
