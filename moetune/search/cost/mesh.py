@@ -32,8 +32,9 @@ the a attention groups (the schedule runs on a ranks); each MoE layer of a step 
   its own group's T_i rows at I_shared / t (SharedFusedMoE takes the group's input before the DP
   dispatch; the MLP is TP-split over the group like a dense one), SGLang's all-gather on all T rows at
   I_shared / N; under all-to-all (and vLLM's sequence-parallel MoE) on the GPU's T_i / t rows, whole.
-  With the measured tables bound it runs beside dispatch, routed experts and combine
-  (phase_costs.shared_beside_experts, as the legacy meshes price it); on the roofline it adds serially.
+  With the measured tables bound it runs beside dispatch, routed experts and combine in the steps the
+  engine runs it on a second stream (phase_costs.shared_beside_experts / second_stream, as the legacy
+  meshes price it); in the other steps, and on the roofline, it adds serially.
 - bw: the node's NVLink figure per GPU when the collective's ranks share a node, else the inter-node one.
 
 With the measured tables bound (op_tables.bind to this mesh, the gpu-db extra) every op above is looked up as in
