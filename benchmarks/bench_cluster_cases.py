@@ -7,7 +7,7 @@ a closed loop at each concurrency given per replica.
 2026-12-05 (issue 38), 80 trials a case, each run alone on the CPU lock (load 2.1–5.1 at its start),
 main at --concurrency 256 → this load search: 80 trials wall / trial median / P99 s — Mixtral 12.7 /
 0.09 / 0.56 → 13.3 / 0.10 / 0.36; Qwen3 28.4 / 0.15 / 1.20 → 26.4 / 0.20 / 1.15; DeepSeek-V3 8×H200
-27.2 / 0.24 / 1.49 → 46.9 / 0.41 / 1.03; 16×H200 41.8 / 0.39 / 1.27 → 51.6 / 0.43 / 1.77 (docs/search.md
+27.2 / 0.24 / 1.49 → 46.9 / 0.41 / 1.03; 16×H200 41.8 / 0.39 / 1.27 → 51.6 / 0.43 / 1.77 (docs/search-numbers.md
 "Numbers (2026-12-05 …)" has the winners).
 For each case and concurrency: the winner, tok/s per GPU, TTFT/TPOT P50 and P99, memory per GPU,
 its phase breakdown, and the time each simulated trial took (median, P99).
@@ -33,7 +33,7 @@ tok/s at 28 ms P50 decode. `--reference-points` prices those operating points (R
 
 2026-12-04 (issue 24), trace `moetune profile --out runs/p --num-requests 16 --batch-size 8
 --output-len 32`, `--trials 40 --concurrency 256`; rerun with the vectorised simulator (cost/vector.py),
-load 1.6 → 1.1, DeepSeek-V3 read as its fp8 checkpoint (docs/search.md has the table with TTFT/TPOT
+load 1.6 → 1.1, DeepSeek-V3 read as its fp8 checkpoint (docs/search-numbers.md has the table with TTFT/TPOT
 P99 and the reasons); trial time before → after:
 
 | case | winner (seed) | tok/s/GPU | TTFT / TPOT P50 ms | GB/GPU | feasible / trials | trial s median / P99 |
@@ -54,7 +54,7 @@ configuration (TP-8, EP-8 with DP attention; batch 1-256), DeepSeek-V3 TP-8 and 
 TPOT but at two points; EP-16 over two nodes 1.2-1.9x slower (the tables hold one-node DeepEP only:
 the peer substitutes those rows, moetune priced the engine's measured 2-node dispatch); since moetune
 substitutes them too (op_tables.Measured.deepep_curves), EP-16 TPOT 0.83-1.04x the peer's. The tables
-and the gaps op by op: docs/search.md. `--cross`: each tool's winner priced by the other (peer_cross.py);
+and the gaps op by op: docs/search-numbers.md. `--cross`: each tool's winner priced by the other (peer_cross.py);
 peer_disagg.py: the peer's best disaggregated DeepSeek-V3 deployment (16×H200) step by step, op group by op group.
 2026-12-05, with the disaggregated seed and the prefill worker's expert TP searched (commit a2b194c, load 1.5):
 DeepSeek-V3 16×H200 picks the peer's own shape (1 prefill + 1 decode worker, DP-8 attention × TP-8 experts),
@@ -67,7 +67,7 @@ tok/s/GPU (the same mesh, seqs 256 / tok 256, 191 in flight; 1.49× the peer's 3
 
 2026-12-05 (issue 38), `--peer PYTHON --one-gpu`: the 1-GPU replica agrees with AIConfigurator on a static batch
 (TPOT 0.96-1.01 at 1-512) and, after the mixed-step fix (op_tables.mixed_split), on its mixed step (0.97-0.99; was
-0.74 on Qwen3 at 384); the steady states part by the schedule's shape only (TPOT 0.81-0.96). docs/search.md has it.
+0.74 on Qwen3 at 384); the steady states part by the schedule's shape only (TPOT 0.81-0.96). docs/search-numbers.md has it.
 
 Public operating points, estimated: DeepSeek-V3 R=16 EPLB TBO fp8 at 128–256 per GPU, 2,000 / 100
 tokens: decode-only steps 0.8k tok/s per H100 (over its 80 GB), 1.0k per H200 (the aggregated
@@ -203,7 +203,7 @@ def one_gpu(a, cases: list) -> None:
         for key, lines in tables.items():
             name = f"peer-{a.engine}-{key}"
             title = f"{titles[key]}, {a.engine} {a.engine_version or 'current'} tables (estimated)"
-            write_section(name, section(name, title, lines, before, after), ROOT / "docs" / "search.md")
+            write_section(name, section(name, title, lines, before, after), ROOT / "docs" / "search-numbers.md")
 
 
 def balanced(a, cases: list) -> None:
@@ -217,7 +217,7 @@ def balanced(a, cases: list) -> None:
             lines += balanced_table(a.trace, case, a.engine, a.trials or 80, Path(tmp), a.peer) + [""]
     if a.write_doc:
         title = f"the same deployment, balanced routing, {a.engine} tables (estimated)"
-        write_section("balanced", section("balanced", title, lines[:-1], before, loadavg()), ROOT / "docs" / "search.md")
+        write_section("balanced", section("balanced", title, lines[:-1], before, loadavg()), ROOT / "docs" / "search-numbers.md")
 
 
 def main() -> None:
@@ -234,7 +234,7 @@ def main() -> None:
     ap.add_argument("--engine", default="vllm", help="vllm | sglang: the tables both sides price with")
     ap.add_argument("--engine-version", default=None, help="the tables' engine version (default: current)")
     ap.add_argument("--write-doc", action="store_true", help="with --peer: write the table into its section of "
-                    "docs/search.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
+                    "docs/search-numbers.md (<!-- bench: peer-ENGINE -->, benchmarks/doc_section.py)")
     ap.add_argument("--one-gpu", action="store_true", help="with --peer: the 1-GPU replica (TP 1 / EP 1) of the cases "
                     "that fit one GPU, static batches up to 512 and the steady state (benchmarks/peer_steady.py)")
     ap.add_argument("--balanced", action="store_true", help="the README command's winner (and with --peer the "
@@ -257,7 +257,7 @@ def main() -> None:
             key = f"cross-{a.engine}" + ("-measured" if a.measured_only else "")
             title = (f"each tool's winner priced by the other, {a.engine} tables"
                      + (", moetune's search over measured expert formats" if a.measured_only else "") + " (estimated)")
-            write_section(key, section(key, title, lines, before, loadavg()), ROOT / "docs" / "search.md")
+            write_section(key, section(key, title, lines, before, loadavg()), ROOT / "docs" / "search-numbers.md")
         return
     if a.peer and a.one_gpu:
         one_gpu(a, [c for c in cases if c[1] in ONE_GPU_CONFIGS])
@@ -275,7 +275,7 @@ def main() -> None:
         if a.write_doc:
             title = f"moetune beside AIConfigurator, {a.engine} {a.engine_version or 'current'} tables (estimated)"
             write_section(f"peer-{a.engine}", section(f"peer-{a.engine}", title, lines, before, loadavg()),
-                          ROOT / "docs" / "search.md")
+                          ROOT / "docs" / "search-numbers.md")
     if not a.trials:
         return
     print("| model | GPUs | concurrency / replica | winner | seed | output tok/s/GPU (est.) | TTFT P50/P99 ms | "

@@ -4,7 +4,7 @@ measure both with benchmarks/bench_speculative.py (interleaved rounds). Run unde
 
   flock /work/logs/cpu.lock python benchmarks/fidelity_speculative.py   # FIDELITY_OUT=DIR (default /tmp/specsim)
 
-Each line carries the load average; docs/search.md has the table of 2026-12-02."""
+Each line carries the load average; docs/search-numbers.md has the table of 2026-12-02."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--trace", required=True)
     ap.add_argument("--peer", required=True, help="Python of a venv holding aiconfigurator (peer_best.py)")
     ap.add_argument("--engine", default="vllm")
-    ap.add_argument("--write-doc", action="store_true", help="write the table into docs/search.md's section")
+    ap.add_argument("--write-doc", action="store_true", help="write the table into docs/search-numbers.md's section")
     args = ap.parse_args()
     from peer_compare import PEER_MODELS, peer_models
     from peer_cross import deployment_of, peer
@@ -120,7 +120,7 @@ def main() -> None:
         from doc_section import loadavg, section, write_section
 
         write_section(SECTION, section(SECTION, f"the peer's best disaggregated deployment op by op, {args.engine} "
-                                       "tables (estimated)", lines, load0, loadavg()), ROOT / "docs/search.md")
+                                       "tables (estimated)", lines, load0, loadavg()), ROOT / "docs/search-numbers.md")
 
 if __name__ == "__main__":
     main()

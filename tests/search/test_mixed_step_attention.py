@@ -3,7 +3,7 @@ tokens go through the context kernel and its decode rows through the generation 
 length, as the engines run them and as AIConfigurator prices a mixed step (context attention + generation
 attention). Folding the decode rows into the prompts' (query, key) pairs priced their KV reads at the
 context kernel's compute rate: on Qwen3-30B-A3B's steady state at 384 in flight on one H200 that took
-~12 ms out of a 49 ms step (docs/search.md, "the 1-GPU replica beside the peer").
+~12 ms out of a 49 ms step (docs/search-numbers.md, "the 1-GPU replica beside the peer").
 """
 
 from pathlib import Path
