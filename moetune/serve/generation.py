@@ -107,10 +107,12 @@ class Job:
         s.recorder.note(generated=sum(c.tokens for c in self.choices))
 
     # events -----------------------------------------------------------------------------------
-    def apply(self, items, t: float) -> list[tuple[int, str, object | None]]:
-        """One step's outputs → (choice, text delta, logprobs or None, token) to send; updates metrics."""
-        s, sent = self.state, []
-        for index, out in items:
+    def apply(self, items) -> list[tuple[int, str, object | None, int]]:
+        """Outputs [(choice, RequestOutput, step time), ...] → (choice, text delta, logprobs or None,
+        token) to send, one per choice (a choice's tokens held over several steps joined in one delta,
+        serve/stream_interval.py; a request with logprobs gets one token per event); updates metrics."""
+        s, sent = self.state, {}
+        for index, out, t in items:
             c = self.choices[index]
             if out.finish_reason == "error":
                 c.finish_reason, c.error = "error", out.error
@@ -128,10 +130,12 @@ class Job:
             c.last_t = t
             c.text += out.text_delta
             c.finish_reason = out.finish_reason
-            sent.append((index, out.text_delta, out.logprobs if not eos else None, out.new_token))
-        if self.done:
-            s.metrics.e2e.observe(t - self.stream.arrival)
-        return sent
+            before = sent.get(index)
+            delta = (before[1] if before else "") + out.text_delta
+            sent[index] = (index, delta, out.logprobs if not eos else None, out.new_token)
+        if self.done and items:
+            s.metrics.e2e.observe(items[-1][2] - self.stream.arrival)
+        return list(sent.values())
 
     def server_aborted(self, kind: str, reason: str) -> APIError:
         """The engine dropped our sequences: "aborted" (shutdown: 503) or "failed" (engine failure:
@@ -199,7 +203,7 @@ async def _collect(job: Job, request: Request) -> None:
                 return  # close() aborts the sequences
             if event[0] in ("aborted", "failed"):
                 raise job.server_aborted(event[0], str(event[1]))
-            job.apply(event[1], event[2])
+            job.apply(event[1])
             error = job.failed_choice()
             if error is not None:
                 raise error
@@ -215,26 +219,42 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
 
 
 async def _events(job: Job):
+    """The SSE body: one write per batch of events waiting on the stream's queue (a front end that
+    fell behind the engine catches up in one write instead of one per token)."""
     shape = job.shape
     for first in shape.opening_chunks(job):
         yield _sse(first)
-    while not job.done:
-        event = await job.stream.queue.get()
-        if event[0] in ("aborted", "failed"):
-            yield _sse(job.server_aborted(event[0], str(event[1])).body())
-            break
-        for index, delta, logprobs, token in job.apply(event[1], event[2]):
-            chunk = shape.chunk(job, index, delta, logprobs, token)
-            if chunk is not None:
-                yield _sse(chunk)
-        error = job.failed_choice()
-        if error is not None:
-            yield _sse(error.body())
-            break
-    else:
-        if job.stream_usage:
-            yield _sse(shape.usage_chunk(job))
+    ended = False
+    while not job.done and not ended:
+        events = [await job.stream.queue.get()]
+        while not job.stream.queue.empty():
+            events.append(job.stream.queue.get_nowait())
+        parts: list[str] = []
+        for event in events:
+            ended = _event_chunks(job, event, parts)
+            if ended or job.done:
+                break
+        if parts:
+            yield "".join(parts)
+    if not ended and job.stream_usage:
+        yield _sse(shape.usage_chunk(job))
     yield "data: [DONE]\n\n"
+
+
+def _event_chunks(job: Job, event: tuple, parts: list[str]) -> bool:
+    """One queue event's SSE chunks appended to `parts`; True when the stream ends with an error."""
+    if event[0] in ("aborted", "failed"):
+        parts.append(_sse(job.server_aborted(event[0], str(event[1])).body()))
+        return True
+    for index, delta, logprobs, token in job.apply(event[1]):
+        chunk = job.shape.chunk(job, index, delta, logprobs, token)
+        if chunk is not None:
+            parts.append(_sse(chunk))
+    error = job.failed_choice()
+    if error is not None:
+        parts.append(_sse(error.body()))
+        return True
+    return False
 
 
 def _sse(obj: dict) -> str:
