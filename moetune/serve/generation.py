@@ -109,9 +109,9 @@ class Job:
     # events -----------------------------------------------------------------------------------
     def apply(self, items) -> list[tuple[int, str, object | None, int]]:
         """Outputs [(choice, RequestOutput, step time), ...] → (choice, text delta, logprobs or None,
-        token) to send, one per choice (a choice's tokens held over several steps joined in one delta,
-        serve/stream_interval.py; a request with logprobs gets one token per event); updates metrics."""
-        s, sent = self.state, {}
+        token) to send: a choice's tokens without logprobs joined in one delta (tokens held over several
+        steps, serve/stream_interval.py), each token with logprobs on its own; updates metrics."""
+        s, sent, merge = self.state, [], {}  # merge: choice → its entry in `sent` that takes more text
         for index, out, t in items:
             c = self.choices[index]
             if out.finish_reason == "error":
@@ -130,12 +130,19 @@ class Job:
             c.last_t = t
             c.text += out.text_delta
             c.finish_reason = out.finish_reason
-            before = sent.get(index)
-            delta = (before[1] if before else "") + out.text_delta
-            sent[index] = (index, delta, out.logprobs if not eos else None, out.new_token)
+            logprobs = out.logprobs if not eos else None
+            if logprobs is None and index in merge:  # a token of a held run: joins its choice's chunk
+                at = merge[index]
+                sent[at] = (index, sent[at][1] + out.text_delta, None, out.new_token)
+                continue
+            sent.append((index, out.text_delta, logprobs, out.new_token))
+            if logprobs is None:
+                merge[index] = len(sent) - 1
+            else:
+                merge.pop(index, None)  # each token with logprobs keeps a chunk of its own
         if self.done and items:
             s.metrics.e2e.observe(items[-1][2] - self.stream.arrival)
-        return list(sent.values())
+        return sent
 
     def server_aborted(self, kind: str, reason: str) -> APIError:
         """The engine dropped our sequences: "aborted" (shutdown: 503) or "failed" (engine failure:

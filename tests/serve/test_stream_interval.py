@@ -84,5 +84,9 @@ def test_serve_names_its_interval_and_a_held_stream_carries_the_same_text_as_one
         assert len(texts) <= 2 + 40 // AUTO_INTERVAL + 1  # the first token, then one chunk per interval
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
         assert all(ch.choices[0].finish_reason is None for ch in chunks[:-2] if ch.choices)
+        with_lp = [ch for ch in client.completions.create(model=model, prompt="def parse(x):\n", max_tokens=12,
+                                                          temperature=0, logprobs=1, stream=True) if ch.choices]
+        assert len(with_lp) == 12 and all(len(ch.choices[0].logprobs.tokens) == 1 for ch in with_lp)  # a chunk each
+        assert whole.choices[0].text.startswith("".join(ch.choices[0].text for ch in with_lp))  # greedy: a prefix
     finally:
         assert srv.stop() == 0
