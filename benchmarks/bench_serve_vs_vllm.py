@@ -16,7 +16,8 @@ Cores and threads: both servers see the machine's every core, OMP_NUM_THREADS = 
 runs its model on every core (the engine thread's kernels) beside its HTTP front end in the same
 process; vLLM's CPU build with VLLM_CPU_OMP_THREADS_BIND=auto reserves one core for its front-end
 process and runs its model on the rest (on 2 cores: 1). The client (this script's bench-serve load)
-shares the same cores with either.
+shares the same cores with either. moetune serve runs with its defaults, among them the stream
+interval it chooses at start (serve/stream_interval.py; its first line names it, the table's note too).
 
 vLLM is served from the directory `moetune search` emits for it (the checkpoint without moetune's
 separate mtp.safetensors, which vLLM cannot load), with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and
@@ -111,7 +112,8 @@ def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int
         print(f"round {rnd} {name}: " + ", ".join(f"C={c} {r['out_tok_s']:.1f} tok/s" for c, r in rows.items())
               + f" (loadavg before each C: {'; '.join(' '.join(v) for v in loads.values())})", flush=True)
         return {"rows": rows, "loadavg": loads[args.concurrency[0]], "loadavg_by_c": loads,
-                "omp_wait": omp_wait(work / f"{name}-{rnd}.log")}
+                "omp_wait": omp_wait(work / f"{name}-{rnd}.log"),
+                "stream_interval": first_line_field(work / f"{name}-{rnd}.log", "stream interval: ")}
     finally:
         server.stop()
 
@@ -121,6 +123,14 @@ def omp_wait(log: Path) -> str:
     for line in reversed(log.read_text(errors="replace").splitlines()):  # the latest start (the log appends)
         if "OpenMP wait: " in line:
             return line.split("OpenMP wait: ", 1)[1].rstrip()[:-1]  # without the line's closing bracket
+    return ""
+
+
+def first_line_field(log: Path, key: str) -> str:
+    """A "key: value;" field of moetune serve's first line ("" for vLLM)."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):  # the latest start (the log appends)
+        if key in line:
+            return line.split(key, 1)[1].split(";", 1)[0]
     return ""
 
 
@@ -191,12 +201,14 @@ def write_doc(text: str, load_before: str, results: dict) -> None:
                      for i, r in enumerate(rs))
     rounds = len(results["moetune"])
     waits = ", ".join(r.get("omp_wait") or "?" for r in results["moetune"])
+    intervals = ", ".join(r.get("stream_interval") or "?" for r in results["moetune"])
     table = [text, "", f"Load at the start of each server's first timed (exclusive-lock) load: {held}. Median over "
                        f"{rounds} interleaved rounds (min–max of out tok/s in brackets); ratio = moetune / vLLM (out "
                        "tok/s: higher is better for moetune; TTFT, TPOT: lower). Cores: moetune serve runs its model "
                        "on every core beside its front end (one process); vLLM (VLLM_CPU_OMP_THREADS_BIND=auto) "
                        "keeps one core for its front end and runs its model on the rest. moetune serve's OpenMP wait per "
-                       f"round: {waits}."]
+                       f"round: {waits}; its stream interval (engine steps between token hand-overs to the front "
+                       f"end) per round: {intervals}."]
     write_section("serve-vs-vllm", section("serve-vs-vllm", "moetune serve vs vLLM's CPU build (bench-serve, "
                                            "stdlib-moe)", table, load_before, loadavg()))
 

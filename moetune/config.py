@@ -151,6 +151,7 @@ class ServeConfig(_Section):
     max_request_share: float = Field(0.5, gt=0, le=1)  # of the running slots one request's sequences may hold
     head_timeout_s: float = Field(10.0, gt=0, le=600)  # a request head not complete by then gets 408
     slow_heads_per_client: int = Field(256, ge=1)  # heads one address may keep incomplete over 1 s; more get 408
+    stream_interval: int | None = Field(None, ge=1)  # engine steps between a request's token hand-overs; None: auto
 
 
 class QuantConfig(_Section):

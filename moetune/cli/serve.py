@@ -23,6 +23,9 @@ def serve(
                                              "affinity (requests whose experts the step already wakes first)."),
     affinity_max_wait: Optional[int] = typer.Option(None, "--affinity-max-wait", help="Under affinity: steps a "
                                                     "request may wait beyond its FCFS admission (default 8)."),
+    stream_interval: Optional[int] = typer.Option(None, "--stream-interval", min=1, help="Engine steps between two "
+                                                  "hand-overs of a request's new tokens to the HTTP front end "
+                                                  "(default: auto, chosen at start and logged)."),
     m: ModelArgs = ModelArgs(),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions), with /metrics."""
@@ -30,7 +33,7 @@ def serve(
     from moetune.serve.server import run_server
 
     cfg = m.config()
-    serve_over = {"host": host, "port": port, "max_queue": max_queue}
+    serve_over = {"host": host, "port": port, "max_queue": max_queue, "stream_interval": stream_interval}
     engine_over = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                    "scheduling": scheduling, "affinity_max_wait": affinity_max_wait}
     data = cfg.model_dump()

@@ -107,10 +107,12 @@ class Job:
         s.recorder.note(generated=sum(c.tokens for c in self.choices))
 
     # events -----------------------------------------------------------------------------------
-    def apply(self, items, t: float) -> list[tuple[int, str, object | None]]:
-        """One step's outputs → (choice, text delta, logprobs or None, token) to send; updates metrics."""
-        s, sent = self.state, []
-        for index, out in items:
+    def apply(self, items) -> list[tuple[int, str, object | None, int]]:
+        """Outputs [(choice, RequestOutput, step time), ...] → (choice, text delta, logprobs or None,
+        token) to send: a choice's tokens without logprobs joined in one delta (tokens held over several
+        steps, serve/stream_interval.py), each token with logprobs on its own; updates metrics."""
+        s, sent, merge = self.state, [], {}  # merge: choice → its entry in `sent` that takes more text
+        for index, out, t in items:
             c = self.choices[index]
             if out.finish_reason == "error":
                 c.finish_reason, c.error = "error", out.error
@@ -128,9 +130,18 @@ class Job:
             c.last_t = t
             c.text += out.text_delta
             c.finish_reason = out.finish_reason
-            sent.append((index, out.text_delta, out.logprobs if not eos else None, out.new_token))
-        if self.done:
-            s.metrics.e2e.observe(t - self.stream.arrival)
+            logprobs = out.logprobs if not eos else None
+            if logprobs is None and index in merge:  # a token of a held run: joins its choice's chunk
+                at = merge[index]
+                sent[at] = (index, sent[at][1] + out.text_delta, None, out.new_token)
+                continue
+            sent.append((index, out.text_delta, logprobs, out.new_token))
+            if logprobs is None:
+                merge[index] = len(sent) - 1
+            else:
+                merge.pop(index, None)  # each token with logprobs keeps a chunk of its own
+        if self.done and items:
+            s.metrics.e2e.observe(items[-1][2] - self.stream.arrival)
         return sent
 
     def server_aborted(self, kind: str, reason: str) -> APIError:
@@ -199,7 +210,7 @@ async def _collect(job: Job, request: Request) -> None:
                 return  # close() aborts the sequences
             if event[0] in ("aborted", "failed"):
                 raise job.server_aborted(event[0], str(event[1]))
-            job.apply(event[1], event[2])
+            job.apply(event[1])
             error = job.failed_choice()
             if error is not None:
                 raise error
@@ -215,26 +226,42 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
 
 
 async def _events(job: Job):
+    """The SSE body: one write per batch of events waiting on the stream's queue (a front end that
+    fell behind the engine catches up in one write instead of one per token)."""
     shape = job.shape
     for first in shape.opening_chunks(job):
         yield _sse(first)
-    while not job.done:
-        event = await job.stream.queue.get()
-        if event[0] in ("aborted", "failed"):
-            yield _sse(job.server_aborted(event[0], str(event[1])).body())
-            break
-        for index, delta, logprobs, token in job.apply(event[1], event[2]):
-            chunk = shape.chunk(job, index, delta, logprobs, token)
-            if chunk is not None:
-                yield _sse(chunk)
-        error = job.failed_choice()
-        if error is not None:
-            yield _sse(error.body())
-            break
-    else:
-        if job.stream_usage:
-            yield _sse(shape.usage_chunk(job))
+    ended = False
+    while not job.done and not ended:
+        events = [await job.stream.queue.get()]
+        while not job.stream.queue.empty():
+            events.append(job.stream.queue.get_nowait())
+        parts: list[str] = []
+        for event in events:
+            ended = _event_chunks(job, event, parts)
+            if ended or job.done:
+                break
+        if parts:
+            yield "".join(parts)
+    if not ended and job.stream_usage:
+        yield _sse(shape.usage_chunk(job))
     yield "data: [DONE]\n\n"
+
+
+def _event_chunks(job: Job, event: tuple, parts: list[str]) -> bool:
+    """One queue event's SSE chunks appended to `parts`; True when the stream ends with an error."""
+    if event[0] in ("aborted", "failed"):
+        parts.append(_sse(job.server_aborted(event[0], str(event[1])).body()))
+        return True
+    for index, delta, logprobs, token in job.apply(event[1]):
+        chunk = job.shape.chunk(job, index, delta, logprobs, token)
+        if chunk is not None:
+            parts.append(_sse(chunk))
+    error = job.failed_choice()
+    if error is not None:
+        parts.append(_sse(error.body()))
+        return True
+    return False
 
 
 def _sse(obj: dict) -> str:

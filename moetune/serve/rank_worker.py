@@ -27,7 +27,7 @@ from typing import Callable
 from moetune.errors import RequestError
 from moetune.serve.fairness import SlotGate
 from moetune.serve.ranks import Add, Mail, Payload, RankSide, RankSnapshot, Report, exchange, plan
-from moetune.serve.worker import CommandWorker, Stream, WorkerSnapshot
+from moetune.serve.worker import CommandWorker, Stream, WorkerSnapshot, post_outputs
 
 log = logging.getLogger("moetune.serve")
 IDLE_TICK_S = 1.0
@@ -185,7 +185,7 @@ class RanksWorker(CommandWorker):
                 if route is None:
                     continue
                 stream, index, _ = route
-                by_stream.setdefault(id(stream), (stream, []))[1].append((index, out))
+                by_stream.setdefault(id(stream), (stream, []))[1].append((index, out, now))
                 if out.finish_reason is not None:
                     del self._routes[gid]
                     self.gate.finished(stream)
@@ -193,8 +193,7 @@ class RanksWorker(CommandWorker):
                 route = self._routes.pop(gid, None)
                 if route is not None:
                     self._abort_stream(route[0], f"rank {report.rank} refused the request: {why}")
-        for stream, items in by_stream.values():
-            stream.post("out", items, now)
+        post_outputs(by_stream)
         self._finish_calls()
         self._sum_snapshots()
 

@@ -31,22 +31,32 @@ from moetune.serve.shutdown import DrainingServer, stop_after_grace
 class Server:
     app: object  # FastAPI
     state: object  # ServerState
+    stream_interval: str = "1 step"  # the engine steps between token hand-overs, and why (serve/stream_interval.py)
 
 
 def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
+    import torch
+
     from moetune.engine.build import build_generator
     from moetune.engine.target import resolve_target
+    from moetune.engine.threads import available_cores
     from moetune.serve.fairness import SlotGate
+    from moetune.serve.stream_interval import choose_interval
     from moetune.serve.worker import EngineWorker
 
-    generator = build_generator(resolve_target(cfg))  # once: the checkpoint checked, device and dtype
+    target = resolve_target(cfg)
+    generator = build_generator(target)  # once: the checkpoint checked, device and dtype
+    interval, why = choose_interval(cfg.serve.stream_interval, target.device.type, torch.get_num_threads(),
+                                    available_cores())
 
     def worker(window, qos):
         return EngineWorker(generator.engine, before_step=window.begin_step,
                             after_step=(lambda: qos.routed(window.last_ids)) if qos else None, qos=qos,
-                            gate=SlotGate.of(cfg.serve, cfg.engine.max_num_seqs))
+                            gate=SlotGate.of(cfg.serve, cfg.engine.max_num_seqs), stream_interval=interval)
 
-    return assemble_server(cfg, api_key, generator, worker)
+    server = assemble_server(cfg, api_key, generator, worker)
+    server.stream_interval = f"{interval} step{'s' if interval > 1 else ''} ({why})"
+    return server
 
 
 def assemble_server(cfg: RunConfig, api_key: str | None, generator, make_worker, window=None,
@@ -123,7 +133,8 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
     from moetune.engine.threads import wait_policy
 
     print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
-          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops; OpenMP wait: {wait_policy()})", file=sys.stderr, flush=True)
+          f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops; stream interval: {server.stream_interval}; "
+          f"OpenMP wait: {wait_policy()})", file=sys.stderr, flush=True)
     uv = CleanExitServer(uvicorn_config(server.app, "info", cfg.serve), server.state, cfg.serve.drain_timeout_s)
 
     def fatal(reason: str) -> None:  # on the engine thread

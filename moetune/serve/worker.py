@@ -12,8 +12,8 @@ A request's sequences are checked when it arrives and reach the engine through t
 once, the rest as its earlier sequences finish.
 
 Events a stream receives, in order: ("admitted", None), ("error", RequestError) (a request the
-engine can never run: 400) or ("failed", reason) first, then ("out", [(choice, RequestOutput), ...],
-t) per step, and ("aborted", reason) if the server stops, or ("failed", reason) if the engine
+engine can never run: 400) or ("failed", reason) first, then ("out", [(choice, RequestOutput, step
+time), ...]) once per step, or once per `stream_interval` steps (serve/stream_interval.py), and ("aborted", reason) if the server stops, or ("failed", reason) if the engine
 fails under it.
 
 The thread never dies from a request. Whatever escapes a step (or an add) is logged once with the
@@ -38,6 +38,7 @@ from moetune.engine.engine import Engine
 from moetune.engine.sampling import SamplingParams
 from moetune.errors import RequestError
 from moetune.serve.fairness import SlotGate
+from moetune.serve.stream_interval import StreamHold
 
 log = logging.getLogger("moetune.serve")
 
@@ -54,6 +55,7 @@ class Stream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     rids: list[int] = field(default_factory=list)  # engine request ids, set on the engine thread
     arrival: float = field(default_factory=time.monotonic)
+    started: bool = False  # its first tokens were handed over (engine thread; serve/stream_interval.py)
 
     def post(self, *event) -> None:
         """From the engine thread: put an event on the queue (on the loop's thread)."""
@@ -61,6 +63,27 @@ class Stream:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def post_outputs(by_stream: dict[int, tuple[Stream, list]]) -> None:
+    """From the engine thread: an ("out", [(choice, RequestOutput, step time), ...]) event to each
+    stream, in one hand-over per event loop. `call_soon_threadsafe` per stream wrote the loop's wake-up pipe and queued a
+    callback once per running request and step (64 at max_num_seqs 64), work that the front end's
+    thread then did under the GIL the engine's thread needs between its kernels."""
+    per_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
+    for stream, items in by_stream.values():
+        per_loop.setdefault(id(stream.loop), (stream.loop, []))[1].append((stream.queue, ("out", items)))
+    for loop, events in per_loop.values():
+        try:
+            loop.call_soon_threadsafe(_deliver, events)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+def _deliver(events: list[tuple[asyncio.Queue, tuple]]) -> None:
+    """On the loop's thread: each event onto its stream's queue."""
+    for queue, event in events:
+        queue.put_nowait(event)
 
 
 @dataclass
@@ -183,9 +206,11 @@ class CommandWorker:
 
 class EngineWorker(CommandWorker):
     def __init__(self, engine: Engine, before_step: Callable[[], None] | None = None,
-                 after_step: Callable[[], None] | None = None, qos=None, gate: SlotGate | None = None):
+                 after_step: Callable[[], None] | None = None, qos=None, gate: SlotGate | None = None,
+                 stream_interval: int = 1):
         super().__init__(gate)
         self.engine = engine
+        self.hold = StreamHold(stream_interval)  # tokens handed to the front end every `stream_interval` steps
         self.before_step = before_step  # e.g. the live expert-load window advancing
         self.after_step = after_step  # e.g. the QoS policy reading the step's routing
         self.qos = qos  # moetune.serve.qos.ExpertQoS (the scheduler's policy) or None
@@ -238,6 +263,7 @@ class EngineWorker(CommandWorker):
         streams = self._streams()
         self._routes.clear()
         self.gate.clear()
+        self.hold.clear()
         for stream in streams:
             stream.post("failed", reason)
         self._fail(reason)
@@ -306,6 +332,7 @@ class EngineWorker(CommandWorker):
                 self.engine.abort(rid)
                 self._forget(rid)
         self.gate.forget(stream)
+        self.hold.drop(stream)
 
     def _streams(self) -> list[Stream]:
         """Every stream with sequences in the engine or at the gate."""
@@ -326,13 +353,12 @@ class EngineWorker(CommandWorker):
             if route is None:
                 continue
             stream, index = route
-            by_stream.setdefault(id(stream), (stream, []))[1].append((index, out))
+            by_stream.setdefault(id(stream), (stream, []))[1].append((index, out, now))
             if out.finish_reason is not None:
                 del self._routes[out.request_id]
                 self._forget(out.request_id)
                 self.gate.finished(stream)
-        for stream, items in by_stream.values():
-            stream.post("out", items, now)
+        post_outputs(self.hold.due(by_stream))
         self._refresh()
 
     def _abort_all(self, reason: str) -> None:
@@ -342,6 +368,7 @@ class EngineWorker(CommandWorker):
             self._forget(rid)
         self._routes.clear()
         self.gate.clear()
+        self.hold.clear()
         for stream in streams:
             stream.post("aborted", reason)
         self._refresh()
@@ -353,6 +380,7 @@ class EngineWorker(CommandWorker):
             self._forget(rid)
         self._routes.clear()
         self.gate.clear()
+        self.hold.clear()
         for stream in streams:
             stream.post("failed", reason)
 
