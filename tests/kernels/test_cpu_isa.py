@@ -39,7 +39,7 @@ w2 = quantize_int4(torch.randn(3, 96, 64, generator=g), 32)
 off = torch.tensor([0, 1, 1, 2]); xe = torch.randn(2, 96, generator=g)
 ye = fused_experts_cpu(xe, off, w13, w2, threads=1)
 k = runtime.jit()
-yp = {}  # then 2 and 3 x parts with fp32 scales (2: the default's at these row counts)
+yp = {}  # then 2 and 3 x parts with fp32 scales (2: the exact mode's at these row counts)
 for parts in (2, 3):
     runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = parts, False
     yp[parts] = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases[1:]]

@@ -27,9 +27,8 @@ def interleaved(monkeypatch):
     monkeypatch.setattr(runtime, "Q4_INTERLEAVED", True)
 
 
-PARTS = [(2, 3, False), (1, 1, True), (3, 2, False)]  # (Q4_X_PARTS_FEW, Q4_X_PARTS, Q4_SCALE_FP16): the default
-# (exact: the table of docs/cpu.md to the last digit), llama.cpp's numerics (int8 x, fp16 scales), the parts
-# the other way round
+PARTS = [(1, 1, True), (2, 3, False), (3, 2, False)]  # (Q4_X_PARTS_FEW, Q4_X_PARTS, Q4_SCALE_FP16): the default
+# (llama.cpp's numerics: int8 x, fp16 scales), the exact mode, and the parts the other way round
 
 
 @pytest.fixture(params=PARTS, ids=lambda p: f"parts{p[0]}-{p[1]}{'-fp16' if p[2] else ''}")
