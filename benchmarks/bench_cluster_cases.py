@@ -60,6 +60,10 @@ peer_disagg.py: the peer's best disaggregated DeepSeek-V3 deployment (16×H200) 
 DeepSeek-V3 16×H200 picks the peer's own shape (1 prefill + 1 decode worker, DP-8 attention × TP-8 experts),
 508 tok/s/GPU at 404 in flight vs the peer's 412 (1.23×; the peer prices it at 413); 8×H200 unchanged (327;
 after main's mixed-step pricing, e4ea4d6: 277, the same on main alone).
+2026-12-06 (branch meshshared, 744e5e4, load 2.0-2.9, shared lock): the general mesh's shared expert on each
+engine's rows and beside the routed path where the engine runs its second stream (cost/mesh.py): 8×H200 467
+tok/s/GPU (the same mesh, seqs 256 / tok 256, 191 in flight; 1.49× the peer's 314), 16×H200 510 (1.24×);
+--cross: the peer prices that winner at 373, moetune the peer's pick at 367 (1.17-1.25× on the same deployments).
 
 2026-12-05 (issue 38), `--peer PYTHON --one-gpu`: the 1-GPU replica agrees with AIConfigurator on a static batch
 (TPOT 0.96-1.01 at 1-512) and, after the mixed-step fix (op_tables.mixed_split), on its mixed step (0.97-0.99; was

@@ -3,12 +3,20 @@
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 
 def moetune(*args, cwd=None, env=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "moetune", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300, env=env)
+
+
+def moetune_each(*calls: tuple, cwd=None, env=None) -> list:
+    """Independent `moetune(*args)` calls, two processes at a time (a one-thread command uses one of the
+    machine's cores; the suite is otherwise one process): their results, in the order given."""
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda args: moetune(*args, cwd=cwd, env=env), calls))
 
 
 def assert_one_line_error(result, *fragments):

@@ -45,3 +45,14 @@ def hf_model():
         return loaded[path]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_bench(checkpoint):
+    """`moetune bench` through the console script on the tiny qwen3_moe against transformers, small sizes,
+    one thread: one launch (a CompletedProcess, read-only) whose table (tests/cli/test_bench.py) and
+    kernel-variant header (tests/kernels/test_cpu_isa.py) are each checked by their own test."""
+    from tests.cli_run import moetune
+
+    return moetune("bench", "--model", str(checkpoint("qwen3_moe")), "--against", "transformers",
+                   "--prefill-len", "16", "--decode-steps", "2", "--threads", "1")

@@ -1,18 +1,26 @@
 """`moetune bench` through the real CLI on a tiny checkpoint (correct output shape, not speed)."""
 
+import pytest
+
 from tests.cli_run import assert_one_line_error, moetune
 
+ARGS = ("--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
 
-def test_bench_against_transformers_prints_every_workload_with_a_ratio(checkpoint):
-    result = moetune("bench", "--model", str(checkpoint("qwen3_moe")), "--against", "transformers",
-                     "--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+
+@pytest.fixture
+def plain(tiny_bench):
+    """The fp32 model benched against transformers (tests/conftest.py: one launch, shared, read-only)."""
+    assert tiny_bench.returncode == 0, tiny_bench.stderr
+    return tiny_bench
+
+
+def test_bench_against_transformers_prints_every_workload_with_a_ratio(plain):
+    lines = plain.stdout.splitlines()
     for workload, unit in (("prefill b=1 len=16", "GFLOP/s"), ("decode b=1", "GB/s"), ("decode b=16", "GB/s")):
         line = next(line for line in lines if workload in line)
         assert line.count("×") == 1 and unit in line and "%" in line  # ratio, achieved rate, share of the limit
         assert "[" in line  # ... of the limit sampled beside this workload's runs
-    assert "threads 1" in result.stdout
+    assert "threads 1" in plain.stdout
     for figure in ("read limit", "matmul limit"):
         line = next(line for line in lines if figure in line)
         assert "/s" in line and "time" in line  # measured value and its formula
@@ -28,16 +36,15 @@ def _mb_per_token(stdout: str, workload: str) -> float:
     return float(line.split()[-1])  # the last column (piped: one line a row, columns apart by spaces)
 
 
-def test_bench_shows_each_parts_precision_and_bytes_per_token(checkpoint, tmp_path):
+def test_bench_shows_each_parts_precision_and_bytes_per_token(checkpoint, plain, tmp_path):
     """A recipe with int8 experts and int8 dense projections: the precision line names every part,
-    and each decode step reads fewer bytes per token than the fp32 model's (and b=16 fewer than b=1)."""
+    and each decode step reads fewer bytes per token than the fp32 model's (and b=16 fewer than b=1).
+    The fp32 figures are the `plain` launch's (with --against its moetune columns are the same)."""
     path = checkpoint("qwen3_moe")
     recipe = tmp_path / "q.yaml"
     recipe.write_text(f"model:\n  path: {path}\nquant:\n  experts: int8\n  dense: int8\n")
-    args = ("--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
-    quant = moetune("bench", "--recipe", str(recipe), *args)
-    plain = moetune("bench", "--model", str(path), *args)
-    assert quant.returncode == 0 and plain.returncode == 0, quant.stderr + plain.stderr
+    quant = moetune("bench", "--recipe", str(recipe), *ARGS)
+    assert quant.returncode == 0, quant.stderr
     assert "precision: experts int8 · attention int8 · lm_head int8 · router fp32 · embedding fp32" in quant.stdout
     assert "precision: experts fp32 · attention fp32 · lm_head fp32" in plain.stdout
     for workload in ("decode b=1", "decode b=16"):

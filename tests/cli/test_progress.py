@@ -20,6 +20,16 @@ def fast_progress(monkeypatch):
     monkeypatch.delenv("MOETUNE_PROGRESS", raising=False)
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A small profile run through the CLI, replayed (read-only) by the search and simulate tests."""
+    out = tmp_path_factory.mktemp("progress") / "run"
+    r = moetune("profile", "--num-requests", "4", "--batch-size", "4", "--input-len", "8", "--output-len", "4",
+                "--warmup-steps", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
 def progress_lines(stderr: str, command: str) -> list[str]:
     lines = [line for line in stderr.splitlines() if line.startswith(f"{command}: ")]
     for line in lines:
@@ -61,11 +71,7 @@ def test_eval_piped_prints_its_phases(fast_progress, tmp_path):
     assert r.stdout.startswith("perplexity ")
 
 
-def test_search_piped_prints_its_trials(fast_progress, tmp_path):
-    run = tmp_path / "run"
-    r = moetune("profile", "--num-requests", "4", "--batch-size", "4", "--input-len", "8", "--output-len", "4",
-                "--warmup-steps", "0", "--out", str(run))
-    assert r.returncode == 0, r.stderr
+def test_search_piped_prints_its_trials(fast_progress, run, tmp_path):
     r = moetune("search", "--trace", str(run), "--hardware", "H100", "--n-trials", "12", "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     lines = progress_lines(r.stderr, "search")
@@ -81,11 +87,7 @@ def test_bench_piped_prints_its_workloads(fast_progress):
     assert "bench:" not in r.stdout
 
 
-def test_simulate_piped_prints_its_lock_steps(fast_progress, tmp_path):
-    run = tmp_path / "run"
-    r = moetune("profile", "--num-requests", "4", "--batch-size", "4", "--input-len", "8", "--output-len", "4",
-                "--warmup-steps", "0", "--out", str(run))
-    assert r.returncode == 0, r.stderr
+def test_simulate_piped_prints_its_lock_steps(fast_progress, run):
     r = moetune("simulate", "--trace", str(run), "--hardware", "H100")
     assert r.returncode == 0, r.stderr
     lines = progress_lines(r.stderr, "simulate")

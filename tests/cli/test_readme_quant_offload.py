@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_run import moetune
+from tests.cli_run import moetune, moetune_each
 
 README = Path(__file__).resolve().parents[2] / "docs" / "experts.md"
 SMALL = ("--num-requests", "2", "--batch-size", "2", "--input-len", "8", "--output-len", "4", "--warmup-steps", "0")
@@ -39,9 +39,9 @@ def test_the_recipe_is_a_mix_of_formats_with_offload():
 
 def test_generate_with_the_recipe_gives_the_resident_mix_tokens(workdir):
     args = ("--prompt", "def parse(", "--max-tokens", "12", "--ignore-eos")
-    offloaded = moetune("generate", "--recipe", "recipe.yaml", *args, cwd=workdir)
+    offloaded, resident = moetune_each(("generate", "--recipe", "recipe.yaml", *args),
+                                       ("generate", "--recipe", "resident.yaml", *args), cwd=workdir)
     assert offloaded.returncode == 0, offloaded.stderr
-    resident = moetune("generate", "--recipe", "resident.yaml", *args, cwd=workdir)
     assert resident.returncode == 0, resident.stderr
     assert offloaded.stdout == resident.stdout and offloaded.stdout.strip()
 

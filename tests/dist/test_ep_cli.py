@@ -11,7 +11,7 @@ import pytest
 
 from moetune.moe.placement import make_placement, write_placement
 from tests.checkpoints import build_checkpoint
-from tests.cli_run import assert_one_line_error, moetune
+from tests.cli_run import assert_one_line_error, moetune, moetune_each
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def test_placement_file_for_another_model_or_ep_size(mixtral, tmp_path):
 
 
 def test_generate_with_two_ranks_prints_what_one_rank_prints(mixtral):
-    one, two = gen(mixtral), gen(mixtral, "--ep-size", "2", "--redundant-experts", "1")
+    args = ("generate", "-p", "def f", "--max-tokens", "3", "--model", mixtral, "--device", "cpu")
+    one, two = moetune_each(args, (*args, "--ep-size", "2", "--redundant-experts", "1"))
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert one.stdout == two.stdout
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.checkpoints import build_checkpoint
-from tests.cli_run import assert_one_line_error, moetune
+from tests.cli_run import assert_one_line_error, moetune_each
 
 
 @pytest.fixture(scope="module")
@@ -16,16 +16,16 @@ def qwen2(tmp_path_factory):  # shared expert and a dense layer: every split kin
     return str(build_checkpoint("qwen2_moe", tmp_path_factory.mktemp("qwen2_moe"), shard=False))
 
 
-def gen(model, *args):
-    return moetune("generate", "-p", "def f", "--max-tokens", "12", "--ignore-eos", "--model", model,
-                   "--device", "cpu", *args)
+def gen(model, *args) -> tuple:
+    return ("generate", "-p", "def f", "--max-tokens", "12", "--ignore-eos", "--model", model, "--device", "cpu",
+            *args)
 
 
 def test_generate_at_tp2_and_tp2_by_ep2_prints_what_one_rank_prints(qwen2):
-    one = gen(qwen2)
+    one, *meshes = moetune_each(gen(qwen2), gen(qwen2, "--tp-size", "2"),
+                                gen(qwen2, "--tp-size", "2", "--ep-size", "2"))
     assert one.returncode == 0, one.stderr
-    for args in (("--tp-size", "2"), ("--tp-size", "2", "--ep-size", "2")):
-        got = gen(qwen2, *args)
+    for got in meshes:
         assert got.returncode == 0, got.stderr
         assert got.stdout == one.stdout
 

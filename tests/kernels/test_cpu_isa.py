@@ -9,6 +9,7 @@ is none, is refused with one line by the CLI."""
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -70,11 +71,24 @@ ASM = {  # variant: (zmm registers, ymm registers, VNNI's vpdpwssd, vpmaddwd)
 }
 
 
-def _run_variant(variant: str, tmp_path) -> dict:
+def _run_variant(variant: str, tmp_path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")}
     env.update(MOETUNE_CPU_ISA=variant, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out.pt")], env=env, check=True, timeout=900)
-    return torch.load(tmp_path / "out.pt", weights_only=False)  # PackedWeights: written by the test itself
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out.pt")], env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def variant_runs(tmp_path_factory) -> dict:
+    """Every variant this host runs, each in its own process, two at a time (each compiles on one core):
+    variant → (its process, its directory). Each test below reads its own variant's outcome."""
+    root = tmp_path_factory.mktemp("isa")
+    dirs = {v: root / v for v in isa.host_variants() if v in isa.VARIANTS}
+    for d in dirs.values():
+        d.mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        futures = {v: pool.submit(_run_variant, v, d) for v, d in dirs.items()}
+    return {v: (f.result(), dirs[v]) for v, f in futures.items()}
 
 
 def _twin_close(got, x, w, interleaved: bool = True, parts: int = 1, fp16: bool = True) -> None:
@@ -102,10 +116,12 @@ def _twin_close(got, x, w, interleaved: bool = True, parts: int = 1, fp16: bool 
 
 
 @pytest.mark.parametrize("variant", isa.VARIANTS)
-def test_each_variant_matches_the_twins(variant, tmp_path):
+def test_each_variant_matches_the_twins(variant, request):
     if variant not in isa.host_variants():
         pytest.skip(f"this CPU cannot run {variant}")
-    got = _run_variant(variant, tmp_path)
+    proc, out = request.getfixturevalue("variant_runs")[variant]
+    assert proc.returncode == 0, proc.stderr
+    got = torch.load(out / "out.pt", weights_only=False)  # PackedWeights: written by the test's own process
     assert got["variant"].split(" ")[0] == variant
     for want, have in zip(ASM[variant], (got["zmm"], got["ymm"], got["vnni"], got["madd"])):
         assert want is None or want == have, (variant, got)
@@ -144,11 +160,11 @@ def test_cli_refuses_an_unknown_variant_in_one_line():
     assert_one_line_error(r, "MOETUNE_CPU_ISA", "avx1024")
 
 
-def test_bench_prints_and_env_records_the_variant():
+def test_bench_prints_and_env_records_the_variant(tiny_bench):
     """`moetune bench` names the kernels' variant in its header; a run directory's env.json records it."""
     from moetune.profile.env import device_info
 
-    r = moetune("bench", "--prefill-len", "16", "--decode-steps", "2", "--runs", "3", "--threads", "1")
+    r = tiny_bench  # `moetune bench` through the console script (tests/conftest.py: one launch, shared)
     assert r.returncode == 0, r.stderr
     assert f"CPU kernels: {isa.host_variants()[0]}" in r.stdout + r.stderr
     assert device_info(torch.device("cpu"))["kernel_isa"] == isa.describe()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.cli_run import assert_one_line_error, moetune
+from tests.cli_run import assert_one_line_error, moetune, moetune_each
 
 SMALL = ["--num-requests", "3", "--batch-size", "2", "--input-len", "12", "--output-len", "3", "--warmup-steps", "1"]
 
@@ -16,16 +16,16 @@ def test_profile_then_report_end_to_end(checkpoint, tmp_path):
     for name in ("recipe.yaml", "env.json", "summary.json", "phases.parquet", "expert_load.parquet",
                  "steps.parquet", "routing.npz", "report.html", "report.md"):
         assert (run / name).is_file(), name
-    out = tmp_path / "again.html"
-    result = moetune("report", str(run), "--out", str(out))
+    out, md = tmp_path / "again.html", tmp_path / "r.md"
+    result, as_md = moetune_each(("report", str(run), "--out", str(out)),
+                                 ("report", str(run), "--format", "md", "--out", str(md)))
     assert result.returncode == 0, result.stderr
     html = out.read_text()
     assert html.count("<img") >= 4 or "<svg" in html
     assert "http" not in html  # self-contained: no network resources at all
     assert "Most imbalanced layers" in html and "Phase breakdown" in html
     assert "Measured per rank" in html and "Per-rank timeline" in html  # --ep-size 2 ran two ranks
-    md = tmp_path / "r.md"
-    assert moetune("report", str(run), "--format", "md", "--out", str(md)).returncode == 0
+    assert as_md.returncode == 0, as_md.stderr
     assert "| phase |" in md.read_text() and (tmp_path / "r_files" / "expert_load.png").is_file()
 
 

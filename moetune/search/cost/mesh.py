@@ -28,7 +28,13 @@ the a attention groups (the schedule runs on a ranks); each MoE layer of a step 
             (the partial sums of every expert shard reduce-scattered over N, then each group's rows
              gathered over its t ranks); at a = 1 (every GPU holds all rows) the one all-reduce of
              [T, D] the TP mesh prices: 2·(N−1)/N · T·D·b / bw + α, no moe_in
-    and the shared expert runs on all T rows at I_shared / f (under all-to-all: on the GPU's T_i / t rows, whole)
+- the shared expert, on the rows and weight split each engine gives it (`shared_rows`): vLLM runs it on
+  its own group's T_i rows at I_shared / t (SharedFusedMoE takes the group's input before the DP
+  dispatch; the MLP is TP-split over the group like a dense one), SGLang's all-gather on all T rows at
+  I_shared / N; under all-to-all (and vLLM's sequence-parallel MoE) on the GPU's T_i / t rows, whole.
+  With the measured tables bound it runs beside dispatch, routed experts and combine in the steps the
+  engine runs it on a second stream (phase_costs.shared_beside_experts / second_stream, as the legacy
+  meshes price it); in the other steps, and on the roofline, it adds serially.
 - bw: the node's NVLink figure per GPU when the collective's ranks share a node, else the inter-node one.
 
 With the measured tables bound (op_tables.bind to this mesh, the gpu-db extra) every op above is looked up as in
@@ -53,7 +59,7 @@ from moetune.search.cost.deployment import Deployment
 from moetune.search.cost.memory import RankMemory, graph_bytes, rank_memory
 from moetune.search.cost.precision import precision
 from moetune.search.cost.vector import Windows, all_to_all, half, slots_of
-from moetune.search.cost.vector_price import add_steps, launch_all, overlapped, take
+from moetune.search.cost.vector_price import add_steps, graph_steps, launch_all, overlapped, take
 
 
 def attention_view(d: Deployment) -> Deployment:
@@ -122,6 +128,20 @@ def gather_seconds(d: Deployment, hw, D: int, b: int, T: np.ndarray, T_max: np.n
     return moe_in, moe_out
 
 
+def shared_split(d: Deployment, engine: str, T: np.ndarray) -> tuple[np.ndarray, int]:
+    """([S] rows each GPU runs the shared expert on, the TP split of its weights) as `engine` runs it on
+    d's mesh; T: [S, a] each attention group's rows (module doc). vLLM's sequence-parallel MoE (expert
+    parallelism with attention TP > 1 and DP > 1: ParallelConfig.use_sequence_parallel_moe) and every
+    all-to-all backend (SGLang: the shared MLP at tp_size 1 under DeepEP) split a group's rows over its t
+    GPUs and keep the weights whole."""
+    a, t, N = d.attn_dp, d.tp_size, d.ep_size * d.expert_tp_size
+    if a2a_used(d) or (engine == "vllm" and d.ep_size > 1 and t > 1 and a > 1):
+        return T.max(1) / t, 1
+    if engine == "sglang":  # the MLP input gathered from every group, the MLP TP-split over all N GPUs
+        return T.sum(1), N
+    return T.max(1), t  # vLLM: the group's own rows (before the DP dispatch), TP-split over its t GPUs
+
+
 def sources(sent: np.ndarray, t: int) -> np.ndarray:
     """[S, a, Lm, N] copies group i sends to GPU q → [S, a·t, Lm, N]: each of the group's t GPUs sends 1/t."""
     return np.repeat(sent / t, t, axis=1)
@@ -145,16 +165,18 @@ def price(sim, d: Deployment, s, prep, empty):
     st = whole if halves == 1 else half(whole)
     win = Windows.of(sim, s)
     slots, _ = slots_of(win, prep, e, halves)  # [S, Lm, e] each EP rank's rows, from every group's copies
+    engine = costs.engine_of(sim)
+    shared_rows, split = shared_split(d, engine, st.T)  # [S] rows a GPU, the MLP's TP split
+    shared = sim.rank_view(replace(attention_view(d), tp_size=1, ep_size=1, expert_tp_size=split))  # I_shared / split
     kinds = np.where(s.prefill.any(1), "prefill", "decode")  # [S]
     launch = launch_all(sim, d, s)  # [S]
     pieces = {p: np.zeros(st.T.shape) for p in costs.RANK_PHASES}
     expert_s, dense, other = np.zeros(slots.rows_q.shape), np.zeros(st.T.shape), np.zeros(st.T.shape)
-    shared_rows = st.T.max(1) / t if a2a_used(d) else st.T.sum(1)  # [S] the shared expert's rows per GPU
     step_lat = costs.Links.of(hw, a).latency_s  # the lock-step's "anything left?" among the attention groups
     for kind in ("prefill", "decode"):
         for lau in np.unique(launch[kinds == kind]):
             idx = np.nonzero((kinds == kind) & (launch == lau))[0]
-            for view in (att, moe):
+            for view in (att, moe, shared):
                 view.price_as(kind, float(lau))
             sg, wg = st.take(idx), whole.take(idx)
             for phase, cost in costs.RANK_PHASES.items():
@@ -162,10 +184,12 @@ def price(sim, d: Deployment, s, prep, empty):
                     pieces[phase][idx] = cost(att, sg)
             rows = shared_rows[idx][:, None]  # [n, 1]
             none = np.zeros_like(rows)
-            pieces["shared_expert"][idx] = costs.shared_expert(moe, costs.StepRows(rows, none, none, none, none, N))
+            pieces["shared_expert"][idx] = costs.shared_expert(shared, costs.StepRows(rows, none, none, none, none, N))
             expert_s[idx] = costs.experts(moe, sg, take(slots, idx))
             dense[idx], other[idx] = costs.dense_mlp(att, wg), costs.other(att, wg, step_lat)
     a2a = _moe_exchange(moe, d, st, win, prep, halves)
+    stream = costs.second_stream(engine, shared_rows, graph_steps(d, s), a2a_used(d))  # [S] as simulate.py
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a, stream)  # with the tables bound
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves
     totals.rank_rows += halves * slots.rows_q.sum(0)

@@ -17,7 +17,7 @@ How an op of one step is priced (each on the rank's own shapes: the TP split, `t
 | router | GEMM (E × D, bf16) | tokens |
 | experts | fused MoE (expert TP × EP of the deployment, `balanced` tokens); a hot/low mix: one per format (`mixed_experts`) | N = the rank's own rows · R / K: the rank's rows from the routing trace (EPLB, replicas, placement applied), so the hottest rank is priced at its real load; a mix: each format at its own rows per expert |
 | permute, unpermute | inside the fused MoE kernel | 0 where the experts are measured |
-| shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path: `phase_costs.shared_beside_experts`) | tokens |
+| shared expert, dense MLP | GEMM gate/up + GEMM down (the shared expert beside the routed path in the steps the engine runs it on a second stream: `phase_costs.shared_beside_experts`, `second_stream`) | tokens |
 | other | GEMM LM head (V × D, bf16) + the per-step calls (roofline) | sampled rows |
 | dispatch, combine | DeepEP low-latency (decode steps) / high-throughput (steps with a prompt) where measured at the EP size and node count, else the engine's own MoE dispatch | the largest rank's tokens |
 | TP collectives | custom all-reduce, fitted to tp.tp_collectives' α + bytes / B at the step kind's payloads | |

@@ -160,19 +160,48 @@ def experts(sim, st: StepRows, slots: SlotRows) -> np.ndarray:
     return measured_or(sim, "experts", roof_s, lambda t: t.experts(slots.rows_q, slots.low_rows_q))
 
 
-def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray, a2a: "AllToAll") -> np.ndarray:
+STREAM_TOKENS = 256  # vLLM's VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (its default)
+BESIDE = ("beside the routed path where the engine runs it on a second stream (vLLM: steps of at most 256 "
+          "shared-expert rows a GPU; SGLang: CUDA-graph steps, every step under DeepEP), else serial")
+
+
+def engine_of(sim) -> str:
+    """Whose kernels and schedule price the step: --engine's tables (vllm where none were chosen)."""
+    return sim.tables.engine if getattr(sim, "tables", None) is not None else "vllm"
+
+
+def second_stream(engine: str, rows, graph, a2a: bool) -> np.ndarray:
+    """[...] bool: the steps whose shared expert the engine runs on a second stream beside the routed path.
+    vLLM (SharedExperts' MULTI_STREAM_OVERLAPPED) only where the GPU's shared-expert rows are at most
+    VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (256; a larger step runs it serially); SGLang under DeepEP in
+    every step (its alt stream beside dispatch), else only in the steps replayed from a CUDA graph (its
+    dual-stream MoE is taken in capture mode). rows: [...] each step's largest shared-expert rows a GPU;
+    graph: [...] the step replays a CUDA graph; a2a: the deployment dispatches all-to-all (DeepEP)."""
+    if engine == "sglang":
+        return np.broadcast_to(np.asarray(graph, dtype=bool) | a2a, np.shape(rows))
+    return np.asarray(rows) <= STREAM_TOKENS
+
+
+def shared_beside_experts(sim, per_rank: dict, expert_s: np.ndarray, a2a: "AllToAll",
+                          stream: np.ndarray | None = None) -> np.ndarray:
     """With the measured tables bound (the engines' kernels in the engines' schedule), the shared expert
     runs on a second stream beside the routed path — dispatch, routed experts, combine (vLLM's
-    SharedFusedMoE, SGLang's alternate stream), as the peer prices it: each rank's expert time becomes
-    max(routed, shared − dispatch − combine) and the shared-expert line 0 (in place on per_rank).
-    expert_s: [..., Lm, R], a2a's seconds [..., Lm]; returns the new expert_s."""
-    shared = per_rank["shared_expert"]  # [..., R]
-    if sim.measured is None or not np.any(shared):
+    SharedFusedMoE, SGLang's alternate stream), as the peer prices its decode steps: each rank's expert time
+    becomes max(routed, shared − dispatch − combine) and the shared-expert line 0 (in place on per_rank),
+    in the steps `stream` ([...] bool, `second_stream`; None: every step) says; the others keep it serial.
+    expert_s: [..., Lm, R], a2a's seconds [..., Lm]; returns the new expert_s. per_rank's ranks are
+    expert_s's, or (a general mesh, cost/mesh.py: [..., a] attention groups beside [..., Lm, e] expert
+    ranks) every GPU runs the shared expert on the same rows: then their largest stands beside each rank."""
+    shared = per_rank["shared_expert"]  # [..., R] (or [..., a])
+    on = np.ones(shared.shape[:-1], bool) if stream is None else np.broadcast_to(stream, shared.shape[:-1])
+    if sim.measured is None or not np.any(shared) or not on.any():
         return expert_s
-    sim.measured.sources["shared_expert"] = "beside the routed path (the engine's second stream)"
-    per_rank["shared_expert"] = np.zeros_like(shared)
+    sim.measured.sources["shared_expert"] = BESIDE
+    per_rank["shared_expert"] = shared * ~on[..., None]
     comm = (np.asarray(a2a.dispatch) + np.asarray(a2a.combine))[..., None]  # [..., Lm, 1]
-    return np.maximum(expert_s, shared[..., None, :] - comm)
+    same = shared.shape[-1] == expert_s.shape[-1]
+    beside = shared[..., None, :] if same else shared.max(-1)[..., None, None]  # [..., 1, R | 1]
+    return np.where(on[..., None, None], np.maximum(expert_s, beside - comm), expert_s)
 
 
 @dataclass

@@ -48,7 +48,8 @@ def price_all(self, d, s, prep, totals, ctx):
         stall = np.zeros_like(stall)
     a2a = costs.measured_a2a(sim, all_to_all(sim, win.sent(prep.to_rank) / halves, ctx.links, link_lat), st.T,
                              st.prefill)
-    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a)
+    stream = costs.second_stream(costs.engine_of(self), st.T.max(1), graph_steps(d, s), R > 1 and sim.group == 1)
+    expert_s = costs.shared_beside_experts(sim, pieces, expert_s, a2a, stream)
     totals.a2a_bytes += float(a2a.bytes.sum()) * halves
     totals.inter_bytes += float(a2a.inter_node_bytes.sum()) * halves
     totals.rank_rows += halves * slots.rows_q.sum(0)
@@ -75,11 +76,15 @@ def price_all(self, d, s, prep, totals, ctx):
 
 def launch_all(self, d, s) -> np.ndarray:
     """[S] Simulator.launch_s of every step."""
-    cap = d.cuda_graph_max_bs
-    if cap < 0 or not self.hw.eager_launch_s:
+    if d.cuda_graph_max_bs < 0 or not self.hw.eager_launch_s:
         return np.zeros(s.num_steps)
-    graph = (cap > 0) & ~s.prefill.any(1) & (s.seqs.max(1) <= cap)
-    return np.where(graph, 0.0, self.hw.eager_launch_s)
+    return np.where(graph_steps(d, s), 0.0, self.hw.eager_launch_s)
+
+
+def graph_steps(d, s) -> np.ndarray:
+    """[S] bool: the step replays a CUDA graph (decode only, at most cuda_graph_max_bs sequences on every rank)."""
+    cap = d.cuda_graph_max_bs
+    return (cap > 0) & ~s.prefill.any(1) & (s.seqs.max(1) <= cap)
 
 
 def take(slots: Slots, idx) -> Slots:
