@@ -29,9 +29,10 @@ SCRIPT = """
 import sys, torch
 from moetune.kernels.cpu import fused_experts_cpu, isa, linear, quantize_int4, quantize_int8, runtime
 runtime.Q8_ROWS = runtime.Q4_ROWS = 16
+runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = 1, True  # int4: llama.cpp's numerics (int8 x, fp16 scales) first
 g = torch.Generator().manual_seed(3)
 cases = [(quantize_int8(torch.randn(37, 1029, generator=g)), torch.randn(5, 1029, generator=g) * 3)]
-cases += [(quantize_int4(torch.randn(11, 384, generator=g), grp), torch.randn(3, 384, generator=g))
+cases += [(quantize_int4(torch.randn(11, 384, generator=g), grp), torch.randn(5, 384, generator=g))
           for grp in (32, 64, 128)]
 ys = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases]
 w13 = quantize_int4(torch.randn(3, 2 * 64, 96, generator=g), 32)
@@ -39,7 +40,7 @@ w2 = quantize_int4(torch.randn(3, 96, 64, generator=g), 32)
 off = torch.tensor([0, 1, 1, 2]); xe = torch.randn(2, 96, generator=g)
 ye = fused_experts_cpu(xe, off, w13, w2, threads=1)
 k = runtime.jit()
-yp = {}  # the other x parts of the interleaved kernels (the default: 1, fp16 scales as llama.cpp's Q4_0 x Q8_0)
+yp = {}  # then 2 and 3 x parts with fp32 scales (2: the exact mode's at these row counts)
 for parts in (2, 3):
     runtime.Q4_X_PARTS_FEW, runtime.Q4_SCALE_FP16 = parts, False
     yp[parts] = [(linear(x[:1], w, threads=1), linear(x, w, threads=1)) for w, x in cases[1:]]

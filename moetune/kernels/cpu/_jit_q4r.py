@@ -3,7 +3,7 @@
 The layout and the tile are `_simd_q4r`'s (blocks of 16 weight rows, one int32 lane per row); here
 x is rounded once per call (`quantize_row`: per group, in P int8 parts, each the rounded residual of
 the ones before: P = 1 is Q8_0-style, 2 ~16 bits, 3 ~fp32's 24) and the tiles run over every (block
-of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1 (3 parts: 2, then 1), so each
+of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1 (3 parts: 4 with AVX-512, 2, then 1), so each
 unpacked weight chunk serves up to 4 x rows and each broadcast x chunk 16 weight rows. A call (an
 expert) of up to FEW_ROWS x rows takes `few` parts, a longer one `many` (`parts`; `runtime.Q4_X_PARTS_FEW`,
 `Q4_X_PARTS`).
@@ -25,8 +25,8 @@ from numba import njit, prange
 
 from moetune.kernels.cpu._jit_experts import silu
 from moetune.kernels.cpu._opts import OPTS
-from moetune.kernels.cpu._simd_q4r import (PART, ROWS, q4r_tile_1, q4r_tile_1p2, q4r_tile_1p3, q4r_tile_2, q4r_tile_2p2,
-                                          q4r_tile_2p3, q4r_tile_4, q4r_tile_4p2)
+from moetune.kernels.cpu._simd_q4r import (PART, ROWS, WIDE, q4r_tile_1, q4r_tile_1p2, q4r_tile_1p3, q4r_tile_2,
+                                          q4r_tile_2p2, q4r_tile_2p3, q4r_tile_4, q4r_tile_4p2, q4r_tile_4p3)
 
 F32, I32 = np.float32, np.int32
 PART32 = F32(PART)
@@ -87,6 +87,10 @@ def block_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol, P):
         if m < m1:
             q4r_tile_1p2(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
     else:
+        if WIDE:
+            while m + 4 <= m1:
+                q4r_tile_4p3(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
+                m += 4
         while m + 2 <= m1:
             q4r_tile_2p3(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
             m += 2

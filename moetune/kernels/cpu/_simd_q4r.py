@@ -253,3 +253,12 @@ q4r_tile_2p2 = _q4r_tile(2, 2)
 q4r_tile_4p2 = _q4r_tile(4, 2)
 q4r_tile_1p3 = _q4r_tile(1, 3)
 q4r_tile_2p3 = _q4r_tile(2, 3)
+q4r_tile_4p3 = _q4r_tile(4, 3)  # 12 int32 accumulators: AVX-512's 32 registers hold them (`WIDE`)
+
+
+def _wide() -> bool:
+    """Whether the 4-row tile of 3 parts fits the registers: AVX-512's 32 zmm (AVX2: 16 ymm, two per vector)."""
+    return _has("avx512bw")
+
+
+WIDE = _wide()  # read when numba loads the kernels (`runtime.jit()`, after `isa.choose`), a compile-time constant

@@ -10,14 +10,15 @@ the twins, the GPU path and saving.
   data   [..., Npad, G, H] uint8   Npad = N rounded up to 16 (rows past N: zero bytes, scale 0);
                                    bytes of the block of rows 16b..16b+15, group g, in chunks of 4 bytes:
                                    chunk c of row 0, of row 1, ... of row 15, then chunk c + 1
-  scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side, rounded to fp16
-                                   (their bits as int16): 2 bytes per 32 weights at g32 instead of 4,
-                                   as llama.cpp's Q4_0; relative change ≤ 2⁻¹¹ of each scale
-                                   (groups with absmax < 4.3e-4: subnormal, coarser; < ~2e-7: zero)
+  scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side: rounded to fp16 (their
+                                   bits as int16; `runtime.Q4_SCALE_FP16`, the default: 2 bytes per 32
+                                   weights at g32 as llama.cpp's Q4_0; ≤ 2⁻¹¹ of each scale, groups with
+                                   absmax < 4.3e-4 subnormal, coarser; < ~2e-7 zero), or fp32
 
-x is rounded to int8 per group (`quantize_x_ref`), as llama.cpp's Q8_0 activations: this changes the
-decode numerics against the int16 rounding of the older int4 path (docs/cpu.md, the quality table).
-Twin: `linear_q4r_ref` (the same rounding, the scales in fp16, exact int64 sums).
+x is rounded per group in int8 parts (`quantize_x_ref`, `x_parts`): by default one (llama.cpp's Q8_0
+activations), which with the fp16 scales moves the int4 rows of docs/cpu.md's quality table in their last
+digits; the exact mode (2 parts in calls of up to 16 rows, 3 beyond, fp32 scales) keeps them.
+Twin: `linear_q4r_ref` (the same rounding, the copy's scales, exact int64 sums).
 """
 
 from __future__ import annotations

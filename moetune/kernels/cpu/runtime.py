@@ -25,8 +25,9 @@ Q4_X_PARTS_FEW = 1  # x on the interleaved kernels, per group: int8 parts, each 
 Q4_X_PARTS = 1  # the ones before (1: 8 bits, llama.cpp's Q8_0; 2: ~16, the old int16 path's; 3: ~fp32's
 # 24), in calls (experts) of up to 16 x rows (FEW) and beyond
 Q4_SCALE_FP16 = True  # the repacked copy's scales in fp16 (as Q4_0: ~10 % fewer bytes at g32), else fp32
-# Exact mode: FEW 2, PARTS 3, SCALE_FP16 False — the numerics of the paths before the interleaved kernels
-# (int16 x, then fp32), `moetune eval` equal to the last digit, at 0.85x decode b=1 (docs/cpu.md)
+# Default: llama.cpp's Q8_0 x Q4_0 numerics (moves docs/cpu.md's int4 quality rows in their last digits).
+# Exact mode: FEW 2, PARTS 3, SCALE_FP16 False — the table to the last digit, at 0.82-0.88x llama.cpp's
+# int4 decode b=1 (docs/cpu.md, "Where issue 40 stands": the fp32 scales' bytes and the second part)
 Q4_ROWS = 16  # int4 weights against up to this many x rows take the integer path (`_simd`; 0: never)
 # Measured end to end (docs/cpu.md): Q8_ROWS 16 1.09x at b=16; Q4_ROWS 1 / 16 1.80x at b=1, 1.31x at
 # b=16. x is rounded per block of columns (`_jit_q8`), so tensor-parallel meshes equal one rank.
