@@ -185,7 +185,8 @@ def _run(settings, printer) -> None:
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 
-        printer.table(remeasure_table(result.remeasured))
+        where = settings.engine.engine if settings.remeasure_on and settings.engine else "this machine"
+        printer.table(remeasure_table(result.remeasured, where))
     for name, path in result.files.items():
         printer.line(f"{name}: {path}")
 
