@@ -119,6 +119,13 @@ def x_levels(w: PackedWeight, rows: int = 1) -> int:
     return 32767
 
 
+def scale_rel(w: PackedWeight, rows: int = 1) -> float:
+    """How far the scales a call of `rows` x rows reads from w are from its own, relative: 2⁻¹¹ for int4
+    on the interleaved kernels in a call that reads the copy's fp16 scales (`q4r.scale_fp16`), else 0."""
+    fp16 = w.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED and scale_fp16(rows)
+    return 2.0 ** -11 if fp16 else 0.0
+
+
 def x_block(w: PackedWeight) -> int:
     """Columns of x that share one scale on the integer path of w: its group (int4) or X_BLOCK (int8)."""
     return w.group_size if w.fmt == WeightFormat.INT4 else X_BLOCK
