@@ -4,7 +4,8 @@ weights, the two taking turns, on the CPU: fp32 vs f32, int8 vs Q8_0, int4-g32 v
   python benchmarks/make_cpu_bench_models.py mixtral /tmp/m364         # the Mixtral-style 364M
   python benchmarks/bench_vs_llamacpp.py --model /tmp/m364 [--rounds 2] [--threads 2]
       [--venv ~/.cache/moetune-bench/llamacpp] [--cmake-args "-DGGML_NATIVE=ON"] [--lock /work/cpu.lock]
-      [--precisions fp32,int8,int4-g32] [--workloads prefill,b=1,b=16] [--write-doc]
+      [--precisions fp32,int8,int4-g32] [--workloads prefill,b=1,b=16] [--wait auto|spin|sleep]
+      [--write-doc] [--doc-host NAME]
 
 Once (cached under --work and --venv, outside the repository): a venv with llama-cpp-python built
 from its sdist (`pip install --no-binary`, CMAKE_ARGS = --cmake-args: a native CPU build by default)
@@ -24,7 +25,10 @@ limit moetune's decode reached, the read probe, load, CPU flags, and the kernels
 moetune's OpenMP wait (`engine/threads.py: choose_wait_policy`: spin on a quiet machine, sleep on a
 busy one) is chosen while holding --lock, i.e. on the machine the rounds will find: chosen before
 the lock, on a shared machine, it read busy and slept, and its b=1 figures were 0.81-0.92x of
-llama.cpp's where spinning gave 0.83x (fp32) and 1.44x (int8) (docs/cpu.md). --write-doc writes
+llama.cpp's where spinning gave 0.83x (fp32) and 1.44x (int8) (docs/cpu.md). --wait spin (or sleep)
+forces moetune's instead (GOMP_SPINCOUNT as the quiet choice sets it; llama.cpp's environment is left
+as it was): under the lock the machine is quiet for the rounds, but other sessions' runnable tasks at
+the moment of the choice can still read busy. --write-doc writes
 the table into its section of docs/cpu.md (`vs-llamacpp-<kernel variant>`, between its markers).
 
 An AVX2-only host emulated on an AVX-512 one (docs/cpu.md): MOETUNE_CPU_ISA=avx2 (moetune's numba
@@ -270,6 +274,11 @@ def main() -> None:
     p.add_argument("--workloads", default="prefill,b=1,b=16",
                    help="which workloads to time (a subset of prefill, b=1, b=16)")
     p.add_argument("--lock", default=None, help="hold an exclusive flock of this file during each round")
+    p.add_argument("--wait", choices=("auto", "spin", "sleep"), default="auto",
+                   help="moetune's OpenMP wait: chosen from the machine under --lock (auto), or forced")
+    p.add_argument("--doc-host", default=None,
+                   help="with --write-doc: a name for this host in the section's key (vs-llamacpp-<isa>-<name>), "
+                        "so that tables of other hosts stay")
     p.add_argument("--write-doc", action="store_true",
                    help="also write the table into its section of docs/cpu.md (benchmarks/doc_section.py), "
                         "one section per kernel variant: vs-llamacpp-avx2, vs-llamacpp-avx512-vnni, ...")
@@ -278,10 +287,14 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     llama_env = dict(os.environ)  # llama.cpp keeps its own OpenMP defaults (moetune's wait policy is set below)
 
-    from moetune.engine.threads import choose_wait_policy, use_threads
+    from moetune.engine.threads import SPIN_COUNT, choose_wait_policy, use_threads
 
+    if args.wait == "spin":
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+    elif args.wait == "sleep":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     with held(args.lock):  # the machine as the rounds will find it: quiet under the lock, busy without
-        choose_wait_policy()
+        print(f"moetune OpenMP wait: {choose_wait_policy()} ({args.wait})", flush=True)
     use_threads(args.threads)
     import torch
 
@@ -330,13 +343,14 @@ def main() -> None:
     if args.write_doc:
         from doc_section import section, write_section  # benchmarks/doc_section.py, beside this script
 
-        key = f"vs-llamacpp-{isa.choose()}"
+        key = f"vs-llamacpp-{isa.choose()}" + (f"-{args.doc_host}" if args.doc_host else "")
         header = [f"CPU flags: {cpu_flags()} · moetune kernels: {isa.describe()} · torch kernels: "
                   f"{torch.backends.cpu.get_cpu_capability()}{' (' + emulate + ')' if emulate else ''}",
                   f"llama.cpp: {built} · moetune OpenMP wait: {wait_policy()} · llama.cpp's: "
                   f"{llama_env.get('OMP_WAIT_POLICY', 'OpenMP default')} · threads {args.threads} · "
                   f"rounds {args.rounds} (+1 warm-up)", ""]
-        write_section(key, section(key, f"moetune vs llama.cpp, kernels {isa.choose()} (tok/s median (min–max) "
+        host = f", host {args.doc_host}" if args.doc_host else ""
+        write_section(key, section(key, f"moetune vs llama.cpp, kernels {isa.choose()}{host} (tok/s median (min–max) "
                                    "of rounds taken in turn)", header + lines, f"{load0[0]:.2f}", f"{load1[0]:.2f}"),
                       CPU_DOC)
         print(f"wrote its section ({key}) of {CPU_DOC}")

@@ -1,11 +1,12 @@
 """The interleaved int4 kernels (`kernels/cpu/q4r.py`, `_jit_q4r.py`, `_simd_q4r.py`; the default with
-`runtime.Q4_INTERLEAVED` on): the repacked layout holds the checkpoint's weights (scales in fp32, or
-fp16), x's int8 parts hold x within their stated step, and `linear` / the grouped experts equal their
-integer twin (x rounded per group as the kernels round it, in 1, 2 or 3 int8 parts, exact integer
-sums: `q4r.linear_q4r_ref`) up to one rounding step of x's last part, and the dequantised fp32
-reference within `q8_bound`, on 1, 3-5, 16 and 70 x rows (16 and 17+ take different parts), N of 1,
-15, 17, 37 (not multiples of the 16 interleaved rows), K of 3 groups, groups 32 / 64 / 128, serial
-and parallel. Each instruction-set variant: test_cpu_isa.py."""
+`runtime.Q4_INTERLEAVED` on): the repacked layout holds the checkpoint's weights (scales in fp32,
+fp16, or both: `q4r.Scales`), x's int8 parts hold x within their stated step, and `linear` / the
+grouped experts equal their integer twin (x rounded per group as the kernels round it, in 1, 2 or 3
+int8 parts, exact integer sums, the scales a call of its rows reads: `q4r.linear_q4r_ref`) up to one
+rounding step of x's last part, and the dequantised fp32 reference within `q8_bound`, on 1, 3-5, 16,
+17 and 70 x rows (16 and 17+ take different parts, and by default different scales), N of 1, 15, 17,
+37 (not multiples of the 16 interleaved rows), K of 3 groups, groups 32 / 64 / 128, serial and
+parallel, in each numerics mode. Each instruction-set variant: test_cpu_isa.py."""
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from moetune.kernels.cpu import fused_experts_cpu, fused_experts_cpu_ref, linear
 from moetune.kernels.cpu import runtime  # noqa: E402
 from moetune.kernels.cpu.formats import dequantize  # noqa: E402
 from moetune.kernels.cpu.linear import q8_bound  # noqa: E402
-from moetune.kernels.cpu.q4r import ROWS, linear_q4r_ref, quantize_x_ref, repack, x_levels, x_order, x_parts  # noqa: E402
+from moetune.kernels.cpu.q4r import (ROWS, Scales, linear_q4r_ref, quantize_x_ref, repack, x_levels,  # noqa: E402
+                                     x_order, x_parts)
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
 from tests.kernels.test_cpu_kernels import threads  # noqa: E402,F401  (the fixture: serial and parallel)
 
@@ -27,21 +29,28 @@ def interleaved(monkeypatch):
     monkeypatch.setattr(runtime, "Q4_INTERLEAVED", True)
 
 
-PARTS = [(1, 1, True), (2, 3, False), (3, 2, False)]  # (Q4_X_PARTS_FEW, Q4_X_PARTS, Q4_SCALE_FP16): the default
-# (llama.cpp's numerics: int8 x, fp16 scales), the exact mode, and the parts the other way round
+MODES = [(2, 3, True, False), (1, 1, True, True), (2, 3, False, False), (3, 2, False, False)]
+# (Q4_X_PARTS_FEW, Q4_X_PARTS, Q4_SCALE_FP16_FEW, Q4_SCALE_FP16): the default (fp16 scales up to 16 rows,
+# fp32 beyond), llama.cpp's numerics (int8 x, fp16 scales), the exact mode, and the parts the other way round
 
 
-@pytest.fixture(params=PARTS, ids=lambda p: f"parts{p[0]}-{p[1]}{'-fp16' if p[2] else ''}")
+def _fp(b: bool) -> str:
+    return "fp16" if b else "fp32"
+
+
+@pytest.fixture(params=MODES, ids=lambda p: f"parts{p[0]}-{p[1]}-{_fp(p[2])}-{_fp(p[3])}")
 def parts(request, monkeypatch):
-    few, many, fp16 = request.param
+    few, many, fp16_few, fp16 = request.param
     monkeypatch.setattr(runtime, "Q4_X_PARTS_FEW", few)
     monkeypatch.setattr(runtime, "Q4_X_PARTS", many)
+    monkeypatch.setattr(runtime, "Q4_SCALE_FP16_FEW", fp16_few)
     monkeypatch.setattr(runtime, "Q4_SCALE_FP16", fp16)
     return request.param
 
 
 def _unpack_repacked(data: torch.Tensor, scale: torch.Tensor, N: int, group: int) -> torch.Tensor:
-    """The repacked layout read back plainly: [Npad, G, H] bytes, [NB, G, 16] scales → [N, K] fp32."""
+    """The repacked layout read back plainly: [Npad, G, H] bytes, [NB, G, 16] scales (fp32, or fp16 bits as
+    int16) → [N, K] fp32."""
     Npad, G, H = data.shape
     d = data.reshape(Npad // ROWS, G, H // 4, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(Npad, G * H).long()
     q = torch.stack((d & 0xF, d >> 4), -1).reshape(Npad, G, group) - 8  # [Npad, G, group]
@@ -49,19 +58,37 @@ def _unpack_repacked(data: torch.Tensor, scale: torch.Tensor, N: int, group: int
     return (q.float() * s[..., None]).reshape(Npad, G * group)[:N]
 
 
-@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("kind", list(Scales))
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("N", [1, 17, 32])
-def test_repacked_layout_holds_the_weights(group, N, fp16):
+def test_repacked_layout_holds_the_weights(group, N, kind):
+    """FP16 and FP32: one kind of scales [NB, G, 16]; BOTH: the fp16 bits of the NB blocks, then their fp32
+    scales as int16 pairs ([3·NB, G, 16] int16), each of the two reading back the weights."""
     g = torch.Generator().manual_seed(N + group)
     w = quantize_int4(torch.randn(N, 3 * group, generator=g), group)
-    data, scale = repack(w, fp16)
-    assert data.shape == (-(-N // ROWS) * ROWS, 3, group // 2) and scale.shape == (-(-N // ROWS), 3, ROWS)
-    assert scale.dtype == (torch.int16 if fp16 else torch.float32)
-    copy = PackedWeight(w.data, w.scale.half().float() if fp16 else w.scale, WeightFormat.INT4, group)  # the copy's scales
-    assert torch.equal(_unpack_repacked(data, scale, N, group), dequantize(copy))
-    s = scale.view(torch.float16) if fp16 else scale
-    assert (s.permute(0, 2, 1).reshape(-1, 3)[N:] == 0).all()  # padded rows: nothing
+    data, scale = repack(w, kind)
+    NB = -(-N // ROWS)
+    assert data.shape == (NB * ROWS, 3, group // 2) and scale.shape == (NB * (3 if kind == Scales.BOTH else 1), 3, ROWS)
+    assert scale.dtype == (torch.float32 if kind == Scales.FP32 else torch.int16)
+    halves = [scale] if kind != Scales.BOTH else [scale[:NB], scale[NB:].reshape(NB, 3, 2 * ROWS).view(torch.float32)]
+    for s in halves:  # fp16 bits, or fp32
+        fp16 = s.dtype == torch.int16
+        copy = PackedWeight(w.data, w.scale.half().float() if fp16 else w.scale, WeightFormat.INT4, group)
+        assert torch.equal(_unpack_repacked(data, s, N, group), dequantize(copy))
+        s = s.view(torch.float16) if fp16 else s
+        assert (s.permute(0, 2, 1).reshape(-1, 3)[N:] == 0).all()  # padded rows: nothing
+
+
+def test_scales_follow_the_switches(monkeypatch):
+    from moetune.kernels.cpu.q4r import scale_fp16, scales
+
+    assert (runtime.Q4_X_PARTS_FEW, runtime.Q4_X_PARTS, scales()) == (2, 3, Scales.BOTH)  # the default
+    assert scale_fp16(16) and not scale_fp16(17)
+    monkeypatch.setattr(runtime, "Q4_SCALE_FP16_FEW", False)
+    assert scales() == Scales.FP32 and not scale_fp16(1)
+    monkeypatch.setattr(runtime, "Q4_SCALE_FP16", True)
+    with pytest.raises(ValueError, match="not a mode"):
+        scales()
 
 
 @pytest.mark.parametrize("n_parts", [1, 2, 3])
@@ -102,7 +129,7 @@ def _close(got: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> None:
 
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("N", [1, 15, 17, 37])
-@pytest.mark.parametrize("M", [1, 3, 4, 5, 16, 70])
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 16, 17, 70])
 def test_linear_matches_its_twins(group, N, M, threads, parts):
     g = torch.Generator().manual_seed(M * 131 + N * 7 + group)
     w = quantize_int4(torch.randn(N, 3 * group, generator=g), group)
@@ -122,7 +149,7 @@ def test_linear_rows_do_not_depend_on_their_neighbours():
         assert torch.equal(linear(x[m:m + 1], w, threads=1), whole[m:m + 1])
 
 
-def _experts_twin(x, off, w13: PackedWeight, w2: PackedWeight) -> torch.Tensor:
+def experts_twin(x, off, w13: PackedWeight, w2: PackedWeight) -> torch.Tensor:
     """Each expert through `linear_q4r_ref` twice (x, then its activation, each in the parts its rows take)."""
     I = w2.data.shape[2] * 2
     y = torch.zeros_like(x)
@@ -136,7 +163,7 @@ def _experts_twin(x, off, w13: PackedWeight, w2: PackedWeight) -> torch.Tensor:
     return y
 
 
-@pytest.mark.parametrize("rows", [[1, 1], [1, 0, 3, 1, 0], [2, 1, 1, 5, 1, 1, 1], [37, 0, 70]])
+@pytest.mark.parametrize("rows", [[1, 1], [1, 0, 3, 1, 0], [2, 1, 1, 5, 1, 1, 1], [16, 0, 17], [37, 0, 70]])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_experts_match_their_twins(rows, group, threads, parts):
     g = torch.Generator().manual_seed(len(rows) + group + sum(rows))
@@ -146,10 +173,11 @@ def test_experts_match_their_twins(rows, group, threads, parts):
     off = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()])
     x = torch.randn(int(off[-1]), D, generator=g)
     got = fused_experts_cpu(x, off, w13, w2, threads=threads)
-    want = _experts_twin(x, off, w13, w2)
+    want = experts_twin(x, off, w13, w2)
     assert ((got - want).norm() / want.norm()).item() < 5e-5  # the activation: fp32 sums, then flips of its rounding
-    ref = fused_experts_cpu_ref(x, off, w13, w2)  # fp32: x and the activation each rounded to 8 bits, or 16, 24
-    assert ((got - ref).norm() / ref.norm()).item() < (3e-2 if 1 in parts[:2] else 1e-4)
+    ref = fused_experts_cpu_ref(x, off, w13, w2)  # fp32: x and the activation each rounded to 8 bits, or 16, 24,
+    fp16 = parts[2] and min(r for r in rows if r) <= 16 or parts[3]  # and the scales to fp16 (≤ 2⁻¹¹ each)
+    assert ((got - ref).norm() / ref.norm()).item() < (3e-2 if 1 in parts[:2] else 1e-3 if fp16 else 1e-4)
 
 
 def test_a_weight_written_in_place_is_repacked_again():
@@ -181,7 +209,7 @@ def test_slots_are_repacked_once_per_write(monkeypatch):
     slots = PackedWeight(data, scale, WeightFormat.INT4, 32, generation=written)
     calls = []
     real = q4r.repack
-    monkeypatch.setattr(q4r, "repack", lambda v, fp16=False: calls.append(v.data.dim()) or real(v, fp16))
+    monkeypatch.setattr(q4r, "repack", lambda v, kind=Scales.FP32: calls.append(v.data.dim()) or real(v, kind))
     first = [t.clone() for t in q4r.repacked(slots)]
     assert calls == [3]  # the whole weight, once
     assert all(torch.equal(a, b) for a, b in zip(q4r.repacked(slots), first)) and calls == [3]  # nothing written
@@ -192,7 +220,7 @@ def test_slots_are_repacked_once_per_write(monkeypatch):
     written[1] += 1
     got = q4r.repacked(slots)
     assert calls == [3, 2]  # slot 1 alone
-    fresh = real(PackedWeight(data, scale, WeightFormat.INT4, 32), runtime.Q4_SCALE_FP16)
+    fresh = real(PackedWeight(data, scale, WeightFormat.INT4, 32), q4r.scales())
     assert all(torch.equal(a, b) for a, b in zip(got, fresh))  # the copy holds the new bytes
     assert not torch.equal(got[0][1], first[0][1]) and torch.equal(got[0][0], first[0][0])
     q4r.repacked(slots)

@@ -8,9 +8,11 @@ copy (computed by torch) differ by at most BOUND relative (norm of the differenc
 elementwise by BOUND · max |logit|, where BOUND = 1e-4 (the kernels reassociate fp32 sums) + S · r:
 the integer paths (`runtime.Q8_ROWS`, `Q4_ROWS`) round each packed weight's input x per block, a
 relative input error of at most r = √block / (2·levels) (`linear.rounding_rel`: 8.6e-5 for blocks of
-32, 1.2e-4 for 64 with int16 x; int4 on the interleaved kernels rounds x to int8, levels 127:
-`linear.x_levels`, 2.2e-2 for groups of 32), and S counts the packed weights (each input rounding once on the path, a stage passing a
-relative input error on with gain ≤ 1 — the assumption of this bound).
+32, 1.2e-4 for 64 with int16 x; int4 on the interleaved kernels rounds x to int8 parts, levels
+127·254^(parts − 1): `linear.x_levels`, 2.2e-2 for groups of 32 with one part, 8.8e-5 with two), plus
+the fp16 scales such a call may read (`linear.scale_rel`: 2⁻¹¹), and S counts the packed weights (each
+input rounding once on the path, a stage passing a relative input error on with gain ≤ 1 — the
+assumption of this bound).
 """
 
 import pytest
@@ -20,7 +22,7 @@ pytest.importorskip("numba")
 
 from moetune.errors import CheckpointError  # noqa: E402
 from moetune.kernels.cpu.formats import dequantize  # noqa: E402
-from moetune.kernels.cpu.linear import rounding_rel, x_block, x_levels  # noqa: E402
+from moetune.kernels.cpu.linear import rounding_rel, scale_rel, x_block, x_levels  # noqa: E402
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat  # noqa: E402
 from moetune.model.dense_quant import dense_precision, packed_weights, quantize_dense  # noqa: E402
 from moetune.model.dense_quant import dense_slots  # noqa: E402
@@ -79,7 +81,8 @@ def _bound(model) -> float:
     moe = sum(1 for layer in model.layers if isinstance(layer.mlp, MoELayer))
     block = max(x_block(w) for w in packed)
     levels = min(x_levels(w) for w in packed)
-    return FP32_BOUND + (len(packed) + 2 * moe) * rounding_rel(block, levels)
+    scales = max(scale_rel(w) for w in packed)  # fp16 where a call of ≤ 16 rows reads them (the worst case)
+    return FP32_BOUND + (len(packed) + 2 * moe) * (rounding_rel(block, levels) + scales)
 
 
 def _within_bound(got: torch.Tensor, want: torch.Tensor, bound: float) -> None:

@@ -77,7 +77,8 @@ def test_cpu_kernel_on_packed_weights_equals_the_dequantised_reference(name):
         h = x[s:t] @ a[e].t()
         ref[s:t] = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ b[e].t()
     # the integer paths round x and the activation per block (`linear.rounding_rel`): two stages; int4 rounds
-    # them to int8 (`linear.x_levels`) and its interleaved copy's scales to fp16 (2⁻¹¹ relative each)
+    # them to int8 parts (at most one part's step: `linear.x_levels`) and may read its interleaved copy's
+    # scales in fp16 (2⁻¹¹ relative each)
     levels = 127 if name.startswith("int4") else 32767
     r = 0.0 if name == "fp32" else rounding_rel(fmt.group or X_BLOCK, levels) + (2.0 ** -11 if levels == 127 else 0)
     torch.testing.assert_close(y, ref, atol=1e-4 + 2 * r * ref.norm(dim=1).max().item(), rtol=1e-4)

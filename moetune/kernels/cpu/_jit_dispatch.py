@@ -6,7 +6,7 @@ compiled and each overload returns the one body that kind runs, the same kernels
 `experts.fused_experts_cpu` call for it, under the same rules:
 
   matmul_into(x, w, scale, y, parallel, q8, q4, q4x)   y [T, N] = x [T, K] @ W.T
-      int8 rows, T ≤ q8: `linear_q8` (integers); int4 interleaved (scales [N/16, G, 16], `q4r`):
+      int8 rows, T ≤ q8: `linear_q8` (integers); int4 interleaved (scales [S·N/16, G, 16], `q4r`):
       `linear_q4r` (x in q4x int8 parts, any T); int4, T ≤ q4: `linear_q4` (integers), else
       `linear_int4` on x split into even / odd columns (`split_int4`); fp32 (and int8 past q8):
       `linear_dense`. parallel: the parallel kernel, else its serial twin.
@@ -59,7 +59,7 @@ def matmul_into(x, w, scale, y, parallel, q8, q4, q4x):
 
 @overload(matmul_into, jit_options={"fastmath": True})
 def _matmul_into(x, w, scale, y, parallel, q8, q4, q4x):
-    if w.ndim == 3 and scale.ndim == 3:  # int4 interleaved (`q4r`): [N, G, H], scales [N/16, G, 16]
+    if w.ndim == 3 and scale.ndim == 3:  # int4 interleaved (`q4r`): [N, G, H], scales [S·N/16, G, 16]
         def int4r(x, w, scale, y, parallel, q8, q4, q4x):
             if parallel:
                 linear_q4r(x, w, scale, y, q4x[0], q4x[1])
@@ -101,7 +101,7 @@ def experts_into(x, offsets, active, experts, tuning, lanes, y):
 
 @overload(experts_into, jit_options={"fastmath": True})
 def _experts_into(x, offsets, active, experts, tuning, lanes, y):
-    if experts[0].ndim == 4 and experts[1].ndim == 4:  # int4 interleaved (`q4r`), scales [P, 2I/16, Gd, 16]
+    if experts[0].ndim == 4 and experts[1].ndim == 4:  # int4 interleaved (`q4r`), scales [P, S·2I/16, Gd, 16]
         def int4r(x, offsets, active, experts, tuning, lanes, y):
             w13, s13, w2, s2 = experts[0], experts[1], experts[2], experts[3]  # Experts
             a = np.empty((x.shape[0], w2.shape[2] * 2 * w2.shape[3]), np.float32)  # [N, I] activation

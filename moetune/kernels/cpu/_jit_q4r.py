@@ -6,22 +6,25 @@ the ones before: P = 1 is Q8_0-style, 2 ~16 bits, 3 ~fp32's 24) and the tiles ru
 of 16 weight rows, x row) pair: 4 x rows a tile, then 2, then 1 (3 parts: 4 with AVX-512, 2, then 1), so each
 unpacked weight chunk serves up to 4 x rows and each broadcast x chunk 16 weight rows. A call (an
 expert) of up to FEW_ROWS x rows takes `few` parts, a longer one `many` (`parts`; `runtime.Q4_X_PARTS_FEW`,
-`Q4_X_PARTS`).
+`Q4_X_PARTS`), and reads the scales of its row count (`call_rows`): a copy of one kind of scales
+([NB, G, 16] fp16 bits or fp32) gives them to every call; a copy of both ([3·NB, G, 16] int16,
+`q4r.Scales.BOTH`) its fp16 head to calls of up to FEW_ROWS rows and its fp32 tail to longer ones.
 
   linear_q4r(x, w, s, y, few, many)
-                                  y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [NB, G, 16])
+                                  y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [S·NB, G, 16])
   experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many)
                                   y[rows of e] = (silu(x W1ᵀ)·(x W3ᵀ)) W2ᵀ for each active expert e:
                                   w13 [E, 2I, Gd, Hd] (gate rows, then up rows: blocks of 16 never
                                   straddle the two, I being a multiple of the group), w2 [E, D, Gi, Hi],
-                                  their scales [E, 2I/16, Gd, 16] and [E, D/16, Gi, 16]; a [N, I] scratch.
+                                  their scales [E, S·2I/16, Gd, 16] and [E, S·D/16, Gi, 16]; a [N, I] scratch.
 Each has a serial twin (`*_serial`, the same work items on the calling thread).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from moetune.kernels.cpu._jit_experts import silu
 from moetune.kernels.cpu._opts import OPTS
@@ -98,6 +101,41 @@ def block_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol, P):
             q4r_tile_1p3(xq, xd, xc, m, w, s, nb, out, orow + m - m0, ocol)
 
 
+FEW_ROWS = 16  # x rows up to which a call (an expert) takes the `few` parts of x, else `many`, and
+# in a copy of both kinds of scales the fp16 ones, else the fp32 ones (`call_rows`)
+
+
+@njit(**OPTS)
+def parts(rows, few, many):
+    return few if rows <= FEW_ROWS else many
+
+
+def fp32_scales(s, NB):
+    """The fp32 tail [NB, G, 16] of a copy of both kinds of scales s [3·NB, G, 16] int16 (an fp32 copy:
+    itself)."""
+    raise NotImplementedError("fp32_scales runs inside numba kernels only")
+
+
+@overload(fp32_scales, jit_options={"fastmath": True})
+def _fp32_scales(s, NB):
+    if s.dtype == types.int16:
+        def tail(s, NB):
+            return s[NB:].reshape(NB, s.shape[1], 2 * ROWS).view(np.float32)  # int16 pairs → fp32
+        return tail
+    return lambda s, NB: s
+
+
+@njit(**OPTS)
+def call_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol, P, rows):
+    """`block_rows` with the scales a call (an expert) of `rows` x rows reads from its copy's s: the
+    first NB blocks (fp16 bits or fp32), or past FEW_ROWS rows in a copy of both, the fp32 tail."""
+    NB = w.shape[0] // ROWS
+    if rows > FEW_ROWS and s.shape[0] > NB:
+        block_rows(xq, xd, xc, m0, m1, w, fp32_scales(s, NB), nb, out, orow, ocol, P)
+    else:
+        block_rows(xq, xd, xc, m0, m1, w, s, nb, out, orow, ocol, P)
+
+
 @njit(**OPTS)
 def _x_buffers(M, K, G, P):
     return np.empty((M, P * K), np.int8), np.empty((M, G), F32), np.empty((M, P * G), I32)
@@ -105,14 +143,6 @@ def _x_buffers(M, K, G, P):
 
 SERIAL_X = 16384  # x elements up to which a call rounds x on the calling thread (a parallel region
 # wakes the other threads: more than rounding a few rows costs)
-
-
-FEW_ROWS = 16  # x rows up to which a call (an expert) takes the `few` parts of x, else `many`
-
-
-@njit(**OPTS)
-def parts(rows, few, many):
-    return few if rows <= FEW_ROWS else many
 
 
 @njit(parallel=True, **OPTS)
@@ -127,7 +157,7 @@ def linear_q4r(x, w, s, y, few, many):
         for m in prange(M):
             quantize_row(x, m, G, P, xq, xd, xc, m)
     for nb in prange(w.shape[0] // ROWS):
-        block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P)
+        call_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P, M)
 
 
 @njit(**OPTS)
@@ -138,7 +168,7 @@ def linear_q4r_serial(x, w, s, y, few, many):
     for m in range(M):
         quantize_row(x, m, G, P, xq, xd, xc, m)
     for nb in range(w.shape[0] // ROWS):
-        block_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P)
+        call_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P, M)
 
 
 @njit(**OPTS)
@@ -156,14 +186,15 @@ UP_BLOCKS = 4  # blocks of 16 activation columns per work item of the w13 pass (
 def _up_item(q, offsets, e, w13, s13, a, b0, b1, few, many):
     """a[rows of e, 16b:16b + 16] = silu(gate)·up of blocks b in [b0, b1) (gate block b, up block I/16 + b)."""
     xq, xd, xc = q
-    P = parts(offsets[e + 1] - offsets[e], few, many)
+    rows = offsets[e + 1] - offsets[e]
+    P = parts(rows, few, many)
     nbi = w13.shape[1] // (2 * ROWS)
     gu = np.empty((4, 2 * ROWS), F32)  # [x rows of a tile, gate | up]
     for b in range(b0, b1):
         for m0 in range(offsets[e], offsets[e + 1], 4):
             m1 = min(offsets[e + 1], m0 + 4)
-            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0, P)
-            block_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS, P)
+            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0, P, rows)
+            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS, P, rows)
             for i in range(m1 - m0):
                 for l in range(ROWS):
                     a[m0 + i, b * ROWS + l] = silu(gu[i, l]) * gu[i, ROWS + l]
@@ -194,8 +225,9 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
             _quantize_expert(a, offsets, active[t], Gi, few, many, qa)
     for t in prange(A * nbd):
         e = active[t % A]
-        block_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], t // A, y, offsets[e],
-                   (t // A) * ROWS, parts(offsets[e + 1] - offsets[e], few, many))
+        rows = offsets[e + 1] - offsets[e]
+        call_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], t // A, y, offsets[e],
+                  (t // A) * ROWS, parts(rows, few, many), rows)
 
 
 @njit(**OPTS)
@@ -205,9 +237,11 @@ def experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
     Pmax = max(few, many)
     q, qa = _x_buffers(N, D, Gd, Pmax), _x_buffers(N, I, Gi, Pmax)
     for e in active:
-        P = parts(offsets[e + 1] - offsets[e], few, many)
+        rows = offsets[e + 1] - offsets[e]
+        P = parts(rows, few, many)
         _quantize_expert(x, offsets, e, Gd, few, many, q)
         _up_item(q, offsets, e, w13, s13, a, 0, I // ROWS, few, many)
         _quantize_expert(a, offsets, e, Gi, few, many, qa)
         for b in range(D // ROWS):
-            block_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], b, y, offsets[e], b * ROWS, P)
+            call_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], b, y, offsets[e], b * ROWS, P,
+                      rows)

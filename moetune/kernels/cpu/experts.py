@@ -41,7 +41,7 @@ def experts_record(w13: PackedWeight, w2: PackedWeight, row_limit: int) -> Exper
     """One layer's experts (w13 [P, 2I, D], w2 [P, D, I], one fp32, int8 or int4 format) as the fused
     decode layer takes them (`records.Experts`): views of the weights, their row scales (ones for
     fp32); int4 weights viewed [P, N, G, group/2] with their group scales, as `experts_int4` takes them."""
-    if w13.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:  # interleaved (`q4r`): [P, 2I, Gd, Hd], [P, 2I/16, Gd, 16]
+    if w13.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:  # interleaved (`q4r`): [P, 2I, Gd, Hd], [P, S·2I/16, Gd, 16]
         (d13, s13), (d2, s2) = repacked(w13), repacked(w2)
         return Experts(numpy_view(d13), numpy_view(s13), numpy_view(d2), numpy_view(s2), weight_bytes(w13, w2), w13.data.shape[0],
                        int(row_limit))
@@ -140,7 +140,7 @@ def _run_dense(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.
 
 def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.Tensor) -> None:
     if runtime.Q4_INTERLEAVED:  # the interleaved layout against int8 x (`q4r`)
-        (d13, s13), (d2, s2) = repacked(w13), repacked(w2)  # [E, 2I, Gd, Hd] [E, 2I/16, Gd, 16], ...
+        (d13, s13), (d2, s2) = repacked(w13), repacked(w2)  # [E, 2I, Gd, Hd] [E, S·2I/16, Gd, 16] (`q4r.Scales`), ...
         a = torch.empty(x.shape[0], in_features(w2))  # [N, I] activation scratch
         k.experts_q4r(numpy_view(x), off, active, numpy_view(d13), numpy_view(s13), numpy_view(d2),
                       numpy_view(s2), a.numpy(), y.numpy(), runtime.Q4_X_PARTS_FEW,

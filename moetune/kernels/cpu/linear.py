@@ -13,7 +13,8 @@ theirs (x to int16 per group, nibbles unpacked in-register, one fp32 scale per g
 scales keep tensor-parallel meshes equal to one rank (`x_block_aligned`). Twins: `linear_q8_ref`,
 `linear_q4_ref`; both stay within `q8_bound` of `linear_ref`.
 With `runtime.Q4_INTERLEAVED` on (the default) int4 weights take the interleaved kernels at every M
-instead (`q4r`: x rounded per group to int8 parts, `runtime.Q4_X_PARTS`; twin `q4r.linear_q4r_ref`).
+instead (`q4r`: x rounded per group to int8 parts, `runtime.Q4_X_PARTS_FEW` / `Q4_X_PARTS`, the scales a
+call of M rows reads, `q4r.scale_fp16`; twin `q4r.linear_q4r_ref`).
 Which is faster at which M is measured in docs/cpu.md.
 """
 
@@ -23,7 +24,7 @@ import torch
 
 from moetune.kernels.cpu.formats import as_packed, check_int4_group, dequantize, in_features, weight_bytes
 from moetune.kernels.cpu import runtime
-from moetune.kernels.cpu.q4r import quantize_x_ref, repacked, x_parts
+from moetune.kernels.cpu.q4r import quantize_x_ref, repacked, scale_fp16, x_parts
 from moetune.kernels.cpu.q4r import x_levels as q4r_levels
 from moetune.kernels.cpu.runtime import launch, numpy_view, ones
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
@@ -84,7 +85,7 @@ def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, threads: int | None 
 
 def _linear_q4r(k, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """An int4 weight through the interleaved kernels (`q4r`), rows past N cut off."""
-    data, scale = repacked(w)  # [Npad, G, H], [Npad/16, G, 16]
+    data, scale = repacked(w)  # [Npad, G, H], [S·Npad/16, G, 16] (`q4r.Scales`)
     N = w.data.shape[0]
     y = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)  # [M, Npad]
     k.linear_q4r(numpy_view(x), numpy_view(data), numpy_view(scale), y.numpy(), runtime.Q4_X_PARTS_FEW,
@@ -116,6 +117,13 @@ def x_levels(w: PackedWeight, rows: int = 1) -> int:
     if w.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:
         return q4r_levels(x_parts(rows))
     return 32767
+
+
+def scale_rel(w: PackedWeight, rows: int = 1) -> float:
+    """How far the scales a call of `rows` x rows reads from w are from its own, relative: 2⁻¹¹ for int4
+    on the interleaved kernels in a call that reads the copy's fp16 scales (`q4r.scale_fp16`), else 0."""
+    fp16 = w.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED and scale_fp16(rows)
+    return 2.0 ** -11 if fp16 else 0.0
 
 
 def x_block(w: PackedWeight) -> int:
@@ -172,7 +180,7 @@ def linear_q4_ref(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
 def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """[M, N]: how far an integer path may be from `linear_ref` by rounding x:
     Σ_b (xs_b / 2)·Σ_{k in b} |W[n, k]| (xs_b: absmax of x's block b / `x_levels(w, M)`, `x_block` columns);
-    int4 on the interleaved kernels with fp16 scales (`runtime.Q4_SCALE_FP16`): + 2⁻¹¹·Σ_k |x[m, k]|·|W[n, k]|."""
+    int4 on the interleaved kernels in a call that reads fp16 scales (`q4r.scale_fp16`): + 2⁻¹¹·Σ_k |x[m, k]|·|W[n, k]|."""
     block = x_block(w)
     _, xs = quantize_rows_ref(x, block)  # [M, B]
     levels = x_levels(w, x.shape[0])
@@ -180,7 +188,7 @@ def q8_bound(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         _, xd = quantize_x_ref(x, block)  # [M, G]: absmax / 127
         xs = xd * 127 / levels
         wabs = dequantize(w).abs()  # [N, K]
-        fp16 = 2.0 ** -11 * (x.abs() @ wabs.t()) if runtime.Q4_SCALE_FP16 else 0.0  # ≤ 2⁻¹¹ relative each
+        fp16 = 2.0 ** -11 * (x.abs() @ wabs.t()) if scale_fp16(x.shape[0]) else 0.0  # ≤ 2⁻¹¹ relative each
         return (xs / 2) @ _per_block(wabs, block).sum(-1).t() + fp16
     wabs = _per_block(dequantize(w).abs(), block).sum(-1)  # [N, B]
     return (xs / 2) @ wabs.t()

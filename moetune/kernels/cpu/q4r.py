@@ -10,19 +10,24 @@ the twins, the GPU path and saving.
   data   [..., Npad, G, H] uint8   Npad = N rounded up to 16 (rows past N: zero bytes, scale 0);
                                    bytes of the block of rows 16b..16b+15, group g, in chunks of 4 bytes:
                                    chunk c of row 0, of row 1, ... of row 15, then chunk c + 1
-  scale  [..., Npad/16, G, 16]     the block's 16 rows' group-g scales side by side: rounded to fp16 (their
-                                   bits as int16; `runtime.Q4_SCALE_FP16`, the default: 2 bytes per 32
-                                   weights at g32 as llama.cpp's Q4_0; ≤ 2⁻¹¹ of each scale, groups with
-                                   absmax < 4.3e-4 subnormal, coarser; < ~2e-7 zero), or fp32
+  scale  [..., S·Npad/16, G, 16]  the block's 16 rows' group-g scales side by side (`Scales`, from the
+                                   runtime switches): FP16, S = 1: rounded to fp16, their bits as int16
+                                   (2 bytes per 32 weights at g32 as llama.cpp's Q4_0; ≤ 2⁻¹¹ of each
+                                   scale, groups with absmax < 4.3e-4 subnormal, coarser; < ~2e-7 zero);
+                                   FP32, S = 1: fp32; BOTH, S = 3, int16: the fp16 bits of the Npad/16
+                                   blocks, then their fp32 scales as int16 pairs ([Npad/16, G, 32]) — calls
+                                   of ≤ FEW_ROWS x rows (decode) read the first, longer calls the second
 
-x is rounded per group in int8 parts (`quantize_x_ref`, `x_parts`): by default one (llama.cpp's Q8_0
-activations), which with the fp16 scales moves the int4 rows of docs/cpu.md's quality table in their last
-digits; the exact mode (2 parts in calls of up to 16 rows, 3 beyond, fp32 scales) keeps them.
-Twin: `linear_q4r_ref` (the same rounding, the copy's scales, exact int64 sums).
+x is rounded per group in int8 parts (`quantize_x_ref`, `x_parts`). By default 2 parts with the fp16
+scales in calls of up to 16 rows and 3 parts with the fp32 scales beyond, which keeps the int4 rows of
+docs/cpu.md's quality table to the last digit while decode streams Q4_0's bytes; llama.cpp's numerics
+(1 part, fp16 scales) move them in their last digits; the exact mode (2 / 3 parts, fp32 scales) keeps them.
+Twin: `linear_q4r_ref` (the same rounding, the scales a call of its rows reads, exact int64 sums).
 """
 
 from __future__ import annotations
 
+import enum
 import weakref
 
 import torch
@@ -34,12 +39,47 @@ ROWS = 16  # `_simd_q4r.ROWS`
 CHUNK = 4  # bytes of one row per int32 lane
 PART = 254.0  # one x part's step ÷ the next's (`_simd_q4r.PART`)
 FEW_ROWS = 16  # `_jit_q4r.FEW_ROWS`
-_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
+_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor, tuple]] = {}
 
 
-def repack(w: PackedWeight, fp16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., Npad/16, G, 16]: fp32,
-    or with fp16 its bits as int16)."""
+class Scales(enum.Enum):
+    """The scales a repacked copy holds (module docstring: `scale`)."""
+    FP16 = "fp16"  # every call reads fp16 (llama.cpp's Q4_0)
+    FP32 = "fp32"  # every call reads fp32 (the checkpoint's values)
+    BOTH = "both"  # calls of ≤ FEW_ROWS x rows read fp16, longer ones fp32 (the default)
+
+
+def scales() -> Scales:
+    """The scales the runtime switches ask for (`runtime.Q4_SCALE_FP16_FEW`, `Q4_SCALE_FP16`)."""
+    few, many = runtime.Q4_SCALE_FP16_FEW, runtime.Q4_SCALE_FP16
+    if few == many:
+        return Scales.FP16 if few else Scales.FP32
+    if not few:
+        raise ValueError("int4: fp32 scales in calls of ≤ 16 rows and fp16 beyond is not a mode the kernels have "
+                         "(runtime.Q4_SCALE_FP16_FEW False, Q4_SCALE_FP16 True)")
+    return Scales.BOTH
+
+
+def scale_fp16(rows: int) -> bool:
+    """Whether a call (an expert) of `rows` x rows reads fp16 scales (`_jit_q4r.call_scales`)."""
+    return runtime.Q4_SCALE_FP16_FEW if rows <= FEW_ROWS else runtime.Q4_SCALE_FP16
+
+
+def _block_scales(s: torch.Tensor, kind: Scales) -> torch.Tensor:
+    """[..., NB, G, 16] fp32 → the copy's scales (module docstring): fp32, fp16 bits, or both (int16)."""
+    half = s.half().contiguous().view(torch.int16)  # [..., NB, G, 16]
+    if kind == Scales.FP16:
+        return half
+    if kind == Scales.FP32:
+        return s.contiguous()
+    *lead, NB, G, _ = s.shape
+    wide = s.contiguous().view(torch.int16).reshape(*lead, 2 * NB, G, 16)  # fp32 bits as int16 pairs
+    return torch.cat((half, wide), dim=-3)  # [..., 3·NB, G, 16]
+
+
+def repack(w: PackedWeight, kind: Scales = Scales.FP32) -> tuple[torch.Tensor, torch.Tensor]:
+    """An INT4 weight [..., N, K/2] → (data [..., Npad, G, H] uint8, scale [..., S·Npad/16, G, 16]: fp32,
+    fp16 bits as int16, or both as int16 (`kind`; module docstring))."""
     if w.fmt != WeightFormat.INT4:
         raise ValueError(f"only int4 weights are repacked, not {w.fmt.name}")
     *lead, N, half = w.data.shape
@@ -53,8 +93,7 @@ def repack(w: PackedWeight, fp16: bool = False) -> tuple[torch.Tensor, torch.Ten
     n = len(lead)
     d = d.permute(*range(n), n, n + 2, n + 3, n + 1, n + 4)  # [..., NB, G, C, 16, 4]
     s = scale.reshape(*lead, NB, ROWS, G).transpose(-1, -2)  # [..., NB, G, 16]
-    s = s.half().contiguous().view(torch.int16) if fp16 else s.contiguous()
-    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), s
+    return d.reshape(*lead, NB * ROWS, G, H).contiguous(), _block_scales(s, kind)
 
 
 def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,33 +103,33 @@ def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     (`PackedWeight.generation`: only the slots written since are repacked, into the cached copy). An
     inference tensor (made under `torch.inference_mode`) has no version counter, and a weight marked
     unstable is written untracked: those without write counts are repacked on every call, never cached."""
-    fp16 = runtime.Q4_SCALE_FP16
+    kind = scales()
     if w.generation is not None and w.stable:
-        return _slots_repacked(w, fp16)
+        return _slots_repacked(w, kind)
     if not w.stable or w.data.is_inference() or w.scale.is_inference():
-        return repack(w, fp16)
-    key, version = id(w.data), (w.data._version, w.scale._version, fp16)
+        return repack(w, kind)
+    key, version = id(w.data), (w.data._version, w.scale._version, kind)
     hit = _CACHE.get(key)
     if hit is None or hit[2] != version:
         if hit is None:
             weakref.finalize(w.data, _CACHE.pop, key, None)
-        hit = _CACHE[key] = (*repack(w, fp16), version)
+        hit = _CACHE[key] = (*repack(w, kind), version)
     return hit[0], hit[1]
 
 
-def _slots_repacked(w: PackedWeight, fp16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _slots_repacked(w: PackedWeight, kind: Scales) -> tuple[torch.Tensor, torch.Tensor]:
     """`repacked` of a weight [P, N, K/2] whose slots count their writes (w.generation [P]): the cached
     copy [P, ...] with the slots written since the last call repacked again, one by one."""
     key, now = id(w.data), w.generation.clone()  # [P]: a snapshot (a prefetch thread may write meanwhile)
     hit = _CACHE.get(key)
-    if hit is None or hit[2][0] != fp16:
+    if hit is None or hit[2][0] != kind:
         if hit is None:
             weakref.finalize(w.data, _CACHE.pop, key, None)
-        hit = _CACHE[key] = (*repack(w, fp16), (fp16, now))
+        hit = _CACHE[key] = (*repack(w, kind), (kind, now))
         return hit[0], hit[1]
     seen = hit[2][1]  # [P]
     for i in (now != seen).nonzero().flatten().tolist():
-        d, sc = repack(PackedWeight(w.data[i], w.scale[i], w.fmt, w.group_size), fp16)
+        d, sc = repack(PackedWeight(w.data[i], w.scale[i], w.fmt, w.group_size), kind)
         hit[0][i], hit[1][i] = d, sc
         seen[i] = now[i]
     return hit[0], hit[1]
@@ -140,8 +179,8 @@ def quantize_x_ref(x: torch.Tensor, group: int, parts: int = 1) -> tuple[torch.T
 
 def linear_q4r_ref(x: torch.Tensor, w: PackedWeight, parts: int | None = None) -> torch.Tensor:
     """Twin of the interleaved int4 kernels: x rounded as they round it (`parts`: as a call of x's rows
-    takes, `x_parts`), each part's group sums exact (int64), Σ_p 254⁻ᵖ·sum_p times both scales (the
-    copy's: fp16 with `runtime.Q4_SCALE_FP16`), summed in float64. [M, K] fp32 → [M, N] fp32."""
+    takes, `x_parts`), each part's group sums exact (int64), Σ_p 254⁻ᵖ·sum_p times both scales (the ones
+    a call of x's rows reads: fp16 or fp32, `scale_fp16`), summed in float64. [M, K] fp32 → [M, N] fp32."""
     M, K = x.shape
     parts = x_parts(M) if parts is None else parts
     xq, xd = quantize_x_ref(x, w.group_size, parts)  # [M, P, K], [M, G]
@@ -151,5 +190,5 @@ def linear_q4r_ref(x: torch.Tensor, w: PackedWeight, parts: int | None = None) -
     acc = torch.einsum("mpgk,ngk->mpng", xq.to(torch.int64).reshape(M, parts, G, w.group_size), q)  # [M, P, N, G]
     weights = PART ** -torch.arange(parts, dtype=torch.float64)  # [P]
     total = (acc.double() * weights[None, :, None, None]).sum(1)  # [M, N, G]
-    scale = (w.scale.half() if runtime.Q4_SCALE_FP16 else w.scale).double()  # [N, G]: the copy's scales
+    scale = (w.scale.half() if scale_fp16(M) else w.scale).double()  # [N, G]: the scales the call reads
     return (total * scale[None] * xd.double()[:, None, :]).sum(-1).float()

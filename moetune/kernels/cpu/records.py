@@ -126,7 +126,7 @@ def projection(weight, bias=None) -> Projection:
     int4 with one per group) and bias [N], CPU tensors (views, not copies when contiguous)."""
     b = EMPTY if bias is None else numpy_view(bias)
     if isinstance(weight, PackedWeight) and weight.fmt == WeightFormat.INT4 and interleaved(weight):
-        data, scale = repacked(weight)  # [N, G, H] interleaved, [N/16, G, 16] (`q4r`)
+        data, scale = repacked(weight)  # [N, G, H] interleaved, [S·N/16, G, 16] (`q4r.Scales`)
         return Projection(numpy_view(data), numpy_view(scale), b)
     if isinstance(weight, PackedWeight) and weight.fmt == WeightFormat.INT4:
         N = weight.data.shape[0]

@@ -21,13 +21,14 @@ INT8_ROW = True  # int8 weights against a single x row take the integer path (`_
 Q8_ROWS = 16  # ... and against up to this many x rows (`linear`, the fused layer; 1: one row only)
 Q4_INTERLEAVED = True  # int4 weights run the interleaved kernels (`q4r`, `_jit_q4r`, every row count);
 # off: the int16 path below (Q4_ROWS) and the fp32 nibble split (docs/cpu.md)
-Q4_X_PARTS_FEW = 1  # x on the interleaved kernels, per group: int8 parts, each the rounded residual of
-Q4_X_PARTS = 1  # the ones before (1: 8 bits, llama.cpp's Q8_0; 2: ~16, the old int16 path's; 3: ~fp32's
-# 24), in calls (experts) of up to 16 x rows (FEW) and beyond
-Q4_SCALE_FP16 = True  # the repacked copy's scales in fp16 (as Q4_0: ~10 % fewer bytes at g32), else fp32
-# Default: llama.cpp's Q8_0 x Q4_0 numerics (moves docs/cpu.md's int4 quality rows in their last digits).
-# Exact mode: FEW 2, PARTS 3, SCALE_FP16 False — the table to the last digit, at 0.82-0.88x llama.cpp's
-# int4 decode b=1 (docs/cpu.md, "Where issue 40 stands": the fp32 scales' bytes and the second part)
+Q4_X_PARTS_FEW = 2  # x on the interleaved kernels, per group: int8 parts, each the rounded residual of
+Q4_X_PARTS = 3  # the ones before (1: 8 bits, llama.cpp's Q8_0; 2: ~16, the old int16 path's; 3: ~fp32's
+# 24), in calls (experts) of up to 16 x rows (FEW: decode) and beyond (prefill)
+Q4_SCALE_FP16_FEW = True  # the scales those calls read: fp16 (Q4_0's 18 bytes per 32 weights at g32, what
+Q4_SCALE_FP16 = False  # decode streams), else fp32; the repacked copy holds the kinds read (`q4r.Scales`)
+# Default (2, 3, fp16, fp32): docs/cpu.md's int4 quality rows to the last digit, decode reading Q4_0's
+# bytes. llama.cpp's numerics: 1, 1, fp16, fp16 (int8 x, Q8_0 x Q4_0: moves the int4 rows in their last
+# digits). Exact mode: 2, 3, fp32, fp32 (docs/cpu.md, "Exact mode").
 Q4_ROWS = 16  # int4 weights against up to this many x rows take the integer path (`_simd`; 0: never)
 # Measured end to end (docs/cpu.md): Q8_ROWS 16 1.09x at b=16; Q4_ROWS 1 / 16 1.80x at b=1, 1.31x at
 # b=16. x is rounded per block of columns (`_jit_q8`), so tensor-parallel meshes equal one rank.
