@@ -23,8 +23,8 @@ vLLM is served from the directory `moetune search` emits for it (the checkpoint 
 separate mtp.safetensors, which vLLM cannot load), with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and
 VLLM_CPU_OMP_THREADS_BIND=auto. With --lock, each server's start is done under a shared flock and
 its timed load under an exclusive one, one hold per concurrency (each well under 5 minutes), with
-/proc/loadavg read at the start of each; moetune serve starts under an exclusive hold too (it
-chooses its OpenMP wait policy from the load it sees at start).
+/proc/loadavg read at the start of each; moetune serve starts under an exclusive hold too (its
+warm-up compiles kernels, serve/warmup.py; its OpenMP wait no longer depends on the load at start).
 """
 
 from __future__ import annotations
@@ -98,9 +98,8 @@ def load(url: str, c: int, output_len: int) -> dict:
 
 
 def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int) -> dict:
-    # moetune serve chooses how its OpenMP threads wait from the machine's load at start (engine/threads.py):
-    # started under the exclusive hold it sees the machine its timed load will run on (~20 s); vLLM's
-    # minutes-long start does not choose anything from the load and runs under the shared one
+    # moetune serve starts under the exclusive hold (~10 s: the load and the warm-up's kernels, which
+    # would slow whatever else is timed); vLLM's minutes-long start runs under the shared one
     with held(args.lock, exclusive=name == "moetune"):
         server = start(argv, work / f"{name}-{rnd}.log", env)
     try:

@@ -23,7 +23,11 @@ from collections.abc import Iterator
 SPIN_COUNT = 100_000  # libgomp spin iterations before an idle worker sleeps (a fraction of a millisecond)
 
 
-def choose_wait_policy() -> str:
+SERVER_WAIT = "a server's, whatever the load at its start"  # why a server spins (wait_policy's report)
+_chosen: list[str] = []  # how choose_wait_policy decided in this process: "server", "load" or "environment"
+
+
+def choose_wait_policy(server: bool = False) -> str:
     """How the OpenMP threads of both runtimes (torch's, the CPU kernels') wait between parallel
     regions, set in the environment before torch and numba load them; returns "spin", "sleep" or
     "environment" (an `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` already set wins).
@@ -34,10 +38,18 @@ def choose_wait_policy() -> str:
     than with sleeping workers (docs/cpu.md). On a busy machine spinning workers take the cores
     other processes want and get descheduled mid-region: 2-3× slower there, so the threads sleep
     as soon as a region ends (`OMP_WAIT_POLICY=PASSIVE`). Busy means other runnable tasks at least
-    as many as the cores this process may use, read once, at start (`machine_busy`)."""
+    as many as the cores this process may use, read once, at start (`machine_busy`).
+
+    `server` (`moetune serve`): spin, without reading the load. A server runs for hours, and what
+    runs beside it at its start (a benchmark's client, the server it replaced winding down, a build)
+    says nothing of the load it will serve under; its own front end and clients it meets either way,
+    and sleeping workers cost it 40-55 % of its tokens/s at C = 1 and 64 on 2 cores (docs/benchmarks.md). An
+    `OMP_WAIT_POLICY=PASSIVE` in its environment still makes it sleep, where the machine stays busy."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        _chosen[:] = ["environment"]
         return "environment"
-    if machine_busy():
+    _chosen[:] = ["server" if server else "load"]
+    if not server and machine_busy():
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         return "sleep"
     os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
@@ -82,7 +94,8 @@ def wait_policy() -> str:
         policy = os.environ["OMP_WAIT_POLICY"].upper()
         return f"{'sleep' if policy == 'PASSIVE' else 'spin'} (OMP_WAIT_POLICY={policy})"
     if "GOMP_SPINCOUNT" in os.environ:
-        return f"spin (GOMP_SPINCOUNT={os.environ['GOMP_SPINCOUNT']})"
+        why = f"; {SERVER_WAIT}" if _chosen == ["server"] else ""
+        return f"spin (GOMP_SPINCOUNT={os.environ['GOMP_SPINCOUNT']}{why})"
     return "OpenMP default"
 
 

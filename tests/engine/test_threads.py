@@ -87,3 +87,18 @@ def test_the_console_script_chooses_before_torch_loads():
     torch_loaded, policy, spin = out.stdout.split()[-3:]
     assert torch_loaded == "False"  # --help stays instant, and the policy is set before torch's OpenMP loads
     assert (policy, spin) in (("PASSIVE", "None"), ("None", "100000"))
+
+
+def test_a_server_spins_whatever_runs_beside_it_at_its_start(monkeypatch):
+    from moetune.engine import threads
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "runnable_others", lambda: 10 * threads.available_cores())  # a client, a build
+    assert threads.choose_wait_policy(server=True) == "spin"
+    assert "OMP_WAIT_POLICY" not in threads.os.environ
+    assert threads.wait_policy() == f"spin (GOMP_SPINCOUNT={threads.SPIN_COUNT}; {threads.SERVER_WAIT})"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the user's word still wins
+    assert threads.choose_wait_policy(server=True) == "environment"
+    assert threads.wait_policy() == "sleep (OMP_WAIT_POLICY=PASSIVE)"

@@ -14,7 +14,8 @@ from types import ModuleType
 
 from moetune.kernels.cpu.arrays import fp32_cpu, numpy_view, ones
 
-__all__ = ["compiled_signatures", "current_threads", "fp32_cpu", "jit", "jit_layer", "launch", "numpy_view", "ones", "set_threads"]
+__all__ = ["compiled_signatures", "current_threads", "fp32_cpu", "jit", "jit_layer", "launch", "numpy_view", "ones",
+           "set_threads"]
 
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 INT8_ROW = True  # int8 weights against a single x row take the integer path (`_jit_q8`; A/B: docs/cpu.md)
