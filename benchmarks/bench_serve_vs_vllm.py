@@ -112,7 +112,8 @@ def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int
               + f" (loadavg before each C: {'; '.join(' '.join(v) for v in loads.values())})", flush=True)
         return {"rows": rows, "loadavg": loads[args.concurrency[0]], "loadavg_by_c": loads,
                 "omp_wait": omp_wait(work / f"{name}-{rnd}.log"),
-                "stream_interval": first_line_field(work / f"{name}-{rnd}.log", "stream interval: ")}
+                "stream_interval": first_line_field(work / f"{name}-{rnd}.log", "stream interval: "),
+                "first_line": first_line(work / f"{name}-{rnd}.log")}
     finally:
         server.stop()
 
@@ -122,6 +123,14 @@ def omp_wait(log: Path) -> str:
     for line in reversed(log.read_text(errors="replace").splitlines()):  # the latest start (the log appends)
         if "OpenMP wait: " in line:
             return line.split("OpenMP wait: ", 1)[1].rstrip()[:-1]  # without the line's closing bracket
+    return ""
+
+
+def first_line(log: Path) -> str:
+    """moetune serve's first line, of its latest start ("" for vLLM)."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("moetune serve: "):
+            return line
     return ""
 
 
