@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from moetune.engine.engine import Engine, EngineStats
 from moetune.engine.sampling import SamplingParams
+from moetune.errors import RequestError
 from moetune.kernels.cpu.runtime import compiled_signatures
 
 PROMPT_LENS = (5, 17, 48, 130, 300)  # tokens; a block is 16 by default: one block, partial, several
@@ -75,24 +76,30 @@ def warm_engine(engine: Engine) -> WarmReport:
     forget the requests; → what it took."""
     before, t0 = compiled_signatures(), time.perf_counter()
     plan = warm_plan(engine.model.spec.vocab_size, engine.max_len, engine.config.max_num_seqs)
-    steps = sum(_run_group(engine, group) for group in plan)
+    ran = [_run_group(engine, group) for group in plan]  # [(steps, requests)]
     forget(engine)
     after = compiled_signatures()
     added = sum(n - before.get(name, 0) for name, n in after.items())
-    return WarmReport(time.perf_counter() - t0, steps, sum(map(len, plan)), added)
+    return WarmReport(time.perf_counter() - t0, sum(s for s, _ in ran), sum(n for _, n in ran), added)
 
 
-def _run_group(engine: Engine, group: list[WarmRequest]) -> int:
-    """Step the engine until `group` is done (each request added at its `after_steps`); → steps taken."""
+def _run_group(engine: Engine, group: list[WarmRequest]) -> tuple[int, int]:
+    """Step the engine until `group` is done (each request added at its `after_steps`; one this engine
+    could never run, e.g. a prompt over max_num_batched_tokens without chunked prefill, is left out);
+    → (steps taken, requests run)."""
     pending = sorted(group, key=lambda r: r.after_steps)
-    steps = 0
+    steps = added = 0
     while pending or engine.has_unfinished():
         while pending and pending[0].after_steps <= steps:
             r = pending.pop(0)
-            engine.add_request(r.prompt, r.params)
+            try:
+                engine.add_request(r.prompt, r.params)
+                added += 1
+            except RequestError:
+                continue
         engine.step()
         steps += 1
-    return steps
+    return steps, added
 
 
 def forget(engine: Engine) -> None:

@@ -68,3 +68,14 @@ def test_the_warm_up_changes_no_token():
     before = _run(engine, prompts, params)
     warm_engine(engine)
     assert _run(engine, prompts, params) == before
+
+
+def test_an_engine_that_cannot_take_every_warm_up_prompt_still_warms_and_starts():
+    from moetune.engine.build import build_generator
+    from moetune.serve.warmup import warm_engine
+
+    generator = build_generator(parse_config({"model": {"path": "stdlib-moe", "device": "cpu"},
+                                              "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 64,
+                                                         "chunked_prefill": False, "num_kv_blocks": 12}}))
+    report = warm_engine(generator.engine)  # prompts over 64 tokens (or 12 blocks) are left out
+    assert report.steps > 0 and not generator.engine.has_unfinished()
