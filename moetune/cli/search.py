@@ -20,9 +20,9 @@ def search(
     engine_timeout_s: float = typer.Option(900.0, "--engine-timeout-s", help="Seconds the engine may take to "
                                                                              "become healthy."),
     remeasure_on: Optional[Tuple[str, int]] = typer.Option(None, "--remeasure-on", metavar="ENGINE K",
-                                                 help="After a simulated search, measure the top K on ENGINE "
-                                                      "(vllm | sglang), estimate beside measurement; the ranking "
-                                                      "then puts measured values first."),
+                                                 help="After a simulated search, measure the best K trials ENGINE "
+                                                      "(vllm | sglang) can run, estimate beside measurement; the "
+                                                      "ranking then puts measured values first."),
     study: str = typer.Option("moetune-search", "--study", help="Study name; the same name continues the study."),
     storage: Optional[str] = typer.Option(None, "--storage", help="RDB URL (default: sqlite:///OUT/study.db; "
                                                                   "postgresql://... for several workers)."),
@@ -55,7 +55,7 @@ def search(
                          "without a limit: columns in trials.csv and the report."),
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
                                                     "failed and re-queued (after a crash)."),
-    remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the top N here after a simulated search."),
+    remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the best N trials that run here after a simulated search."),
     allow_changed_inputs: bool = flag(False, "--allow-changed-inputs", help="Continue a study under another "
                                               "--trace or --space (refused by default: its trials would mix)."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),
@@ -185,7 +185,8 @@ def _run(settings, printer) -> None:
     if result.remeasured:
         from moetune.search.study.tables import remeasure_table
 
-        printer.table(remeasure_table(result.remeasured))
+        where = settings.engine.engine if settings.remeasure_on and settings.engine else "this machine"
+        printer.table(remeasure_table(result.remeasured, where))
     for name, path in result.files.items():
         printer.line(f"{name}: {path}")
 

@@ -231,11 +231,11 @@ def finish(settings: SearchSettings, setup: Setup, study, evaluator: Evaluator, 
 
         extra.append(quality_table(lookup))
     if settings.remeasure and settings.evaluator == "simulate" and setup.hardware.name == "this-machine":
-        result.remeasured = remeasure(setup, settings, best[: settings.remeasure])
+        result.remeasured = remeasure(setup, settings, best, settings.remeasure)
         extra.append(remeasure_table(result.remeasured))
     engine_pairs = []
     if settings.remeasure_on and settings.evaluator == "simulate":
-        engine_pairs = remeasure(setup, settings, best[: settings.remeasure_on], "engine")
+        engine_pairs = remeasure(setup, settings, best, settings.remeasure_on, "engine")
         result.remeasured += engine_pairs
         best = result.ranked = measured_first(best, engine_pairs, objectives)  # measured values where they exist
         result.winner = best[0]
@@ -418,18 +418,34 @@ def engine_outputs(settings: SearchSettings, all_rows: list, pairs: list, winner
     return [("estimate_vs_measured.png", png)] if png else []
 
 
-def remeasure(setup: Setup, settings: SearchSettings, top: list[TrialRow], kind: str = "measure") -> list:
-    """(row, measured Metrics or None, why not) of each of `top`, measured here (`measure`) or on the engine."""
+def runnable_top(ranked: list[TrialRow], k: int, check) -> tuple[list[TrialRow], list[tuple[TrialRow, str]]]:
+    """The first k rows of `ranked` that `check` (deployment → why not, or None) passes, and the rows ranked
+    above the last of them that it refused, each with why."""
+    take, refused = [], []
+    for row in ranked:
+        if len(take) == k:
+            break
+        why = check(row.deployment)
+        if why:
+            refused.append((row, why))
+        else:
+            take.append(row)
+    return take, refused
+
+
+def remeasure(setup: Setup, settings: SearchSettings, ranked: list[TrialRow], k: int, kind: str = "measure") -> list:
+    """(row, measured Metrics or None, why not) of the best k of `ranked` that can run here (`measure`) or on the
+    engine; a better-ranked trial that cannot is listed with its reason (at most k of them, the count of the
+    rest in the last one's reason), not measured."""
     evaluator = make_evaluator(kind, setup, settings)
-    out = []
-    for row in top:
-        d = row.deployment
-        reason = evaluator.check(d)
-        if reason:
-            out.append((row, None, reason))
-            continue
+    take, refused = runnable_top(ranked, k, evaluator.check)
+    out = [(row, None, f"not run: {why}") for row, why in refused[:k]]
+    if len(refused) > k:
+        row, _, why = out[-1]
+        out[-1] = (row, None, f"{why} (and {len(refused) - k} more better-ranked trials not run)")
+    for row in take:
         try:
-            out.append((row, evaluator.evaluate(d), None))
+            out.append((row, evaluator.evaluate(row.deployment), None))
         except Exception as exc:  # a failed re-measure is a row of the table, not the end of the report
             out.append((row, None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
     return out

@@ -144,19 +144,20 @@ def states_table(rows: list[TrialRow]) -> Table:
     return Table("Trials by state (pruned / failed: why)", ["state", "trials"], out)
 
 
-def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]]) -> Table:
+def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]], where: str = "this machine") -> Table:
     cols = ["trial", "deployment", "output tok/s (estimated)", "output tok/s (measured)", "TPOT ms (estimated)",
             "TPOT ms (measured)", "TTFT ms (estimated)", "TTFT ms (measured)", "error"]
     out = []
     for r, m, err in pairs:
         e = r.metrics or {}
         if m is None:
-            out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", "failed", "", "", "",
+            state = "not run" if (err or "").startswith("not run") else "failed"
+            out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", state, "", "", "",
                         "", err or ""])
             continue
         rel = (e.get("output_tok_s", 0) - m.output_tok_s) / m.output_tok_s if m.output_tok_s else 0.0
         out.append([str(r.number), describe(r.deployment), f"{e.get('output_tok_s', 0):.4g}", f"{m.output_tok_s:.4g}",
                     f"{e.get('tpot_ms', 0):.4g}", f"{m.tpot_ms:.4g}", f"{e.get('ttft_ms', 0):.4g}",
                     f"{m.ttft_ms:.4g}", f"{rel:+.1%}"])
-    return Table("Top trials re-measured on this machine: estimated vs measured", cols, out,
+    return Table(f"Top trials re-measured on {where}: estimated vs measured", cols, out,
                  "error = (estimated − measured) / measured output tokens/s")
