@@ -55,7 +55,8 @@ def main() -> None:
     from moetune.engine.threads import choose_wait_policy
 
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-    choose_wait_policy(server=command == "serve")  # before torch loads its OpenMP runtime (docs/cpu.md)
+    serving = command == "serve" and "--help" not in sys.argv  # (a server reads the load for ~1 s)
+    choose_wait_policy(server=serving)  # before torch loads its OpenMP runtime (docs/cpu.md)
     keep_freed_memory()  # before the first big tensor (engine/heap.py)
 
     try:
