@@ -23,8 +23,8 @@ vLLM is served from the directory `moetune search` emits for it (the checkpoint 
 separate mtp.safetensors, which vLLM cannot load), with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and
 VLLM_CPU_OMP_THREADS_BIND=auto. With --lock, each server's start is done under a shared flock and
 its timed load under an exclusive one, one hold per concurrency (each well under 5 minutes), with
-/proc/loadavg read at the start of each; moetune serve starts under an exclusive hold too (it
-chooses its OpenMP wait policy from the load it sees at start).
+/proc/loadavg read at the start of each; moetune serve starts under an exclusive hold too (its
+warm-up compiles kernels, serve/warmup.py; its OpenMP wait no longer depends on the load at start).
 """
 
 from __future__ import annotations
@@ -98,9 +98,8 @@ def load(url: str, c: int, output_len: int) -> dict:
 
 
 def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int) -> dict:
-    # moetune serve chooses how its OpenMP threads wait from the machine's load at start (engine/threads.py):
-    # started under the exclusive hold it sees the machine its timed load will run on (~20 s); vLLM's
-    # minutes-long start does not choose anything from the load and runs under the shared one
+    # moetune serve starts under the exclusive hold (~10 s: the load and the warm-up's kernels, which
+    # would slow whatever else is timed); vLLM's minutes-long start runs under the shared one
     with held(args.lock, exclusive=name == "moetune"):
         server = start(argv, work / f"{name}-{rnd}.log", env)
     try:
@@ -113,7 +112,8 @@ def one_server(name: str, argv: list[str], env: dict, args, work: Path, rnd: int
               + f" (loadavg before each C: {'; '.join(' '.join(v) for v in loads.values())})", flush=True)
         return {"rows": rows, "loadavg": loads[args.concurrency[0]], "loadavg_by_c": loads,
                 "omp_wait": omp_wait(work / f"{name}-{rnd}.log"),
-                "stream_interval": first_line_field(work / f"{name}-{rnd}.log", "stream interval: ")}
+                "stream_interval": first_line_field(work / f"{name}-{rnd}.log", "stream interval: "),
+                "first_line": first_line(work / f"{name}-{rnd}.log")}
     finally:
         server.stop()
 
@@ -123,6 +123,14 @@ def omp_wait(log: Path) -> str:
     for line in reversed(log.read_text(errors="replace").splitlines()):  # the latest start (the log appends)
         if "OpenMP wait: " in line:
             return line.split("OpenMP wait: ", 1)[1].rstrip()[:-1]  # without the line's closing bracket
+    return ""
+
+
+def first_line(log: Path) -> str:
+    """moetune serve's first line, of its latest start ("" for vLLM)."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("moetune serve: "):
+            return line
     return ""
 
 

@@ -152,6 +152,7 @@ class ServeConfig(_Section):
     head_timeout_s: float = Field(10.0, gt=0, le=600)  # a request head not complete by then gets 408
     slow_heads_per_client: int = Field(256, ge=1)  # heads one address may keep incomplete over 1 s; more get 408
     stream_interval: int | None = Field(None, ge=1)  # engine steps between a request's token hand-overs; None: auto
+    warmup: bool = True  # before listening: run the kinds of step the first requests need (serve/warmup.py)
 
 
 class QuantConfig(_Section):

@@ -7,6 +7,7 @@ Every failure goes through one funnel (`cli/funnel.py`): one line on stderr and 
 from __future__ import annotations
 
 import gc
+import sys
 
 import typer
 
@@ -53,7 +54,9 @@ def main() -> None:
     from moetune.engine.heap import keep_freed_memory
     from moetune.engine.threads import choose_wait_policy
 
-    choose_wait_policy()  # before torch loads its OpenMP runtime (docs/cpu.md)
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    serving = command == "serve" and "--help" not in sys.argv  # (a server reads the load for ~1 s)
+    choose_wait_policy(server=serving)  # before torch loads its OpenMP runtime (docs/cpu.md)
     keep_freed_memory()  # before the first big tensor (engine/heap.py)
 
     try:

@@ -32,6 +32,7 @@ class Server:
     app: object  # FastAPI
     state: object  # ServerState
     stream_interval: str = "1 step"  # the engine steps between token hand-overs, and why (serve/stream_interval.py)
+    warmup: str = "no warm-up"  # what the warm-up before listening took (serve/warmup.py)
 
 
 def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
@@ -42,10 +43,12 @@ def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
     from moetune.engine.threads import available_cores
     from moetune.serve.fairness import SlotGate
     from moetune.serve.stream_interval import choose_interval
+    from moetune.serve.warmup import warm_engine
     from moetune.serve.worker import EngineWorker
 
     target = resolve_target(cfg)
     generator = build_generator(target)  # once: the checkpoint checked, device and dtype
+    warmed = warm_engine(generator.engine) if cfg.serve.warmup else None  # on the thread that will step it
     interval, why = choose_interval(cfg.serve.stream_interval, target.device.type, torch.get_num_threads(),
                                     available_cores())
 
@@ -56,6 +59,8 @@ def build_server(cfg: RunConfig, api_key: str | None = None) -> Server:
 
     server = assemble_server(cfg, api_key, generator, worker)
     server.stream_interval = f"{interval} step{'s' if interval > 1 else ''} ({why})"
+    if warmed is not None:
+        server.warmup = warmed.line()
     return server
 
 
@@ -134,7 +139,7 @@ def run_server(cfg: RunConfig, api_key: str | None = None) -> None:
 
     print(f"moetune serve: {server.state.model_name} on http://{host}:{port} "
           f"(OpenAI API under /v1; SIGTERM or Ctrl-C stops; stream interval: {server.stream_interval}; "
-          f"OpenMP wait: {wait_policy()})", file=sys.stderr, flush=True)
+          f"{server.warmup}; OpenMP wait: {wait_policy()})", file=sys.stderr, flush=True)
     uv = CleanExitServer(uvicorn_config(server.app, "info", cfg.serve), server.state, cfg.serve.drain_timeout_s)
 
     def fatal(reason: str) -> None:  # on the engine thread

@@ -87,3 +87,31 @@ def test_the_console_script_chooses_before_torch_loads():
     torch_loaded, policy, spin = out.stdout.split()[-3:]
     assert torch_loaded == "False"  # --help stays instant, and the policy is set before torch's OpenMP loads
     assert (policy, spin) in (("PASSIVE", "None"), ("None", "100000"))
+
+
+def test_a_server_sleeps_only_where_the_machine_stays_busy_over_its_start(monkeypatch):
+    from moetune.engine import threads
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    cores = threads.available_cores()
+    reads = iter([10 * cores] * 19 + [0] * 6)  # a load that passes: busy in 19 of 25 reads
+    monkeypatch.setattr(threads, "runnable_others", lambda **kw: next(reads))
+    assert threads.choose_wait_policy(server=True) == "spin"
+    assert "OMP_WAIT_POLICY" not in threads.os.environ
+    assert threads.wait_policy() == (f"spin (GOMP_SPINCOUNT={threads.SPIN_COUNT}; a server's: 19 of 25 reads "
+                                     "over 1 s at start saw a busy machine)")
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setattr(threads, "runnable_others", lambda **kw: cores - 1)  # a client alone, on 2 cores
+    assert threads.choose_wait_policy(server=True) == "spin"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    reads = iter([cores] * 20 + [0] * 5)  # it stays busy
+    monkeypatch.setattr(threads, "runnable_others", lambda **kw: next(reads))
+    assert threads.choose_wait_policy(server=True) == "sleep"
+    assert threads.wait_policy().startswith("sleep (OMP_WAIT_POLICY=PASSIVE; a server's: 20 of 25 reads")
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the user's word wins, without reading anything
+    monkeypatch.setattr(threads, "runnable_others", lambda **kw: 1 / 0)
+    assert threads.choose_wait_policy(server=True) == "environment"
+    assert threads.wait_policy() == "sleep (OMP_WAIT_POLICY=PASSIVE)"

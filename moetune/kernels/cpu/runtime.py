@@ -14,7 +14,8 @@ from types import ModuleType
 
 from moetune.kernels.cpu.arrays import fp32_cpu, numpy_view, ones
 
-__all__ = ["current_threads", "fp32_cpu", "jit", "jit_layer", "launch", "numpy_view", "ones", "set_threads"]
+__all__ = ["compiled_signatures", "current_threads", "fp32_cpu", "jit", "jit_layer", "launch", "numpy_view", "ones",
+           "set_threads"]
 
 SERIAL_BYTES = 256 * 1024  # below this many weight bytes a call runs on one thread
 INT8_ROW = True  # int8 weights against a single x row take the integer path (`_jit_q8`; A/B: docs/cpu.md)
@@ -118,3 +119,25 @@ def current_threads() -> int:
     import numba
 
     return numba.get_num_threads()
+
+
+def compiled_signatures() -> dict[str, int]:
+    """Per numba kernel of moetune's modules loaded so far ("module.name"): the type signatures it
+    holds, compiled or loaded from numba's disk cache. numba specialises a kernel on its first call
+    with each new set of argument types (dtype, dimensions, layout: a strided slice is another
+    signature than a contiguous array), so a count that grows between two reads means a call in
+    between paid for a compile or a cache load ({} while numba is not loaded)."""
+    import sys
+
+    if "numba" not in sys.modules:
+        return {}
+    from numba.core.dispatcher import Dispatcher
+
+    out: dict[str, int] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("moetune."):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Dispatcher):
+                out[f"{value.py_func.__module__}.{value.py_func.__name__}"] = len(value.signatures)
+    return out
