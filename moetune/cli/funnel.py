@@ -11,7 +11,9 @@ Every way a run can end that is not success turns into exactly one line on stder
 | SIGTERM | 143 | `error: terminated; nothing was written` |
 
 Interrupts unwind as exceptions, so every `with RunDirWriter(...)` and atomic writer removes its
-temporary files on the way out. Anything else is a bug in moetune and keeps its traceback.
+temporary files on the way out. A signal that arrives while a finalizer (`__del__`) runs is sent again a
+moment later instead: Python prints an exception raised there as "Exception ignored in ..." with its
+traceback and drops it, so the run would go on. Anything else is a bug in moetune and keeps its traceback.
 
 typer bundles its own copy of click (`typer._click`); its exceptions are not subclasses of the
 installed `click` package's, so both are matched here.
@@ -19,8 +21,10 @@ installed `click` package's, so both are matched here.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 from typing import Callable
 
 from moetune.errors import MoetuneError, Terminated
@@ -84,8 +88,26 @@ def usage_message(exc, commands: list[str]) -> str:
     return f"{text} (see '{path} --help')"
 
 
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
+RESEND_S = 0.05  # a signal that landed in a finalizer is sent again after this long
+
+
+def in_finalizer(frame) -> bool:
+    """Whether `frame` (where a signal landed) runs inside a `__del__`, whose exceptions Python drops."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def raising(exc_type: type[BaseException]) -> Callable:
+    """A signal handler that raises `exc_type`, or sends the signal again shortly when it landed in a finalizer."""
+    def handler(signum, frame) -> None:
+        if in_finalizer(frame):
+            threading.Timer(RESEND_S, os.kill, (os.getpid(), signum)).start()
+            return
+        raise exc_type()
+    return handler
 
 
 def run_cli(app: Callable, commands: list[str]) -> None:
@@ -93,7 +115,9 @@ def run_cli(app: Callable, commands: list[str]) -> None:
     if not sys.argv[1:]:
         fail(f"no command given; choose one of: {', '.join(commands)} (see 'moetune --help')", EXIT_USAGE)
     click_errors = _click_exception_types()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, raising(Terminated))}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell made it ignored
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, raising(KeyboardInterrupt))
     try:
         code = app(standalone_mode=False, prog_name="moetune")
     except MoetuneError as exc:
@@ -110,7 +134,8 @@ def run_cli(app: Callable, commands: list[str]) -> None:
         where = exc.filename if exc.filename is not None else ""
         fail(f"{exc.strerror or exc}{': ' + str(where) if where else ''}", 1)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if code == EXIT_INTERRUPT:  # typer turns KeyboardInterrupt into Exit(130) and returns the code
         fail("interrupted; nothing was written", EXIT_INTERRUPT)
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,63 @@
+"""A Ctrl-C or SIGTERM that lands while a finalizer (`__del__`) runs still ends the command with its one
+line: Python drops an exception raised in `__del__` (printing "Exception ignored in ... Traceback"), so
+the funnel's handler sends the signal again a moment later instead of raising there. Seen in CI as a
+flaky tests/cli/test_bad_input.py::profile-ctrl-c (the signal landed in a regex object's `__del__`)."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from moetune.cli.funnel import in_finalizer
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    import typer
+    from moetune.cli.funnel import run_cli
+
+    app = typer.Typer()
+
+    class Holder:
+        def __del__(self):
+            os.kill(os.getpid(), signal.{sig})  # delivered while this finalizer runs
+            time.sleep(0.2)
+
+    @app.command()
+    def work():
+        Holder()  # collected at once: the signal arrives inside __del__
+        time.sleep(2.0)
+        print("finished")
+
+    @app.command()
+    def other():
+        pass
+
+    run_cli(app, ["work", "other"])
+""")
+
+
+@pytest.mark.parametrize("sig, code, line", [("SIGINT", 130, "error: interrupted; nothing was written"),
+                                             ("SIGTERM", 143, "error: terminated; nothing was written")])
+def test_a_signal_inside_a_finalizer_still_ends_the_run_in_one_line(sig, code, line):
+    r = subprocess.run([sys.executable, "-c", SCRIPT.format(sig=sig), "work"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == code, r.stderr
+    assert r.stderr.strip() == line and "finished" not in r.stdout
+
+
+def test_in_finalizer_looks_up_the_whole_stack():
+    import sys as _sys
+
+    found = []
+
+    def inner():
+        found.append(in_finalizer(_sys._getframe()))
+
+    class Holder:
+        def __del__(self):
+            inner()
+
+    Holder()
+    inner()
+    assert found == [True, False]
