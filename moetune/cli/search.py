@@ -55,7 +55,8 @@ def search(
                          "without a limit: columns in trials.csv and the report."),
     grace_s: int = typer.Option(6, "--grace-s", help="Seconds a worker may stay silent before its running trial is "
                                                     "failed and re-queued (after a crash)."),
-    remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the best N trials that run here after a simulated search."),
+    remeasure: int = typer.Option(0, "--remeasure", help="Re-measure the best N trials that run here after a "
+                                                        "simulated search."),
     allow_changed_inputs: bool = flag(False, "--allow-changed-inputs", help="Continue a study under another "
                                               "--trace or --space (refused by default: its trials would mix)."),
     out: str = typer.Option("search-out", "--out", "-o", help="Directory for the winner, CSVs and report."),

@@ -4,8 +4,8 @@ A `Probe` (moetune.probe) that only listens to `routed`: each MoE layer's top-k 
 per expert into row `step % W` of a ring buffer [W, Lm, E], read only when /metrics is scraped. On
 a GPU the count is a scatter-add on the device (no host sync); on the CPU it is numpy's bincount
 on the ring's memory: the three torch ops per layer cost ~70 µs of a 0.8 ms batch-1 decode step
-(the bundled model's 4 layers, in-process on the 2-vCPU EPYC; docs/benchmarks.md). While a recording runs, the Profiler
-owns the model's probe slot and `Tee` forwards routing to both.
+(the bundled model's 4 layers, in-process on the 2-vCPU EPYC; docs/benchmarks.md). While a
+recording runs, the Profiler owns the model's probe slot and `Tee` forwards routing to both.
 """
 
 from __future__ import annotations

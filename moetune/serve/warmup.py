@@ -8,7 +8,7 @@ the LM head on torch's GEMM beyond): the model's load warms one decode token onl
 prefix-cache hit used to compile on the first request that needed it (e.g. `_jit_rows.rope_rotate_half`
 on a prefill's strided heads, during the first timed load of docs/benchmarks.md).
 
-The requests (synthetic token ids, `WarmPlan`): one short prompt alone (a prefill of a few tokens,
+The requests (synthetic token ids, `warm_plan`): one short prompt alone (a prefill of a few tokens,
 decodes of one row); then `max_num_seqs` at once, prompts from a few tokens to a few hundred,
 every sampling path (greedy, temperature with top-k / top-p / a seed, logprobs) and max_tokens
 spread so that the decode steps shrink from every slot to a few rows; while they decode, a prompt

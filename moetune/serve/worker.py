@@ -13,8 +13,8 @@ once, the rest as its earlier sequences finish.
 
 Events a stream receives, in order: ("admitted", None), ("error", RequestError) (a request the
 engine can never run: 400) or ("failed", reason) first, then ("out", [(choice, RequestOutput, step
-time), ...]) once per step, or once per `stream_interval` steps (serve/stream_interval.py), and ("aborted", reason) if the server stops, or ("failed", reason) if the engine
-fails under it.
+time), ...]) once per step, or once per `stream_interval` steps (serve/stream_interval.py), and
+("aborted", reason) if the server stops, or ("failed", reason) if the engine fails under it.
 
 The thread never dies from a request. Whatever escapes a step (or an add) is logged once with the
 request ids, the affected streams get ("failed", ...), and the engine is reset and checked

@@ -1,7 +1,7 @@
 """A Ctrl-C or SIGTERM that lands while a finalizer (`__del__`) runs still ends the command with its one
 line: Python drops an exception raised in `__del__` (printing "Exception ignored in ... Traceback"), so
-the funnel's handler sends the signal again a moment later instead of raising there. Seen in CI as a
-flaky tests/cli/test_bad_input.py::profile-ctrl-c (the signal landed in a regex object's `__del__`)."""
+the funnel's handler sends the signal again a moment later instead of raising there. Seen in a test run as
+a flaky tests/cli/test_bad_input.py::profile-ctrl-c (the signal landed in a regex object's `__del__`)."""
 
 import subprocess
 import sys

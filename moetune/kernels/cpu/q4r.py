@@ -61,7 +61,7 @@ def scales() -> Scales:
 
 
 def scale_fp16(rows: int) -> bool:
-    """Whether a call (an expert) of `rows` x rows reads fp16 scales (`_jit_q4r.call_scales`)."""
+    """Whether a call (an expert) of `rows` x rows reads fp16 scales (`_jit_q4r.call_rows`)."""
     return runtime.Q4_SCALE_FP16_FEW if rows <= FEW_ROWS else runtime.Q4_SCALE_FP16
 
 

@@ -84,7 +84,7 @@ from moetune.search.cost.step_totals import CAPACITY_PRICED, Totals, add_step, o
 from moetune.search.cost.summary import summarize_steps
 from moetune.search.cost.trace_rows import TraceRows
 from moetune.search.cost.vector import vector_reason
-from moetune.search.cost.vector_price import graph_steps, price_all
+from moetune.search.cost.vector_price import graph_step, price_all
 
 
 
@@ -502,7 +502,7 @@ class Simulator:
             links = replace(links, latency_s=own[1][f"exchange/{sim._kind}"].value / 3)
             step_lat = 0.0  # the lock-step's all-reduce is inside the measured per-rank compute
         a2a = costs.measured_a2a(sim, costs.all_to_all(sim, counts, prep, links), st.T, st.prefill)
-        stream = costs.second_stream(costs.engine_of(self), st.T.max(), graph_steps(d, s)[t], R > 1 and sim.group == 1)
+        stream = costs.second_stream(costs.engine_of(self), st.T.max(), graph_step(d, s, t), R > 1 and sim.group == 1)
         expert_s = costs.shared_beside_experts(sim, per_rank, expert_s, a2a, stream)
         totals.a2a_bytes += a2a.bytes * halves
         totals.inter_bytes += a2a.inter_node_bytes * halves
@@ -529,10 +529,7 @@ class Simulator:
         """CPU seconds per kernel launched eagerly in step t: 0 where the step replays a CUDA graph
         (decode only, at most cuda_graph_max_bs sequences on every rank) or graphs are not modelled
         (cuda_graph_max_bs −1, or a hardware without an eager launch figure)."""
-        cap = d.cuda_graph_max_bs
-        if cap < 0 or not self.hw.eager_launch_s:
-            return 0.0
-        if cap > 0 and not s.prefill[t].any() and int(s.seqs[t].max()) <= cap:
+        if d.cuda_graph_max_bs < 0 or not self.hw.eager_launch_s or graph_step(d, s, t):
             return 0.0
         return self.hw.eager_launch_s
 

@@ -87,6 +87,12 @@ def graph_steps(d, s) -> np.ndarray:
     return (cap > 0) & ~s.prefill.any(1) & (s.seqs.max(1) <= cap)
 
 
+def graph_step(d, s, t: int) -> bool:
+    """`graph_steps` of step t alone (the per-step loop)."""
+    cap = d.cuda_graph_max_bs
+    return cap > 0 and not s.prefill[t].any() and int(s.seqs[t].max()) <= cap
+
+
 def take(slots: Slots, idx) -> Slots:
     return Slots(*(getattr(slots, f)[idx] for f in ("rows_q", "act_bytes_q", "act_n_q", "fp8_rows_q", "low", "all",
                                                      "low_rows_q")))

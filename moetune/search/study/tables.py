@@ -144,7 +144,8 @@ def states_table(rows: list[TrialRow]) -> Table:
     return Table("Trials by state (pruned / failed: why)", ["state", "trials"], out)
 
 
-def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]], where: str = "this machine") -> Table:
+def remeasure_table(pairs: list[tuple[TrialRow, Metrics | None, str | None]],
+                    where: str = "this machine") -> Table:
     cols = ["trial", "deployment", "output tok/s (estimated)", "output tok/s (measured)", "TPOT ms (estimated)",
             "TPOT ms (measured)", "TTFT ms (estimated)", "TTFT ms (measured)", "error"]
     out = []
