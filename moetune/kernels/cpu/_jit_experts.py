@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, dot2_q, quantize_row, quantize_single_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, dot_rows4, dot_rows8, gemv_rows
+from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, dot_row, dot_rows4, dot_rows8, gemv_rows
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 
@@ -17,6 +17,16 @@ from moetune.kernels.cpu._prefetch import prefetch_row
 @njit(**OPTS)
 def silu(g):
     return g / (np.float32(1.0) + np.exp(-g))
+
+
+@njit(**OPTS)
+def up_pairs1(x, m, we, s13, e, a, j0, j1, ahead):
+    I = we.shape[0] // 2
+    for j in range(j0, j1):
+        if ahead and j + AHEAD < I:
+            prefetch_row(we, j + AHEAD)
+            prefetch_row(we, I + j + AHEAD)
+        a[m, j] = silu(dot_row(x, m, we, j) * s13[e, j]) * (dot_row(x, m, we, I + j) * s13[e, I + j])
 
 
 @njit(**OPTS)
@@ -50,9 +60,9 @@ def up_pairs8(x, m, we, s13, e, a, j0, j1, ahead):
 
 
 # up_pairs(x, m, we, s13, e, a, j0, j1, ahead): a[m, j] = silu(s13[e, j]·x[m]·we[j]) · s13[e, I+j]·x[m]·we[I+j]
-# for j in [j0, j1), one x row, we = w13[e] [2I, D]: GEMV_ROWS / 2 columns together (gate rows j.. and up
-# rows I+j.. in one pass of `dot_rows8` / `dot_rows4`: GEMV_ROWS read streams, as `gemv_rows`)
-up_pairs = up_pairs8 if GEMV_ROWS == 8 else up_pairs4
+# for j in [j0, j1), one x row, we = w13[e] [2I, D]: as `gemv_rows` reads (`GEMV_ROWS`): gate row j then up
+# row I+j (1), or the gate and up rows of GEMV_ROWS / 2 columns in one pass (`dot_rows4` / `dot_rows8`)
+up_pairs = {1: up_pairs1, 4: up_pairs4, 8: up_pairs8}[GEMV_ROWS]
 
 
 @njit(**OPTS)

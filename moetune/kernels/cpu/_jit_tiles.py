@@ -116,17 +116,25 @@ def dot_rows8(x, m, w, n0, n1, n2, n3, n4, n5, n6, n7):
 
 def _gemv_rows_for_host() -> int:
     """Weight rows per pass of the fp32 GEMV at one x row: its read streams. Which count reads fastest
-    depends on the memory system, not the instruction set (docs/cpu.md, "fp32 decode b=1"): on the
-    Intel Xeon host four rows read the [32000, 768] head at 31.5 GB/s, eight at 28.1, one at 24.5–25;
-    on the AMD EPYC (Zen 4) host eight rows read 84–103 % of `W.sum`'s rate over the decode shapes,
-    four 59–103 %, one 79–96 %. So eight on AMD Zen (its host CPU name `znver*`, whatever variant
-    the kernels compile for), four elsewhere."""
+    depends on the memory system, not the instruction set (docs/cpu.md, "fp32 decode b=1 on AMD Zen";
+    `benchmarks/ab_gemv_rows.py`): on the Intel Xeon host four rows read the [32000, 768] head at 31.5
+    GB/s, eight at 28.1, one at 24.5–25. On the AMD EPYC (Zen 4) host, whose VM read rate moves between
+    ~30 and ~58 GB/s, one row per pass (one stream per thread, as llama.cpp reads) kept up with the
+    fast minutes (87–126 % of `W.sum` over the decode shapes, where four rows reached 54–90 % and eight
+    60–89 %) and was within a few per cent of eight in the slow ones. So one on AMD Zen (host CPU
+    name `znver*`, whatever variant the kernels compile for), four elsewhere."""
     from llvmlite import binding
 
-    return 8 if binding.get_host_cpu_name().startswith("znver") else 4
+    return 1 if binding.get_host_cpu_name().startswith("znver") else 4
 
 
 GEMV_ROWS = _gemv_rows_for_host()  # read when numba loads the kernels (`runtime.jit()`): a constant
+
+
+@njit(**OPTS)
+def gemv_rows1(x, m, w, n0, n1, s, y, ym):
+    for n in range(n0, n1):
+        y[ym, n] = dot_row(x, m, w, n) * s[n]
 
 
 @njit(**OPTS)
@@ -151,8 +159,8 @@ def gemv_rows8(x, m, w, n0, n1, s, y, ym):
 
 
 # gemv_rows(x, m, w, n0, n1, s, y, ym): y[ym, n] = s[n] · Σ_k x[m, k]·w[n, k] for the weight rows n in
-# [n0, n1), GEMV_ROWS at a time (`dot_rows8` / `dot_rows4`); w fp32 or int8 [N, K], s [N]
-gemv_rows = gemv_rows8 if GEMV_ROWS == 8 else gemv_rows4
+# [n0, n1), GEMV_ROWS at a time (`dot_row` / `dot_rows4` / `dot_rows8`); w fp32 or int8 [N, K], s [N]
+gemv_rows = {1: gemv_rows1, 4: gemv_rows4, 8: gemv_rows8}[GEMV_ROWS]
 
 
 @njit(**OPTS)
