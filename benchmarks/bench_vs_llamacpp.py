@@ -207,6 +207,7 @@ def rounds(ours: dict, worker: Worker, s, sampler, n_rounds: int, lock: str | No
                         if r:
                             rec[side].append(t)
                             rec["read"].append(read)
+                        print(f"  {name} {plan.workload}: {side} {plan.tokens / t:.1f} tok/s", flush=True)
     return times
 
 

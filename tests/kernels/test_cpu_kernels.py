@@ -113,7 +113,7 @@ def test_experts_both_schedules_match_twin(schedule, fmt, rows, threads, monkeyp
 @pytest.mark.parametrize("D,I", [(47, 95), (5, 3), (9, 2)])
 def test_one_row_fp32_path_of_int8_weights_matches_twin(D, I, threads, monkeypatch):
     """With the integer path off, one-row int8 experts and a one-row int8 linear take the fp32 GEMV
-    (four weight rows per pass, `_jit_tiles.gemv_rows`): odd column counts, fewer rows than four."""
+    (GEMV_ROWS weight rows per pass, `_jit_tiles.gemv_rows`): odd column counts, fewer rows than a pass."""
     monkeypatch.setattr(runtime, "INT8_ROW", False)
     x, offsets, w13, w2 = experts_case([1, 0, 1], D, I, "int8", seed=D)
     close(fused_experts_cpu(x, offsets, w13, w2, threads=threads), fused_experts_cpu_ref(x, offsets, w13, w2))
@@ -239,3 +239,34 @@ def test_launch_hands_small_calls_the_serial_twins_and_explicit_threads_win():
 def test_import_does_not_load_numba():
     code = "import sys, moetune.kernels.cpu; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("N,K,n0,n1", [(1, 5, 0, 1), (7, 33, 0, 7), (13, 64, 3, 13), (19, 95, 0, 19), (9, 8, 8, 9)])
+@pytest.mark.parametrize("wtype", ["fp32", "int8"])
+def test_each_gemv_row_count_matches_torch(rows, N, K, n0, n1, wtype):
+    """Both row counts of the one-x-row GEMV (the host runs one, `GEMV_ROWS`) against torch: rows [n0, n1)
+    of w at any offset, counts that leave a tail of every size, and the experts' gate / up pass
+    (`up_pairs`: gate rows j.., up rows I + j.. together) on the same shapes."""
+    import numpy as np
+
+    gemv, up_pairs = runtime.jit().GEMV_VARIANTS[rows]
+    g = torch.Generator().manual_seed(N * K + rows)
+    x = torch.randn(2, K, generator=g)
+    w = torch.randn(N, K, generator=g) if wtype == "fp32" else torch.randint(-127, 128, (N, K), generator=g,
+                                                                               dtype=torch.int8)
+    s = torch.rand(N, generator=g) + 0.5
+    y = np.full((2, N), np.nan, np.float32)
+    gemv(x.numpy(), 1, w.numpy(), n0, n1, s.numpy(), y, 0)
+    want = (x[1] @ w.float().T) * s  # [N]
+    torch.testing.assert_close(torch.from_numpy(y[0, n0:n1]), want[n0:n1], rtol=1e-5, atol=1e-4)
+    assert np.isnan(y[0, :n0]).all() and np.isnan(y[1]).all()  # nothing written outside [n0, n1) of row ym
+    I = N  # we = [2I, K]: gate rows, then up rows
+    we = torch.cat([w, w.flip(0)]).contiguous()
+    s13 = torch.rand(1, 2 * I, generator=g) + 0.5
+    a = np.full((2, I), np.nan, np.float32)
+    up_pairs(x.numpy(), 1, we.numpy(), s13.numpy(), 0, a, n0, n1, False)
+    h = (x[1] @ we.float().T) * s13[0]  # [2I]: gate, then up
+    want = torch.nn.functional.silu(h[:I]) * h[I:]
+    torch.testing.assert_close(torch.from_numpy(a[1, n0:n1]), want[n0:n1], rtol=1e-5, atol=1e-4)
+    assert np.isnan(a[1, :n0]).all() and np.isnan(a[0]).all()

@@ -22,14 +22,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from moetune.kernels.cpu._jit_attention import decode_attention, decode_attention_serial
-from moetune.kernels.cpu._jit_experts import active_experts, experts_dense, offsets_fit, plan_lanes
+from moetune.kernels.cpu._jit_experts import (active_experts, experts_dense, offsets_fit, plan_lanes, up_pairs1,
+                                              up_pairs4, up_pairs8)
 from moetune.kernels.cpu._jit_experts_int4 import experts_int4, experts_int4_serial
 from moetune.kernels.cpu._jit_q4r import experts_q4r, experts_q4r_serial, linear_q4r, linear_q4r_serial
 from moetune.kernels.cpu._jit_linear import (linear_dense, linear_dense_serial, linear_int4, linear_int4_serial,
                                              linear_q4, linear_q4_serial, linear_q8, linear_q8_serial)
 from moetune.kernels.cpu._jit_rows import permute_rows, rms_norm, rope_rotate_half, select_topk, unpermute_rows
+from moetune.kernels.cpu._jit_tiles import GEMV_ROWS, gemv_rows1, gemv_rows4, gemv_rows8
 
-__all__ = ["SERIAL", "active_experts", "decode_attention", "decode_attention_serial", "experts_dense",
+__all__ = ["GEMV_ROWS", "GEMV_VARIANTS", "SERIAL", "active_experts", "decode_attention", "decode_attention_serial", "experts_dense",
            "experts_int4", "experts_int4_serial", "experts_q4r", "experts_q4r_serial", "linear_dense", "linear_dense_serial", "linear_int4",
            "linear_int4_serial", "linear_q4", "linear_q4_serial", "linear_q4r", "linear_q4r_serial", "linear_q8", "linear_q8_serial", "offsets_fit",
            "permute_rows", "plan_lanes", "rms_norm", "rope_rotate_half", "select_topk", "serial", "unpermute_rows"]
@@ -44,3 +46,7 @@ serial = SimpleNamespace(SERIAL=True, linear_dense=linear_dense_serial, linear_i
                          linear_q4r=linear_q4r_serial, experts_q4r=experts_q4r_serial,
                          experts_dense=experts_dense, experts_int4=experts_int4_serial,
                          decode_attention=decode_attention_serial)
+
+# The one-x-row fp32 GEMV in each row count (`_jit_tiles.GEMV_ROWS` picks one per host; tests run both):
+# rows per pass → (gemv_rows, the experts' up_pairs)
+GEMV_VARIANTS = {1: (gemv_rows1, up_pairs1), 4: (gemv_rows4, up_pairs4), 8: (gemv_rows8, up_pairs8)}

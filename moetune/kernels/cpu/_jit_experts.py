@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, dot2_q, quantize_row, quantize_single_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, dense_rows, dot_rows4, gemv_rows
+from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, dot_row, dot_rows4, dot_rows8, gemv_rows
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 
@@ -20,19 +20,49 @@ def silu(g):
 
 
 @njit(**OPTS)
-def _up_pairs(x, m, we, s13, e, a, j0, j1, ahead):
-    """a[m, j] = silu(s13[e, j]·x[m]·we[j]) · s13[e, I+j]·x[m]·we[I+j] for j in [j0, j1), one x row,
-    we = w13[e] [2I, D]: columns j, j+1 together (`dot_rows4` over gate j, j+1 and up I+j, I+j+1)."""
+def up_pairs1(x, m, we, s13, e, a, j0, j1, ahead):
     I = we.shape[0] // 2
+    for j in range(j0, j1):
+        if ahead and j + AHEAD < I:
+            prefetch_row(we, j + AHEAD)
+            prefetch_row(we, I + j + AHEAD)
+        a[m, j] = silu(dot_row(x, m, we, j) * s13[e, j]) * (dot_row(x, m, we, I + j) * s13[e, I + j])
+
+
+@njit(**OPTS)
+def up_pairs4(x, m, we, s13, e, a, j0, j1, ahead):
+    I = we.shape[0] // 2
+    last = j1 - 1
     for j in range(j0, j1, 2):
-        j2 = min(j + 1, j1 - 1)
+        c = (j, min(j + 1, last))
         if ahead and j + AHEAD + 1 < I:
             for i in range(2):
                 prefetch_row(we, j + AHEAD + i)
                 prefetch_row(we, I + j + AHEAD + i)
-        g0, g1, u0, u1 = dot_rows4(x, m, we, j, j2, I + j, I + j2)
-        a[m, j] = silu(g0 * s13[e, j]) * (u0 * s13[e, I + j])
-        a[m, j2] = silu(g1 * s13[e, j2]) * (u1 * s13[e, I + j2])
+        g = dot_rows4(x, m, we, c[0], c[1], I + c[0], I + c[1])
+        for i in range(2):
+            a[m, c[i]] = silu(g[i] * s13[e, c[i]]) * (g[2 + i] * s13[e, I + c[i]])
+
+
+@njit(**OPTS)
+def up_pairs8(x, m, we, s13, e, a, j0, j1, ahead):
+    I = we.shape[0] // 2
+    last = j1 - 1
+    for j in range(j0, j1, 4):
+        c = (j, min(j + 1, last), min(j + 2, last), min(j + 3, last))
+        if ahead and j + AHEAD + 3 < I:
+            for i in range(4):
+                prefetch_row(we, j + AHEAD + i)
+                prefetch_row(we, I + j + AHEAD + i)
+        g = dot_rows8(x, m, we, c[0], c[1], c[2], c[3], I + c[0], I + c[1], I + c[2], I + c[3])
+        for i in range(4):
+            a[m, c[i]] = silu(g[i] * s13[e, c[i]]) * (g[4 + i] * s13[e, I + c[i]])
+
+
+# up_pairs(x, m, we, s13, e, a, j0, j1, ahead): a[m, j] = silu(s13[e, j]·x[m]·we[j]) · s13[e, I+j]·x[m]·we[I+j]
+# for j in [j0, j1), one x row, we = w13[e] [2I, D]: as `gemv_rows` reads (`GEMV_ROWS`): gate row j then up
+# row I+j (1), or the gate and up rows of GEMV_ROWS / 2 columns in one pass (`dot_rows4` / `dot_rows8`)
+up_pairs = {1: up_pairs1, 4: up_pairs4, 8: up_pairs8}[GEMV_ROWS]
 
 
 @njit(**OPTS)
@@ -46,8 +76,8 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu, xq, xs):
         we = w13[e]
         ahead = we.itemsize == 1  # int8: widening each byte is enough work per line to fall behind
         q8 = xq.shape[0] > 0 and we.itemsize == 1
-        if not q8:  # fp32 (or int8 widened): gate and up of two columns per pass, four read streams
-            _up_pairs(x, m0, we, s13, e, a, j0, j1, ahead)
+        if not q8:  # fp32 (or int8 widened): gate and up together, GEMV_ROWS read streams
+            up_pairs(x, m0, we, s13, e, a, j0, j1, ahead)
             return
         for j in range(j0, j1):
             if ahead and j + AHEAD < I:
@@ -78,13 +108,13 @@ def _down_cols(a, offsets, e, w2, s2, y, n0, n1, aq, as_):
         we = w2[e]
         ahead = we.itemsize == 1
         q8 = aq.shape[0] > 0 and we.itemsize == 1
-        if not q8:  # fp32 (or int8 widened): four weight rows per pass (`gemv_rows`)
+        if not q8:  # fp32 (or int8 widened): GEMV_ROWS weight rows per pass (`gemv_rows`)
             se = s2[e]  # one view per call
-            for n in range(n0, n1, 4):
-                if ahead and n + AHEAD + 3 < we.shape[0]:
-                    for i in range(4):
+            for n in range(n0, n1, GEMV_ROWS):
+                if ahead and n + AHEAD + GEMV_ROWS - 1 < we.shape[0]:
+                    for i in range(GEMV_ROWS):
                         prefetch_row(we, n + AHEAD + i)
-                gemv_rows(a, m0, we, n, min(n1, n + 4), se, y, m0)
+                gemv_rows(a, m0, we, n, min(n1, n + GEMV_ROWS), se, y, m0)
             return
         for n in range(n0, n1):
             if ahead and n + AHEAD < we.shape[0]:

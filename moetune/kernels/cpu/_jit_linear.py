@@ -1,6 +1,6 @@
 """Small-M linear: x [M, K] @ W [N, K].T over blocks of weight rows (numba; imported by `_jit`).
 
-fp32 / int8 rows through the fp32 tiles of `_jit_tiles` (`linear_dense`; at one x row four weight
+fp32 / int8 rows through the fp32 tiles of `_jit_tiles` (`linear_dense`; at one x row GEMV_ROWS weight
 rows per pass, `gemv_rows`), int8 rows in integers
 (`linear_q8`: x quantised once per call to int16 per block, `_jit_q8`), int4 rows in integers
 (`linear_q4`) or through the fp32 nibble split (`linear_int4`). Each parallel driver has a serial
@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, q4_col, q4_cols, q8_rows, quantize_row_split, quantize_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, dense_rows, gemv_rows, int4_tile
+from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, gemv_rows, int4_tile
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 
@@ -24,12 +24,12 @@ def _linear_block(x, w, scale, y, block, b):
     M, N = x.shape[0], w.shape[0]
     ahead = M > 1 or w.shape[1] * w.itemsize <= SHORT_ROW
     n1 = min(N, (b + 1) * block)
-    if M == 1:  # a GEMV: four weight rows per pass (`gemv_rows`: four read streams, docs/cpu.md)
-        for n in range(b * block, n1, 4):
-            if ahead and n + AHEAD + 3 < N:
-                for i in range(4):
+    if M == 1:  # a GEMV: GEMV_ROWS weight rows per pass (`gemv_rows`: as many read streams, docs/cpu.md)
+        for n in range(b * block, n1, GEMV_ROWS):
+            if ahead and n + AHEAD + GEMV_ROWS - 1 < N:
+                for i in range(GEMV_ROWS):
                     prefetch_row(w, n + AHEAD + i)
-            gemv_rows(x, 0, w, n, min(n1, n + 4), scale, y, 0)
+            gemv_rows(x, 0, w, n, min(n1, n + GEMV_ROWS), scale, y, 0)
         return
     for mc in range(0, M, M_CHUNK):
         for n in range(b * block, n1, 2):

@@ -85,9 +85,8 @@ def dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
 @njit(**OPTS)
 def dot_rows4(x, m, w, n0, n1, n2, n3):
     """(Σ_k x[m, k]·w[n_i, k] for i in 0..3) in fp32 (w fp32 or int8 [N, K]): four weight rows in one
-    pass over x, four read streams at once. At one x row this is the GEMV's loop: a [32000, 768]
-    fp32 head read at ~31 GB/s against ~25 GB/s one row at a time (`dot_row`), on AVX-512 and AVX2
-    alike (docs/cpu.md, "fp32 decode b=1"). Repeated rows (n3 = n2 at a tail) are computed twice."""
+    pass over x, four read streams at once (`GEMV_ROWS`). Repeated rows (n3 = n2 at a tail) are
+    computed twice."""
     a0 = a1 = a2 = a3 = F0
     for k in range(w.shape[1]):
         xk = x[m, k]
@@ -99,13 +98,69 @@ def dot_rows4(x, m, w, n0, n1, n2, n3):
 
 
 @njit(**OPTS)
-def gemv_rows(x, m, w, n0, n1, s, y, ym):
-    """y[ym, n] = s[n] · Σ_k x[m, k]·w[n, k] for the weight rows n in [n0, n1), four at a time
-    (`dot_rows4`); w fp32 or int8 [N, K], s [N]."""
+def dot_rows8(x, m, w, n0, n1, n2, n3, n4, n5, n6, n7):
+    """`dot_rows4` over eight weight rows: eight read streams at once (`GEMV_ROWS`)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = F0
+    for k in range(w.shape[1]):
+        xk = x[m, k]
+        a0 += xk * np.float32(w[n0, k])
+        a1 += xk * np.float32(w[n1, k])
+        a2 += xk * np.float32(w[n2, k])
+        a3 += xk * np.float32(w[n3, k])
+        a4 += xk * np.float32(w[n4, k])
+        a5 += xk * np.float32(w[n5, k])
+        a6 += xk * np.float32(w[n6, k])
+        a7 += xk * np.float32(w[n7, k])
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+def _gemv_rows_for_host() -> int:
+    """Weight rows per pass of the fp32 GEMV at one x row: its read streams. Which count reads fastest
+    depends on the memory system, not the instruction set (docs/cpu.md, "fp32 decode b=1 on AMD Zen";
+    `benchmarks/ab_gemv_rows.py`): on the Intel Xeon host four rows read the [32000, 768] head at 31.5
+    GB/s, eight at 28.1, one at 24.5–25. On the AMD EPYC (Zen 4) host, whose VM read rate moves between
+    ~30 and ~58 GB/s, one row per pass (one stream per thread, as llama.cpp reads) kept up with the
+    fast minutes (87–126 % of `W.sum` over the decode shapes, where four rows reached 54–90 % and eight
+    60–89 %) and was within a few per cent of eight in the slow ones. So one on AMD Zen (host CPU
+    name `znver*`, whatever variant the kernels compile for), four elsewhere."""
+    from llvmlite import binding
+
+    return 1 if binding.get_host_cpu_name().startswith("znver") else 4
+
+
+GEMV_ROWS = _gemv_rows_for_host()  # read when numba loads the kernels (`runtime.jit()`): a constant
+
+
+@njit(**OPTS)
+def gemv_rows1(x, m, w, n0, n1, s, y, ym):
+    for n in range(n0, n1):
+        y[ym, n] = dot_row(x, m, w, n) * s[n]
+
+
+@njit(**OPTS)
+def gemv_rows4(x, m, w, n0, n1, s, y, ym):
+    last = n1 - 1
     for n in range(n0, n1, 4):
-        r1, r2, r3 = min(n + 1, n1 - 1), min(n + 2, n1 - 1), min(n + 3, n1 - 1)
-        a0, a1, a2, a3 = dot_rows4(x, m, w, n, r1, r2, r3)
-        y[ym, n], y[ym, r1], y[ym, r2], y[ym, r3] = a0 * s[n], a1 * s[r1], a2 * s[r2], a3 * s[r3]
+        r = (n, min(n + 1, last), min(n + 2, last), min(n + 3, last))
+        a = dot_rows4(x, m, w, r[0], r[1], r[2], r[3])
+        for i in range(4):
+            y[ym, r[i]] = a[i] * s[r[i]]
+
+
+@njit(**OPTS)
+def gemv_rows8(x, m, w, n0, n1, s, y, ym):
+    last = n1 - 1
+    for n in range(n0, n1, 8):
+        r = (n, min(n + 1, last), min(n + 2, last), min(n + 3, last), min(n + 4, last), min(n + 5, last),
+             min(n + 6, last), min(n + 7, last))
+        a = dot_rows8(x, m, w, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+        for i in range(8):
+            y[ym, r[i]] = a[i] * s[r[i]]
+
+
+# gemv_rows(x, m, w, n0, n1, s, y, ym): y[ym, n] = s[n] · Σ_k x[m, k]·w[n, k] for the weight rows n in
+# [n0, n1), GEMV_ROWS at a time (`dot_row` / `dot_rows4` / `dot_rows8`); w fp32 or int8 [N, K], s [N]
+gemv_rows = {1: gemv_rows1, 4: gemv_rows4, 8: gemv_rows8}[GEMV_ROWS]
 
 
 @njit(**OPTS)
