@@ -50,7 +50,7 @@ def _exp_shifted(s, top, m, bits):
 @njit(inline="always", **OPTS)
 def _scores(qs, k_pool, tables, b, kh, first, m, block, p, t):
     """p[t, g, i] = qs[g]·K[position first + i] for i < m, g < G (qs [G, Dh], scaled), walking the
-    sequence's blocks; the row maxima per head → a new [G]."""
+    sequence's blocks."""
     G, Dh = qs.shape
     j = first // block
     o = first - j * block
