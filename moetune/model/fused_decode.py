@@ -214,14 +214,16 @@ class _Step:
                                                    batch.slot_mapping.numpy()))  # [T] int64
         self.tuning = records.plain(tuning(threads))
         self._plans: dict[int, tuple] = {}  # id(DecodePlan) → plain (the batch's memo keeps the plan alive)
-        self._of: dict[int, tuple] = {}  # id(attention module) → its plain plan (the layers keep the modules alive)
+        self._of: dict[tuple, tuple] = {}  # (attention.plan_shape(), block size) → the plain plan
 
     def plan_of(self, attention: GQAAttention, block_size: int) -> tuple:
-        """`plan(attention.row_plan(...))`, asked once per attention module and step (a second layer
-        with the same window finds the same plan in the batch's memo)."""
-        got = self._of.get(id(attention))
+        """`plan(attention.row_plan(...))`, made by the first layer of its `plan_shape` in the step
+        (the batch's memo, keyed on the same values, returns that plan to the others: the lookup
+        here skips building its key and closure per layer)."""
+        key = (attention.plan_shape(), block_size)
+        got = self._of.get(key)
         if got is None:
-            got = self._of[id(attention)] = self.plan(attention.row_plan(self.batch, block_size))
+            got = self._of[key] = self.plan(attention.row_plan(self.batch, block_size))
         return got
 
     def plan(self, plan: DecodePlan) -> tuple:
