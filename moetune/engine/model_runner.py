@@ -13,6 +13,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from moetune.engine.sampling import TokenLogprobs, greedy_tokens, sample, token_logprobs
@@ -199,4 +200,7 @@ class ModelRunner:
 
 
 def _long(values: list, device: torch.device) -> torch.Tensor:
+    """An int64 tensor of a (nested) list: on the CPU through numpy (~1 µs, torch.tensor ~3 µs)."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.array(values, dtype=np.int64))
     return torch.tensor(values, dtype=torch.long, device=device)

@@ -90,6 +90,12 @@ class GQAAttention:
                           lambda: decode_plan(batch.block_tables[:B1], batch.context_tensor()[:B1], block_size,
                                               window, s.num_heads, s.num_kv_heads, s.head_dim))
 
+    def plan_shape(self) -> tuple[int, int, int, int]:
+        """What a decode plan depends on besides the step and block size: (window or 0, heads, kv
+        heads, head dim); layers alike in these share one plan per step."""
+        s = self.spec
+        return (s.sliding_window or 0, s.num_heads, s.num_kv_heads, s.head_dim)
+
     def row_plan(self, batch: StepBatch, block_size: int) -> DecodePlan:
         """The decode attention plan of every row of a step whose rows all end their sequences'
         contexts (a decode or verify step: no prompt rows), one query per row: row t reads its

@@ -141,13 +141,14 @@ class FusedDecode:
         """The unfused layer's phases: attention (+ its norm and residual) → norm → router in one
         kernel call; the routing record, the store's acquire and prefetch, the shared expert in
         Python; permute → experts → unpermute (+ residual) in another."""
-        x, topk_w, topk_ids = self._attention_half(layer, h.numpy(), step, cache)
-        self._moe_half(layer.mlp, h, x, topk_w, topk_ids, step, probe)
+        hn = h.numpy()  # [T, D], a view made once for both halves
+        x, topk_w, topk_ids = self._attention_half(layer, hn, step, cache)
+        self._moe_half(layer.mlp, h, hn, x, topk_w, topk_ids, step, probe)
 
     def _attention_half(self, layer, h: np.ndarray, step: "_Step", cache: PagedKVCache):
         """`attention_block`: h [T, D] updated in place → (x [T, D] the MoE input, topk_w, topk_ids [T, K])."""
         r = self._records_of(layer)
-        plan = step.plan(layer.attention.row_plan(step.batch, cache.block_size))
+        plan = step.plan_of(layer.attention, cache.block_size)
         T, D, K = h.shape[0], h.shape[1], r.top_k
         x = np.empty((T, D), np.float32)
         topk_w, topk_ids = np.empty((T, K), np.float32), np.empty((T, K), np.int64)
@@ -155,10 +156,10 @@ class FusedDecode:
                                     plan, r.mlp_norm, r.router, step.tuning, x, topk_w, topk_ids)
         return x, topk_w, topk_ids
 
-    def _moe_half(self, mlp: MoELayer, h: torch.Tensor, x: np.ndarray, topk_w: np.ndarray, topk_ids: np.ndarray,
-                  step: "_Step", probe) -> None:
-        """The store's seams, then `moe_block` (h += the MoE output, in place); the unfused phases
-        when the kernel does not take the experts the store handed out."""
+    def _moe_half(self, mlp: MoELayer, h: torch.Tensor, hn: np.ndarray, x: np.ndarray, topk_w: np.ndarray,
+                  topk_ids: np.ndarray, step: "_Step", probe) -> None:
+        """The store's seams, then `moe_block` (h += the MoE output, in place; hn = h.numpy()); the
+        unfused phases when the kernel does not take the experts the store handed out."""
         i, ids, xt = mlp.layer, torch.from_numpy(topk_ids), torch.from_numpy(x)
         if mlp.tap is not None:  # the engine's routing record (engine/routing.py), as in the unfused layer
             mlp.tap(i, ids)
@@ -171,8 +172,9 @@ class FusedDecode:
             shared = mlp.shared(xt).float().contiguous().numpy() if use_shared else records.EMPTY.reshape(0, x.shape[1])
             slots = topk_ids if weights.slots.identity else \
                 weights.slots.physical(ids).to(torch.int64).contiguous().numpy()  # [T, K]
-            done = jit_layer().moe_block(h.numpy(), x, slots, topk_w, experts, shared, use_shared, step.tuning)
-        self._finish(mlp, h, xt, RouterOutput(torch.from_numpy(topk_w), ids, None), weights, done, probe)
+            done = jit_layer().moe_block(hn, x, slots, topk_w, experts, shared, use_shared, step.tuning)
+        if done or probe is not None:  # the routing as a RouterOutput only for those who read it
+            self._finish(mlp, h, xt, RouterOutput(torch.from_numpy(topk_w), ids, None), weights, done, probe)
 
     @staticmethod
     def _finish(mlp: MoELayer, h: torch.Tensor, xt: torch.Tensor, routed: RouterOutput, weights, done: int,
@@ -212,6 +214,17 @@ class _Step:
                                                    batch.slot_mapping.numpy()))  # [T] int64
         self.tuning = records.plain(tuning(threads))
         self._plans: dict[int, tuple] = {}  # id(DecodePlan) → plain (the batch's memo keeps the plan alive)
+        self._of: dict[tuple, tuple] = {}  # (attention.plan_shape(), block size) → the plain plan
+
+    def plan_of(self, attention: GQAAttention, block_size: int) -> tuple:
+        """`plan(attention.row_plan(...))`, made by the first layer of its `plan_shape` in the step
+        (the batch's memo, keyed on the same values, returns that plan to the others: the lookup
+        here skips building its key and closure per layer)."""
+        key = (attention.plan_shape(), block_size)
+        got = self._of.get(key)
+        if got is None:
+            got = self._of[key] = self.plan(attention.row_plan(self.batch, block_size))
+        return got
 
     def plan(self, plan: DecodePlan) -> tuple:
         """A layer's `DecodePlan` (the same object for every layer of a window) as the kernel takes it."""

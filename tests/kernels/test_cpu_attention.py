@@ -1,6 +1,7 @@
 """Paged decode attention (numba) against its torch twin and against attention over the plain
 context: block tables in any order, context lengths of 1 and across block edges, GQA ratios,
-sliding windows, a pool full of NaN outside the used rows."""
+sliding windows, a pool full of NaN outside the used rows, head sizes that take the 16-position
+tiles (`_simd_attention`) and ones that do not, tiles that end mid-block and past the context."""
 
 import pytest
 import torch
@@ -56,6 +57,10 @@ def plain(q, ctx_k, ctx_v, scale, window):
     ([5, 17, 16, 1], 6, 2, 16, 4, 0),  # across block edges, GQA 3:1
     ([33, 2], 8, 1, 32, 16, 0),  # multi-query
     ([40, 3, 12], 4, 2, 8, 8, 7),  # sliding window shorter and longer than contexts
+    ([129, 40, 16, 17], 12, 4, 64, 16, 0),  # 16-position tiles (Dh a multiple of 16): full and partial
+    ([70, 33, 1], 6, 2, 80, 5, 23),  # tiles across blocks of 5, a window not on a tile or block edge
+    ([1, 17, 32], 4, 4, 16, 3, 0),  # one vector per row, one-position tile
+    ([50, 9], 8, 2, 24, 16, 10),  # Dh not a multiple of 16: the plain loops, windowed
 ])
 def test_decode_attention_matches_twin_and_definition(lens, H, Hkv, Dh, block, window, parallel, monkeypatch):
     if parallel:
