@@ -47,6 +47,6 @@ serial = SimpleNamespace(SERIAL=True, linear_dense=linear_dense_serial, linear_i
                          experts_dense=experts_dense, experts_int4=experts_int4_serial,
                          decode_attention=decode_attention_serial)
 
-# The one-x-row fp32 GEMV in each row count (`_jit_tiles.GEMV_ROWS` picks one per host; tests run both):
+# The one-x-row fp32 GEMV in each row count (`_jit_tiles.GEMV_ROWS` picks one per host; tests run each):
 # rows per pass → (gemv_rows, the experts' up_pairs)
 GEMV_VARIANTS = {1: (gemv_rows1, up_pairs1), 4: (gemv_rows4, up_pairs4), 8: (gemv_rows8, up_pairs8)}

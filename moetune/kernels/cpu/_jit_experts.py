@@ -9,7 +9,8 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, dot2_q, quantize_row, quantize_single_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, dot_row, dot_rows4, dot_rows8, gemv_rows
+from moetune.kernels.cpu._jit_tiles import (AHEAD, GEMV_ROWS, M_CHUNK, SHORT_ROW, dense_rows, dot_row, dot_rows4, dot_rows8,
+                                            gemv_rows)
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 

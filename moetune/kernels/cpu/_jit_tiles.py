@@ -128,7 +128,9 @@ def _gemv_rows_for_host() -> int:
     return 1 if binding.get_host_cpu_name().startswith("znver") else 4
 
 
-GEMV_ROWS = _gemv_rows_for_host()  # read when numba loads the kernels (`runtime.jit()`): a constant
+GEMV_ROWS = _gemv_rows_for_host()  # read when numba loads the kernels (`runtime.jit()`): a constant, frozen
+# into the callers' disk cache, which numba keys on the target CPU (the host's, or `isa.choose`'s) — so a cache
+# directory shared between an AMD and an Intel host under one forced variant would keep one host's pick
 
 
 @njit(**OPTS)
