@@ -8,10 +8,11 @@ and steps with more rows (prefill), take `F.linear`.
 
 A weight is a float tensor or a packed int8 / int4 `PackedWeight` [N, K] (`moetune quantize
 --dense`, or a recipe's `quant.dense`: `model/dense_quant.py`). A packed weight runs the kernel up
-to LARGE_WEIGHT_M rows whatever its size (the other way dequantises it first), and `F.linear` on its
-dequantised copy beyond, or wherever the kernel is off (the torch twin); an int4 weight runs the
-kernel at every M while `runtime.Q4_INTERLEAVED` is on (the interleaved kernels beat the dequantised GEMM
-at prefill too, docs/cpu.md).
+to LARGE_WEIGHT_M rows whatever its size, and torch's GEMM beyond on panels of the weight
+dequantised one at a time (`kernels/cpu/panels.py`); wherever the kernel is off (the torch twin),
+`F.linear` on its whole dequantised copy. An int4 weight runs the kernel at every M while
+`runtime.Q4_INTERLEAVED` is on and the kernels have a VNNI dot product (`panels.int4_kernel_at_prefill`:
+the interleaved kernels beat the panels' GEMM at prefill then, and lose to it without, docs/cpu.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from moetune.kernels.cpu import linear as cpu_linear
-from moetune.kernels.cpu import records
+from moetune.kernels.cpu import panels, records
 from moetune.kernels.cpu import runtime
 from moetune.kernels.cpu.formats import dequantize, weight_bytes
 from moetune.kernels.quant_formats import PackedWeight, WeightFormat
@@ -46,9 +47,12 @@ def project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, s
     M, packed = x.shape[0], isinstance(weight, PackedWeight)
     if 0 < M <= small_m or (small_m and M <= LARGE_WEIGHT_M
                             and (packed or weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES)) or (
-            small_m and M > 0 and packed and weight.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED):
+            small_m and M > 0 and packed and weight.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED
+            and panels.int4_kernel_at_prefill()):
         y = cpu_linear(x, weight)  # [M, N]
         return y if bias is None else y.add_(bias)
+    if packed and small_m and panels.takes(x, weight):  # many rows: torch's GEMM on panels dequantised in cache
+        return panels.packed_linear(x, weight, bias)
     if packed:  # the twin: dequantise, then torch's GEMM
         return F.linear(x, dequantize(weight).to(x.dtype), bias)
     return F.linear(x, weight, bias)

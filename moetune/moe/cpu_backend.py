@@ -8,7 +8,8 @@
   experts → slots with at most MAX_ROWS rows (SMALL_EXPERT_ROWS for experts under 1 MiB): one
             `fused_experts_cpu` call, each expert's weights read once for all its rows and no
             Python loop over experts; slots with more rows (prefill) take torch's GEMMs, which run
-            near the matmul rate there. The output is the same [N, D] in the same row order.
+            near the matmul rate there (int8 / int4 weights dequantised a panel of rows at a time,
+            `kernels/cpu/panels.py`). The output is the same [N, D] in the same row order.
 
 Inputs the kernels do not take (not fp32, not on the CPU, FP8 weights) run the torch twin.
 `resolve_backend("auto")` picks this backend on the CPU; numba is imported on the first call.
@@ -26,7 +27,8 @@ from moetune.kernels.cpu.experts import experts_record
 from moetune.kernels.cpu.records import Experts
 from moetune.kernels.cpu.routing import permute_rows, select_topk, takes_routing, unpermute_rows
 from moetune.kernels.cpu.arrays import fp32_cpu
-from moetune.kernels.quant_formats import WeightFormat
+from moetune.kernels.cpu.panels import int4_kernel_at_prefill, packed_mm_t
+from moetune.kernels.quant_formats import PackedWeight, WeightFormat
 from moetune.moe.torch_backend import TorchBackend
 from moetune.moe.experts import ExpertsOutput, run_experts, slot_matrix
 from moetune.moe.permute import PermuteOutput
@@ -34,6 +36,7 @@ from moetune.moe.permute import PermuteOutput
 MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
 SMALL_EXPERT_BYTES = 1 << 20  # w13 + w2 of one expert below this: torch's per-slot calls cost more than the math
 INT4_ROWS = 1 << 30  # int4 experts with the interleaved kernels (`runtime.Q4_INTERLEAVED`): every row count
+# where they beat torch's GEMM at prefill (`panels.int4_kernel_at_prefill`: VNNI); else the rule below
 # (a 512-token prefill's int4 experts: the kernel 4-9x the old path per projection, at or above
 # torch's fp32 GEMM on the dequantised copy, docs/cpu.md)
 SMALL_EXPERT_ROWS = 64  # so such experts stay on the kernel up to this many rows (bundled model: +15 % tok/s)
@@ -52,7 +55,7 @@ class CPUBackend(TorchBackend):
         an amount that only pays for its per-slot calls (3 GEMM-sized ops each) when the expert is big."""
         if self.max_rows is not None:
             return self.max_rows
-        if weights.w13.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED:
+        if weights.w13.fmt == WeightFormat.INT4 and runtime.Q4_INTERLEAVED and int4_kernel_at_prefill():
             return INT4_ROWS
         w13, w2 = weights.w13.data, weights.w2.data
         per_expert = (w13.numel() * w13.element_size() + w2.numel() * w2.element_size()) // w13.shape[0]
@@ -104,8 +107,11 @@ class CPUBackend(TorchBackend):
         y = fused_experts_cpu(x, offsets, weights.w13, weights.w2, experts=small, out=y)  # big slots' rows next
         for e in np.flatnonzero(big).tolist():
             rows = slice(bounds[e], bounds[e + 1])
-            h = x[rows] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
-            torch.mm(F.silu(h[:, :I]) * h[:, I:], slot_matrix(weights.w2, e, x.dtype).t(), out=y[rows])  # [n_e, D]
+            if weights.w13.fmt == WeightFormat.NONE:
+                h = x[rows] @ slot_matrix(weights.w13, e, x.dtype).t()  # [n_e, 2I]
+                torch.mm(F.silu(h[:, :I]) * h[:, I:], slot_matrix(weights.w2, e, x.dtype).t(), out=y[rows])  # [n_e, D]
+            else:
+                y[rows] = packed_slot_experts(x[rows], slot_weight(weights.w13, e), slot_weight(weights.w2, e), I)
         return ExpertsOutput(y, 1)
 
     def _per_group(self, x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> torch.Tensor:
@@ -131,6 +137,19 @@ class CPUBackend(TorchBackend):
                 offsets = torch.ones(g.size + 1, dtype=torch.long)
                 offsets[0] = 0  # [size+1]: the row belongs to the group's first slot
                 self.experts(x, offsets, one)
+
+
+def slot_weight(w: PackedWeight, slot: int) -> PackedWeight:
+    """One slot of a packed [P, N, K] weight as a [N, K] one (views)."""
+    return PackedWeight(w.data[slot], w.scale[slot], w.fmt, w.group_size)
+
+
+def packed_slot_experts(x: torch.Tensor, w13: PackedWeight, w2: PackedWeight, I: int) -> torch.Tensor:
+    """One int8 / int4 expert over many rows (prefill), panels dequantised as torch's GEMM takes them
+    (`kernels/cpu/panels.py`, the outputs transposed throughout): x [n, D] → y [n, D] (a transposed view)."""
+    hT = packed_mm_t(w13, x)  # [2I, n]
+    aT = F.silu(hT[:I]).mul_(hT[I:])  # [I, n]
+    return packed_mm_t(w2, aT.t()).t()  # [n, D]
 
 
 def kernel_takes(x: torch.Tensor, weights: ExpertWeights) -> bool:
