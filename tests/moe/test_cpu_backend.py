@@ -170,3 +170,23 @@ def test_router_logits_match_the_torch_gemm(T):
     x, gate = torch.randn(T, 33, generator=g), torch.randn(6, 33, generator=g)
     torch.testing.assert_close(CPUBackend().router_logits(x, gate), TorchBackend().router_logits(x, gate),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_int4_prefill_takes_the_kernels_only_with_vnni(monkeypatch, vnni):
+    """int4 slots stay on the interleaved kernels at every row count where the kernels have a VNNI dot
+    product; elsewhere big slots take the panels (`kernels/cpu/panels.py`), exact against the twin."""
+    from moetune.moe import cpu_backend
+
+    monkeypatch.setattr(cpu_backend, "int4_kernel_at_prefill", lambda: vnni)
+    w = _weights(3, 128, 64, "int4")
+    limit = CPUBackend().row_limit(w)
+    assert (limit == cpu_backend.INT4_ROWS) == vnni
+    x = torch.randn(70, 128, generator=torch.Generator().manual_seed(3))
+    perm = permute(x, torch.full((70, 1), 1), w.num_slots)
+    got = CPUBackend().experts(perm.x_sorted, perm.offsets, w).y
+    want = TorchBackend().experts(perm.x_sorted, perm.offsets, w).y
+    if vnni:  # x rounded to int8 parts on the kernels
+        assert ((got - want).norm() / want.norm()).item() <= 4 * rounding_rel(64, 127)
+    else:  # 70 rows > the limit: the panels, fp32 x
+        _close(got, want)
