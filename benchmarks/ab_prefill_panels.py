@@ -5,7 +5,9 @@ one at a time (`kernels/cpu/panels.py`, this checkout) against the other ways, i
 
 DIR is a packed checkpoint (`moetune quantize --policy int8 --dense int8`, or int4-g32 alike; the bench
 models of make_cpu_bench_models.py). Sides:
-  panels        this checkout's default for int8; for int4 on hosts without VNNI
+  panels        this checkout's default for int8 (with VNNI and torch's `_int_mm`: x in int8 parts through
+                torch's integer GEMM, `panels.int8_mm_t`); for int4 on hosts without VNNI (widened panels)
+  widened       int8 weights on widened panels where the default takes the integer GEMM
   whole         every packed weight widened whole per call (`formats.dequantize`, the way before panels)
   int4-kernel   int4 weights on the interleaved kernels at every row count (the default with VNNI)
 Each round runs one engine prefill of --len tokens per side (after one untimed), the sides in turn,
@@ -35,6 +37,7 @@ def _sides(model_fmt: str):
 
     default_project, default_slot = model_linear.project, cpu_backend.packed_slot_experts
     default_takes, default_rows = panels.takes, cpu_backend.INT4_ROWS
+    default_integer = panels.int8_integer_at_prefill
 
     def whole_slot(x, w13, w2, I):
         h = x @ dequantize(w13).t()  # [n, 2I]
@@ -46,17 +49,20 @@ def _sides(model_fmt: str):
         return default_project(x, weight, bias, small_m)
 
     @contextmanager
-    def side(project, slot, takes, rows):
+    def side(project, slot, takes, rows, integer=default_integer):
         model_linear.project, cpu_backend.packed_slot_experts = project, slot
-        panels.takes, cpu_backend.INT4_ROWS = takes, rows
+        panels.takes, cpu_backend.INT4_ROWS, panels.int8_integer_at_prefill = takes, rows, integer
         try:
             yield
         finally:
             model_linear.project, cpu_backend.packed_slot_experts = default_project, default_slot
             panels.takes, cpu_backend.INT4_ROWS = default_takes, default_rows
+            panels.int8_integer_at_prefill = default_integer
 
     sides = {"panels": lambda: side(panel_project, default_slot, default_takes, 16),
              "whole": lambda: side(default_project, whole_slot, lambda x, w: False, 16)}
+    if model_fmt == "int8" and default_integer():  # the default takes the integer GEMM: widened panels apart
+        sides["widened"] = lambda: side(panel_project, default_slot, default_takes, 16, lambda: False)
     if model_fmt == "int4":
         sides["int4-kernel"] = lambda: side(default_project, default_slot, default_takes, 1 << 30)
         if not panels.int4_kernel_at_prefill():  # the default project takes the panels: force the kernel

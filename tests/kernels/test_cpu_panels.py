@@ -5,7 +5,8 @@ import torch
 
 from moetune.kernels.cpu import panels
 from moetune.kernels.cpu.formats import quantize_int4, quantize_int8
-from moetune.kernels.cpu.panels import packed_linear, packed_linear_ref, packed_mm_t
+from moetune.kernels.cpu.formats import dequantize
+from moetune.kernels.cpu.panels import int8_mm_t, packed_linear, packed_linear_ref, packed_mm_t
 
 
 def _weight(fmt: str, N: int, K: int, seed: int = 0):
@@ -17,6 +18,7 @@ def _weight(fmt: str, N: int, K: int, seed: int = 0):
 @pytest.mark.parametrize("N,K,M", [(37, 64, 3), (300, 96, 129), (1, 32, 70), (515, 160, 17)])
 def test_panels_match_the_whole_weight(monkeypatch, fmt, N, K, M):
     monkeypatch.setattr(panels, "PANEL_BYTES", 16 * 4 * K + 4)  # 16-row panels: several, and a ragged last one
+    monkeypatch.setattr(panels, "int8_integer_at_prefill", lambda: False)  # widened panels (the integer way: below)
     w = _weight(fmt, N, K)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(1))
     bias = torch.randn(N)
@@ -41,3 +43,29 @@ def test_takes_only_fp32_cpu_rows_and_packed_weights():
     assert panels.takes(torch.zeros(2, 64), w)
     assert not panels.takes(torch.zeros(2, 64, dtype=torch.bfloat16), w)
     assert not panels.takes(torch.zeros(2, 64), torch.zeros(32, 64))
+
+
+@pytest.mark.parametrize("N,K,M", [(37, 64, 3), (300, 96, 129), (1, 32, 70), (515, 17, 16), (33, 160, 1)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_integer_way_within_its_bound(monkeypatch, N, K, M, transposed):
+    """int8 weights through torch's integer GEMM (x per row in X_PARTS int8 parts): within the parts'
+    rounding, d·0.5·254^-(P-1) per element of x, of the fp32 product, on ragged panels, an outlier channel
+    and a transposed x."""
+    monkeypatch.setattr(panels, "PANEL_BYTES", 16 * 4 * panels.X_PARTS * M + 4)  # 16-row panels
+    w = _weight("int8", N, K, seed=2)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(4))
+    x[:, K // 3] *= 40.0  # an outlier channel: the row's scale is its
+    if transposed:
+        x = x.t().contiguous().t()
+    got = int8_mm_t(w, x).t()  # [M, N]
+    ref = x.double() @ dequantize(w).double().t()  # [M, N]
+    d = x.abs().amax(1, keepdim=True).double() / 127  # [M, 1]
+    bound = d * 0.5 * 254.0 ** -(panels.X_PARTS - 1) @ dequantize(w).double().abs().sum(1, keepdim=True).t()
+    assert ((got.double() - ref).abs() <= bound + 1e-5 * ref.abs() + 1e-6).all()
+    assert torch.equal(got, int8_mm_t(w, x.contiguous()).t())  # strides do not change the result
+
+
+def test_packed_mm_t_takes_the_integer_way_where_chosen(monkeypatch):
+    w, x = _weight("int8", 40, 64), torch.randn(20, 64)
+    monkeypatch.setattr(panels, "int8_integer_at_prefill", lambda: True)
+    assert torch.equal(packed_mm_t(w, x), int8_mm_t(w, x))

@@ -1,8 +1,11 @@
-"""Panels of a packed weight widened to fp32 for torch's GEMM (prefill; `panels.py`): one pass, in place.
+"""Prefill matmuls of packed weights (`panels.py`): panels widened to fp32 for torch's GEMM, and x in
+int8 parts for torch's integer GEMM.
 
-The values are `formats.dequantize`'s bit for bit: q · scale in fp32 (int8: a scale per row; int4: the
-nibble minus 8, a scale per group of 32, 64 or 128, the low nibble first). int4 goes through `widen32`,
-LLVM vector IR: numba's loops over a group's 16-byte runs did not vectorise (7x int8's time a panel).
+Widened panels are `formats.dequantize`'s values bit for bit: q · scale in fp32 (int8: a scale per row;
+int4: the nibble minus 8, a scale per group of 32, 64 or 128, the low nibble first). int4 goes through
+`widen32`, LLVM vector IR: numba's loops over a group's 16-byte runs did not vectorise (7x int8's time).
+The integer way (int8 weights as they are): `x_parts_rows` rounds x per row into int8 parts,
+`torch._int_mm` multiplies, `combine_parts` sums the parts' int32 products back in fp32.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ I8, I32 = ir.IntType(8), ir.IntType(32)
 F32 = ir.FloatType()
 V16B, V32F = ir.VectorType(I8, 16), ir.VectorType(F32, 32)
 INTERLEAVE = [j for i in range(16) for j in (i, 16 + i)]  # lo0, hi0, lo1, hi1, ...
+PART = np.float32(254)  # ratio of one x part's step to the next's (as `_jit_q4r`'s)
 
 
 def _widen32_codegen(context, builder, sig, args):
@@ -67,3 +71,40 @@ def dequant_int4_rows(w, s, r0, out):
     for i in prange(P):
         for c in range(K // 32):
             widen32(w, (r0 + i) * H + 16 * c, s[r0 + i, (32 * c) // group], out, i * K + 32 * c)
+
+
+@njit(parallel=True, **OPTS)
+def x_parts_rows(x, xq, d):
+    """x [M, K] fp32 (any strides) → xq int8 [P·M, K] (part p of row m at row p·M + m), d [M]: per row,
+    d = absmax/127, part 0 = round(x/d), each next part the rounded residual in steps PART times finer,
+    so x ≈ d·Σ_p xq_p·PART⁻ᵖ (3 parts: within ~6e-8 of the row's absmax)."""
+    M, K = x.shape
+    P = xq.shape[0] // M
+    for m in prange(M):
+        amax = np.float32(0)
+        for k in range(K):
+            amax = max(amax, abs(x[m, k]))
+        dm = amax / np.float32(127) if amax > 0 else np.float32(1)
+        d[m] = dm
+        inv = np.float32(1) / dm
+        for k in range(K):
+            r = x[m, k] * inv
+            for p in range(P):
+                q = min(max(np.round(r), np.float32(-127)), np.float32(127))
+                xq[p * M + m, k] = np.int8(q)
+                r = (r - q) * PART
+
+
+@njit(parallel=True, **OPTS)
+def combine_parts(acc, s, r0, d, out):
+    """acc int32 [R, P·M] (row i: weight row r0 + i against each part of each x row), s [N] the weight's
+    row scales, d [M] x's → out [R, M] = s[r0 + i]·d[m]·Σ_p acc[i, p·M + m]·PART⁻ᵖ (Horner, last part first)."""
+    R, M = out.shape
+    P = acc.shape[1] // M
+    for i in prange(R):
+        si = s[r0 + i]
+        for m in range(M):
+            t = np.float32(acc[i, (P - 1) * M + m])
+            for p in range(P - 2, -1, -1):
+                t = np.float32(acc[i, p * M + m]) + t / PART
+            out[i, m] = t * si * d[m]
