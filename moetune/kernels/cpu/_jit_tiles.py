@@ -129,8 +129,9 @@ def _gemv_rows_for_host() -> int:
 
 
 GEMV_ROWS = _gemv_rows_for_host()  # read when numba loads the kernels (`runtime.jit()`): a constant, frozen
-# into the callers' disk cache, which numba keys on the target CPU (the host's, or `isa.choose`'s) — so a cache
-# directory shared between an AMD and an Intel host under one forced variant would keep one host's pick
+# into the callers' disk cache, which numba keys on the target CPU (the host's, or `isa.choose`'s) and `_cache`
+# stamps with the host CPU's name — so a cache directory shared between an AMD and an Intel host recompiles
+# when the other host used it last, never hands one host the other's pick
 
 
 @njit(**OPTS)
