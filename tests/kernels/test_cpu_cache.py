@@ -2,7 +2,9 @@
 stamped with a hash of all of the package's kernel sources, so a kernel whose callee lives in another
 file recompiles when only that other file changed (numba alone stamps a kernel with its own file, and
 would hand back the old callee's machine code). Checked on a copy of the package, in processes of
-their own: a caller in one file, its callee in another, the callee edited between runs."""
+their own: a caller in one file, its callee in another, the callee edited between runs. And the
+kernels compile once per logical call (docs/cpu.md, "Compiling the kernels"): no kernel holds a
+signature with a literal int or a uint64 (a prange index) where its other callers pass an int64."""
 
 import os
 import shutil
@@ -15,6 +17,11 @@ import pytest
 pytest.importorskip("numba")
 
 import moetune  # noqa: E402
+from moetune.engine.generate import Generator  # noqa: E402
+from moetune.engine.sampling import SamplingParams  # noqa: E402
+from moetune.model.loader import load_model  # noqa: E402
+from moetune.quant.table import PrecisionTable  # noqa: E402
+from tests.checkpoints import build_checkpoint  # noqa: E402
 
 CALLEE = """from numba import njit
 from moetune.kernels.cpu._opts import OPTS
@@ -61,3 +68,39 @@ def test_a_caller_recompiles_when_only_its_callees_file_changed(tmp_path):
     (cpu / "_probe_callee.py").write_text(CALLEE.format(add=5))
     assert _run(tmp_path)[1:] == (12, 0)  # the callee's file changed: the caller recompiled, not 4 from the cache
 
+
+
+# kernels whose literal argument is a compile-time size (a tuple's length goes with it)
+LITERAL_BY_DESIGN = {"moetune.kernels.cpu._jit_q8._put"}
+
+
+def _kernel_signatures() -> dict[str, list[str]]:
+    """Every numba kernel of moetune loaded in this process → its compiled signatures."""
+    from numba.core.dispatcher import Dispatcher
+
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.startswith("moetune.kernels.cpu."):
+            for value in list(vars(module).values()):
+                if isinstance(value, Dispatcher):
+                    out[f"{value.py_func.__module__}.{value.py_func.__name__}"] = [str(s) for s in value.signatures]
+    return out
+
+
+def test_a_kernel_takes_int64_indices_from_every_caller(tmp_path):
+    """Fused and unfused decode steps of a tiny qwen3_moe with fp32, int8 and int4-g32 projections and
+    experts: no kernel signature takes a literal int or a uint64 (each would compile the kernel once
+    more on a cold start: `_jit_tiles.I0`)."""
+    ck = build_checkpoint("qwen3_moe", tmp_path, hidden_size=64, moe_intermediate_size=64)
+    for fmt in (None, "int8", "int4-g32"):
+        spec = load_model(ck).spec
+        table = None if fmt is None else PrecisionTable({i: (fmt,) * spec.moe.num_experts for i in spec.moe_layers})
+        model = load_model(ck, precision=table, dense=fmt)
+        for fused in (model.fused, None):
+            model.fused = fused
+            list(Generator(model, tokenizer=None, eos_ids=frozenset()).generate(
+                [[5, 9, 11], [7, 3, 3, 8, 21, 6, 2], [30]], SamplingParams(max_tokens=3, ignore_eos=True)))
+    bad = {k: [s for s in sigs if "Literal[int]" in s or "uint64" in s]
+           for k, sigs in _kernel_signatures().items() if k not in LITERAL_BY_DESIGN}
+    assert not {k: v for k, v in bad.items() if v}
+    assert len(_kernel_signatures()) > 20
