@@ -19,7 +19,7 @@ compiled and each overload returns the one body that kind runs, the same kernels
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.extending import overload
 
 from moetune.kernels.cpu._jit_experts import experts_dense
@@ -30,7 +30,8 @@ from moetune.kernels.cpu._jit_q4r import experts_q4r, experts_q4r_serial, linear
 from moetune.kernels.cpu._jit_tiles import F0
 from moetune.kernels.cpu._opts import OPTS
 
-BLOCK_N = 8  # weight rows per work item of a projection (linear.BLOCK_N)
+BLOCK_N = np.int64(8)  # weight rows per work item of a projection (linear.BLOCK_N), typed int64 as the
+# wrappers pass it from Python (a literal 8 would compile each linear kernel once more: `_jit_tiles.I0`)
 
 
 @njit(**OPTS)
@@ -81,13 +82,21 @@ def _matmul_into(x, w, scale, y, parallel, q8, q4, q4x):
                 linear_int4_serial(xq, xs, w, scale, y, BLOCK_N)
         return int4
 
-    def dense(x, w, scale, y, parallel, q8, q4, q4x):
-        if w.itemsize == 1 and x.shape[0] <= q8:
-            if parallel:
-                linear_q8(x, w, scale, y, BLOCK_N)
+    if w.dtype == types.int8:  # int8 rows: the integer path up to q8 x rows, else widened to fp32
+        def int8(x, w, scale, y, parallel, q8, q4, q4x):
+            if x.shape[0] <= q8:
+                if parallel:
+                    linear_q8(x, w, scale, y, BLOCK_N)
+                else:
+                    linear_q8_serial(x, w, scale, y, BLOCK_N)
+            elif parallel:
+                linear_dense(x, w, scale, y, BLOCK_N)
             else:
-                linear_q8_serial(x, w, scale, y, BLOCK_N)
-        elif parallel:
+                linear_dense_serial(x, w, scale, y, BLOCK_N)
+        return int8
+
+    def dense(x, w, scale, y, parallel, q8, q4, q4x):  # fp32 (typed apart: no int8 kernel compiled for fp32 rows)
+        if parallel:
             linear_dense(x, w, scale, y, BLOCK_N)
         else:
             linear_dense_serial(x, w, scale, y, BLOCK_N)

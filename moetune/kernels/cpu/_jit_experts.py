@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, dot2_q, quantize_row, quantize_single_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import (AHEAD, GEMV_ROWS, M_CHUNK, SHORT_ROW, dense_rows, dot_row, dot_rows4, dot_rows8,
+from moetune.kernels.cpu._jit_tiles import (AHEAD, GEMV_ROWS, I0, I1, M_CHUNK, SHORT_ROW, dense_rows, dot_row, dot_rows4, dot_rows8,
                                             gemv_rows)
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
@@ -95,7 +95,7 @@ def _up_cols(x, offsets, e, w13, s13, a, j0, j1, gu, xq, xs):
             if ahead and mc == m0 and j + AHEAD < I:
                 prefetch_row(we, j + AHEAD)
                 prefetch_row(we, I + j + AHEAD)
-            dense_rows(x, mc, me, we, j, I + j, se[j], se[I + j], gu, 0, 0, 1)
+            dense_rows(x, mc, me, we, j, I + j, se[j], se[I + j], gu, I0, I0, I1)
             for i in range(me - mc):
                 a[mc + i, j] = silu(gu[i, 0]) * gu[i, 1]
 

@@ -46,7 +46,9 @@ def _norm_rows(x, norm):
     w, eps = norm  # Norm
     out = np.empty(x.shape, np.float32)
     rms_norm(x, w, eps, out)
-    x[:, :] = out
+    for t in range(x.shape[0]):  # not `x[:, :] = out`: numba's array assignment compiles its shape-mismatch
+        for c in range(x.shape[1]):  # message (string formatting), ~3 s of a cold start (docs/cpu.md)
+            x[t, c] = out[t, c]
 
 
 @njit(**OPTS)

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from moetune.kernels.cpu._jit_q8 import dot1_q, q4_col, q4_cols, q8_rows, quantize_row_split, quantize_rows, x_blocks
-from moetune.kernels.cpu._jit_tiles import AHEAD, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, gemv_rows, int4_tile
+from moetune.kernels.cpu._jit_tiles import AHEAD, I0, M_CHUNK, SHORT_ROW, GEMV_ROWS, dense_rows, gemv_rows, int4_tile
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._prefetch import prefetch_row
 
@@ -29,7 +29,7 @@ def _linear_block(x, w, scale, y, block, b):
             if ahead and n + AHEAD + GEMV_ROWS - 1 < N:
                 for i in range(GEMV_ROWS):
                     prefetch_row(w, n + AHEAD + i)
-            gemv_rows(x, 0, w, n, min(n1, n + GEMV_ROWS), scale, y, 0)
+            gemv_rows(x, I0, w, n, min(n1, n + GEMV_ROWS), scale, y, I0)
         return
     for mc in range(0, M, M_CHUNK):
         for n in range(b * block, n1, 2):
@@ -44,7 +44,7 @@ def _linear_block(x, w, scale, y, block, b):
 def linear_dense(x, w, scale, y, block):
     """x [M, K] fp32, w [N, K] fp32|int8, scale [N] fp32 → y [M, N]; prange over blocks of N."""
     for b in prange((w.shape[0] + block - 1) // block):
-        _linear_block(x, w, scale, y, block, b)
+        _linear_block(x, w, scale, y, block, np.int64(b))  # the serial twin's signature (`_jit_tiles.I0`)
 
 
 @njit(**OPTS)
@@ -89,7 +89,7 @@ def linear_q8(x, w, scale, y, block):
     """x [M, K] fp32, w [N, K] int8, scale [N] fp32 → y [M, N], x quantised to int16 once per call (`_jit_q8`)."""
     xq, xs = _q8_input(x)
     for b in prange((w.shape[0] + block - 1) // block):
-        _q8_block(xq, xs, w, scale, y, block, b)
+        _q8_block(xq, xs, w, scale, y, block, np.int64(b))
 
 
 @njit(**OPTS)
@@ -129,7 +129,7 @@ def linear_q4(x, w, scale, y, block):
     each group's nibbles against it in integers, one fp32 scale per group (`_simd.q4_row`)."""
     q = _q4_input(x, w)
     for b in prange((w.shape[0] + block - 1) // block):
-        _q4_block(q, w, scale, y, block, b)
+        _q4_block(q, w, scale, y, block, np.int64(b))
 
 
 @njit(**OPTS)
@@ -154,7 +154,7 @@ def _linear_int4_block(xq, xs, w, scale, y, block, b):
 def linear_int4(xq, xs, w, scale, y, block):
     """xq [M, 2, G, group/2], xs [M, G] (see `int4_rows`); w [N, G, group/2] u8, scale [N, G]."""
     for b in prange((w.shape[0] + block - 1) // block):
-        _linear_int4_block(xq, xs, w, scale, y, block, b)
+        _linear_int4_block(xq, xs, w, scale, y, block, np.int64(b))
 
 
 @njit(**OPTS)

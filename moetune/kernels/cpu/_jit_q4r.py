@@ -27,6 +27,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from moetune.kernels.cpu._jit_experts import silu
+from moetune.kernels.cpu._jit_tiles import I0
 from moetune.kernels.cpu._opts import OPTS
 from moetune.kernels.cpu._simd_q4r import (PART, ROWS, WIDE, q4r_tile_1, q4r_tile_1p2, q4r_tile_1p3, q4r_tile_2,
                                           q4r_tile_2p2, q4r_tile_2p3, q4r_tile_4, q4r_tile_4p2, q4r_tile_4p3)
@@ -155,9 +156,9 @@ def linear_q4r(x, w, s, y, few, many):
             quantize_row(x, m, G, P, xq, xd, xc, m)
     else:
         for m in prange(M):
-            quantize_row(x, m, G, P, xq, xd, xc, m)
+            quantize_row(x, np.int64(m), G, P, xq, xd, xc, np.int64(m))  # the twin's int64 (`_jit_tiles.I0`)
     for nb in prange(w.shape[0] // ROWS):
-        call_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P, M)
+        call_rows(xq, xd, xc, I0, M, w, s, np.int64(nb), y, I0, nb * ROWS, P, M)
 
 
 @njit(**OPTS)
@@ -168,7 +169,7 @@ def linear_q4r_serial(x, w, s, y, few, many):
     for m in range(M):
         quantize_row(x, m, G, P, xq, xd, xc, m)
     for nb in range(w.shape[0] // ROWS):
-        call_rows(xq, xd, xc, 0, M, w, s, nb, y, 0, nb * ROWS, P, M)
+        call_rows(xq, xd, xc, I0, M, w, s, nb, y, I0, nb * ROWS, P, M)
 
 
 @njit(**OPTS)
@@ -193,8 +194,8 @@ def _up_item(q, offsets, e, w13, s13, a, b0, b1, few, many):
     for b in range(b0, b1):
         for m0 in range(offsets[e], offsets[e + 1], 4):
             m1 = min(offsets[e + 1], m0 + 4)
-            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, 0, 0, P, rows)
-            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, 0, ROWS, P, rows)
+            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, I0, I0, P, rows)
+            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, I0, I0 + ROWS, P, rows)
             for i in range(m1 - m0):
                 for l in range(ROWS):
                     a[m0 + i, b * ROWS + l] = silu(gu[i, l]) * gu[i, ROWS + l]

@@ -34,6 +34,10 @@ SHORT_ROW = 1024  # long on each weight line: 2+ x rows per weight row, or rows 
 # one row; the experts' w13 pass on rows of 3 KB 0.88-0.95x, on rows of 1 KB 1.12-1.16x), or int8
 # experts at one row (340M-style decode b=1: steps 1.06x; fp32 rows of 1 KB at one row: 0.96x)
 F0, F1, F8, F16, F1_16 = (np.float32(v) for v in (0.0, 1.0, 8.0, 16.0, 0.0625))
+# Index constants typed int64, not literal: a call that passes a literal 0 compiles its callee once more
+# (numba specialises a kernel on each literal argument), one that passes I0 shares the int64 signature of
+# the calls that pass a variable. Likewise a prange index (uint64) is passed as np.int64(i).
+I0, I1 = np.int64(0), np.int64(1)
 
 
 # --- two weight rows (n, n2) against x rows [m0, m1): a 4 × 2 register tile -----------------------
@@ -129,8 +133,9 @@ def _gemv_rows_for_host() -> int:
 
 
 GEMV_ROWS = _gemv_rows_for_host()  # read when numba loads the kernels (`runtime.jit()`): a constant, frozen
-# into the callers' disk cache, which numba keys on the target CPU (the host's, or `isa.choose`'s) — so a cache
-# directory shared between an AMD and an Intel host under one forced variant would keep one host's pick
+# into the callers' disk cache, which numba keys on the target CPU (the host's, or `isa.choose`'s) and `_cache`
+# stamps with the host CPU's name — so a cache directory shared between an AMD and an Intel host recompiles
+# when the other host used it last, never hands one host the other's pick
 
 
 @njit(**OPTS)

@@ -17,6 +17,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from moetune.kernels.cpu._opts import CACHED
+
 LINE = 64  # bytes per request (x86 cache line)
 _I32 = ir.IntType(32)
 
@@ -43,7 +45,7 @@ def _prefetch_l2(typingctx, w, n, k):
     return sig, codegen
 
 
-@njit(cache=True, nogil=True)
+@njit(**CACHED)
 def prefetch_row(w, n):
     """Request every line of row n of w [N, K] into L2."""
     step = max(1, LINE // w.itemsize)

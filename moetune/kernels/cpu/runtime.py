@@ -1,7 +1,8 @@
 """Lazy access to the numba kernels and their thread count.
 
 Nothing here imports numba at import time: the first `jit()` call imports `_jit` (numba compiles
-each kernel on its first call for the given dtypes, then reuses the on-disk cache, `cache=True`).
+each kernel on its first call for the given dtypes, then reuses the on-disk cache, `cache=True`,
+which `_cache` keys on every kernel source, so an edited callee never leaves a caller stale).
 """
 
 from __future__ import annotations
