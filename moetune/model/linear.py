@@ -4,7 +4,7 @@ A decode step multiplies a few rows by every weight once, so its time is the wei
 memory bandwidth; torch's small-M sgemm reads W at about half that rate on the CPU, while
 `moetune.kernels.cpu.linear` reads W once for up to ~16 rows at the read limit. The loader turns the
 kernel on (`small_m`) for fp32 models on the CPU under the `cpu` kernel backend; every other case,
-and steps with more rows (prefill), take `F.linear`.
+and steps with more rows (prefill), take torch's GEMM (packed weights: below).
 
 A weight is a float tensor or a packed int8 / int4 `PackedWeight` [N, K] (`moetune quantize
 --dense`, or a recipe's `quant.dense`: `model/dense_quant.py`). A packed weight runs the kernel up

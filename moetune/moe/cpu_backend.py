@@ -36,9 +36,9 @@ from moetune.moe.permute import PermuteOutput
 MAX_ROWS = 16  # rows of one slot up to which the kernel beats torch's GEMM (each row reuses the weight read)
 SMALL_EXPERT_BYTES = 1 << 20  # w13 + w2 of one expert below this: torch's per-slot calls cost more than the math
 INT4_ROWS = 1 << 30  # int4 experts with the interleaved kernels (`runtime.Q4_INTERLEAVED`): every row count
-# where they beat torch's GEMM at prefill (`panels.int4_kernel_at_prefill`: VNNI); else the rule below
 # (a 512-token prefill's int4 experts: the kernel 4-9x the old path per projection, at or above
-# torch's fp32 GEMM on the dequantised copy, docs/cpu.md)
+# torch's fp32 GEMM on the dequantised copy, docs/cpu.md) — where the kernels have VNNI
+# (`panels.int4_kernel_at_prefill`: without it the panels win, and `row_limit` takes the rule below)
 SMALL_EXPERT_ROWS = 64  # so such experts stay on the kernel up to this many rows (bundled model: +15 % tok/s)
 ROUTER_ROWS = 64  # tokens up to which the router GEMM runs the small-M kernel (decode-shaped steps)
 KERNEL_FORMATS = (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4)

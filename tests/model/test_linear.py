@@ -70,3 +70,30 @@ def test_a_large_weight_stays_on_the_kernel_up_to_64_rows(M, kernel, monkeypatch
     project(torch.randn(65, 29), w, small_m=16)  # above 64 rows: F.linear again
     project(x, w, small_m=0)  # the kernel off: F.linear always
     assert calls == []
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("vnni", [True, False])
+def test_a_packed_weight_past_64_rows_takes_the_panels(monkeypatch, fmt, vnni):
+    """Packed weights beyond LARGE_WEIGHT_M rows with the kernels on: torch's GEMM on panels (`panels.py`),
+    within fp32 (int8 with VNNI: within its x parts' rounding) of the whole-weight twin, bias included;
+    int4 stays on the interleaved kernel only with VNNI."""
+    from moetune.kernels.cpu import panels
+    from moetune.kernels.cpu import quantize_int4, quantize_int8
+    from moetune.kernels.cpu.panels import packed_linear_ref
+    from moetune.model import linear
+
+    monkeypatch.setattr(panels, "int4_kernel_at_prefill", lambda: vnni)
+    monkeypatch.setattr(panels, "int8_integer_at_prefill", lambda: vnni)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 64, generator=g)
+    w = quantize_int8(w) if fmt == "int8" else quantize_int4(w, 32)
+    x, b = torch.randn(linear.LARGE_WEIGHT_M + 7, 64, generator=g), torch.randn(96, generator=g)
+    calls = []
+    monkeypatch.setattr(panels, "packed_linear", lambda *a: calls.append(1) or packed_linear_ref(*a))
+    got = project(x, w, b, small_m=16)
+    assert calls == ([] if fmt == "int4" and vnni else [1])
+    torch.testing.assert_close(got, packed_linear_ref(x, w, b), rtol=1e-3, atol=1e-3)
+    calls.clear()
+    project(x, w, b, small_m=0)  # the kernels off: the whole-weight twin
+    assert calls == []
