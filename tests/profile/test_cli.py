@@ -3,6 +3,7 @@
 import pytest
 
 from tests.cli_run import assert_one_line_error, moetune, moetune_each
+from tests.html_check import assert_self_contained
 
 SMALL = ["--num-requests", "3", "--batch-size", "2", "--input-len", "12", "--output-len", "3", "--warmup-steps", "1"]
 
@@ -22,7 +23,7 @@ def test_profile_then_report_end_to_end(checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr
     html = out.read_text()
     assert html.count("<img") >= 4 or "<svg" in html
-    assert "http" not in html  # self-contained: no network resources at all
+    assert_self_contained(html)  # no network resources at all
     assert "Most imbalanced layers" in html and "Phase breakdown" in html
     assert "Measured per rank" in html and "Per-rank timeline" in html  # --ep-size 2 ran two ranks
     assert as_md.returncode == 0, as_md.stderr

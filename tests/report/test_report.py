@@ -12,6 +12,7 @@ from moetune.report.html import render_html
 from moetune.report.markdown import render_markdown
 from moetune.report.plots import all_plots
 from moetune.report.tables import all_tables
+from tests.html_check import assert_self_contained
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_html_is_self_contained(run):
     plots = all_plots(run.tables)
     html = render_html(run.summary, run.env, plots)
     assert html.count('src="data:image/png;base64,') == len(plots)
-    assert "http" not in html and "<script" not in html
+    assert_self_contained(html)
     assert base64.b64encode(plots[0][2]).decode() in html
     for table in all_tables(run.summary):
         assert table.title.split(" (")[0] in html
