@@ -180,6 +180,26 @@ def test_experts_match_their_twins(rows, group, threads, parts):
     assert ((got - ref).norm() / ref.norm()).item() < (3e-2 if 1 in parts[:2] else 1e-3 if fp16 else 1e-4)
 
 
+@pytest.mark.parametrize("rows", [[1], [0, 1, 0], [1, 1], [1, 0, 1, 1], [1, 1, 1, 0, 1, 1, 1]])
+@pytest.mark.parametrize("blocks", [1, 22, 37])
+def test_one_row_an_expert_goes_expert_by_expert_to_the_same_bits(rows, blocks, monkeypatch):
+    """One x row for every active expert (decode of one sequence): the parallel kernel's items go expert
+    by expert in runs of gate blocks then up blocks (`_jit_q4r._up_run`); each output lane sums what the
+    serial twin sums, in its order: equal bits, for ragged runs (22, 37 blocks of 16 activation columns:
+    runs of up to 16, fewer when the experts are few) and any number of active experts."""
+    monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
+    g = torch.Generator().manual_seed(blocks + len(rows))
+    E, D, I = len(rows), 96, 16 * blocks if blocks % 2 == 0 else 16 * (blocks + 1)
+    w13 = quantize_int4(torch.randn(E, 2 * I, D, generator=g), 32)
+    w2 = quantize_int4(torch.randn(E, D, I, generator=g), 32)
+    off = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()])
+    x = torch.randn(int(off[-1]), D, generator=g)
+    got = fused_experts_cpu(x, off, w13, w2, threads=2)
+    assert torch.equal(got, fused_experts_cpu(x, off, w13, w2, threads=1))
+    want = experts_twin(x, off, w13, w2)
+    assert ((got - want).norm() / want.norm()).item() < 5e-5
+
+
 def test_a_weight_written_in_place_is_repacked_again():
     """An offloading store copies experts into its slot tensors: the cached repack follows the bytes."""
     g = torch.Generator().manual_seed(9)

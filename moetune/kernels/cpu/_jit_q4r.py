@@ -17,13 +17,17 @@ expert) of up to FEW_ROWS x rows takes `few` parts, a longer one `many` (`parts`
                                   w13 [E, 2I, Gd, Hd] (gate rows, then up rows: blocks of 16 never
                                   straddle the two, I being a multiple of the group), w2 [E, D, Gi, Hi],
                                   their scales [E, S·2I/16, Gd, 16] and [E, S·D/16, Gi, 16]; a [N, I] scratch.
+                                  Work items: with one x row an active expert (decode of one
+                                  sequence) expert by expert, a w13 item reading a run of gate blocks
+                                  then the same run of up blocks (`_up_run`); otherwise interleaving
+                                  the experts, so equal shares hold equal work whatever the row counts.
 Each has a serial twin (`*_serial`, the same work items on the calling thread).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 
 from moetune.kernels.cpu._jit_experts import silu
@@ -201,6 +205,37 @@ def _up_item(q, offsets, e, w13, s13, a, b0, b1, few, many):
                     a[m0 + i, b * ROWS + l] = silu(gu[i, l]) * gu[i, ROWS + l]
 
 
+RUN_BLOCKS = 16  # most blocks of 16 activation columns per work item when the items go expert by expert
+
+
+@njit(inline="always", **OPTS)
+def _up_run(q, offsets, e, w13, s13, a, b0, b1, few, many):
+    """`_up_item` reading its gate blocks b0..b1 (≤ RUN_BLOCKS) in one run, then its up blocks in
+    another: two long read streams instead of the two alternating every block."""
+    xq, xd, xc = q
+    rows = offsets[e + 1] - offsets[e]
+    P = parts(rows, few, many)
+    nbi = w13.shape[1] // (2 * ROWS)
+    n = b1 - b0
+    gu = np.empty((4, 2 * RUN_BLOCKS * ROWS), F32)  # [x rows of a tile, gate of the run | up of the run]
+    for m0 in range(offsets[e], offsets[e + 1], 4):
+        m1 = min(offsets[e + 1], m0 + 4)
+        for b in range(b0, b1):
+            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], b, gu, I0, (b - b0) * ROWS, P, rows)
+        for b in range(b0, b1):
+            call_rows(xq, xd, xc, m0, m1, w13[e], s13[e], nbi + b, gu, I0, (n + b - b0) * ROWS, P, rows)
+        for i in range(m1 - m0):
+            for j in range(n * ROWS):
+                a[m0 + i, b0 * ROWS + j] = silu(gu[i, j]) * gu[i, n * ROWS + j]
+
+
+@njit(**OPTS)
+def run_blocks(A, nbi):
+    """Blocks per work item of the expert-by-expert w13 pass: RUN_BLOCKS, fewer when A experts of nbi
+    blocks would then give under two items a thread."""
+    return max(1, min(RUN_BLOCKS, A * nbi // (2 * get_num_threads())))
+
+
 @njit(parallel=True, **OPTS)
 def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
     N, D, I, A = x.shape[0], x.shape[1], a.shape[1], active.shape[0]
@@ -214,10 +249,18 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
         for t in prange(A):
             _quantize_expert(x, offsets, active[t], Gd, few, many, q)
     nbi, nbd = I // ROWS, D // ROWS
-    nu = (nbi + UP_BLOCKS - 1) // UP_BLOCKS
+    single = N == A  # one row an active expert (decode of one sequence): equal work, so item by item expert
+    # by expert (longer read streams: `_up_run`); else the items interleave the experts, so each thread
+    # takes a share of every expert whatever its rows
+    rb = run_blocks(A, nbi) if single else UP_BLOCKS
+    nu = (nbi + rb - 1) // rb
     for t in prange(A * nu):
-        u = t // A
-        _up_item(q, offsets, active[t % A], w13, s13, a, u * UP_BLOCKS, min(nbi, (u + 1) * UP_BLOCKS), few, many)
+        if single:
+            u = t % nu
+            _up_run(q, offsets, active[t // nu], w13, s13, a, u * rb, min(nbi, (u + 1) * rb), few, many)
+        else:
+            u = t // A
+            _up_item(q, offsets, active[t % A], w13, s13, a, u * rb, min(nbi, (u + 1) * rb), few, many)
     if N * I <= SERIAL_X:
         for e in active:
             _quantize_expert(a, offsets, e, Gi, few, many, qa)
@@ -225,10 +268,10 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
         for t in prange(A):
             _quantize_expert(a, offsets, active[t], Gi, few, many, qa)
     for t in prange(A * nbd):
-        e = active[t % A]
+        e, b = (active[t // nbd], t % nbd) if single else (active[t % A], t // A)
         rows = offsets[e + 1] - offsets[e]
-        call_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], t // A, y, offsets[e],
-                  (t // A) * ROWS, parts(rows, few, many), rows)
+        call_rows(qa[0], qa[1], qa[2], offsets[e], offsets[e + 1], w2[e], s2[e], b, y, offsets[e], b * ROWS,
+                  parts(rows, few, many), rows)
 
 
 @njit(**OPTS)
