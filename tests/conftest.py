@@ -47,12 +47,31 @@ def hf_model():
     return get
 
 
-@pytest.fixture(scope="session")
-def tiny_bench(checkpoint):
-    """`moetune bench` through the console script on the tiny qwen3_moe against transformers, small sizes,
-    one thread: one launch (a CompletedProcess, read-only) whose table (tests/cli/test_bench.py) and
-    kernel-variant header (tests/kernels/test_cpu_isa.py) are each checked by their own test."""
-    from tests.cli_run import moetune
+BENCH_ARGS = ("--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
 
-    return moetune("bench", "--model", str(checkpoint("qwen3_moe")), "--against", "transformers",
-                   "--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
+
+@pytest.fixture(scope="session")
+def tiny_benches(checkpoint, tmp_path_factory):
+    """`moetune bench` through the console script on the tiny qwen3_moe, small sizes, one thread, launched
+    together (one core each): (fp32 against transformers, int8 experts and dense projections by a recipe).
+    Read-only CompletedProcesses; each test checks its own part."""
+    from tests.cli_run import moetune_each
+
+    path = checkpoint("qwen3_moe")
+    recipe = tmp_path_factory.mktemp("bench_int8") / "q.yaml"
+    recipe.write_text(f"model:\n  path: {path}\nquant:\n  experts: int8\n  dense: int8\n")
+    return tuple(moetune_each(("bench", "--model", str(path), "--against", "transformers", *BENCH_ARGS),
+                              ("bench", "--recipe", str(recipe), *BENCH_ARGS)))
+
+
+@pytest.fixture(scope="session")
+def tiny_bench(tiny_benches):
+    """The fp32 launch of `tiny_benches`, whose table (tests/cli/test_bench.py) and kernel-variant header
+    (tests/kernels/test_cpu_isa.py) are each checked by their own test."""
+    return tiny_benches[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_bench_int8(tiny_benches):
+    """The int8 launch of `tiny_benches` (experts and dense projections int8: tests/cli/test_bench.py)."""
+    return tiny_benches[1]

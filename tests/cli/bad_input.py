@@ -32,6 +32,14 @@ class Case:
     wait_for: str | None = None  # "tmpdir": a run's temporary directory exists; "stdout": first output
     stdout_ok: bool = False  # streamed completion text before an interrupt is allowed
     issue: str = ""  # the failure of issue 14 this case covers (empty: a new case)
+    loads_model: bool = False  # a model loads (its kernels compile) before the mistake is found
+
+    @property
+    def early(self) -> bool:
+        """Whether the case can run while the shared run directory is made (its profile compiles the kernels
+        on a fresh clone): it neither reads {run} (args or prep) nor loads a model (an interrupt, `loads_model`)."""
+        reads_run = any(isinstance(a, str) and "{run}" in a for a in self.args) or getattr(self.prep, "reads_run", False)
+        return not (reads_run or self.loads_model or self.kind == "interrupt")
 
 
 # --- preparation helpers ---------------------------------------------------------------------------
@@ -52,6 +60,7 @@ def both(*preps: Prep) -> Prep:
     def prep(d: Path, src: dict) -> None:
         for p in preps:
             p(d, src)
+    prep.reads_run = any(getattr(p, "reads_run", False) for p in preps)
     return prep
 
 
@@ -104,6 +113,7 @@ def run(mutate: Callable[[Path], None] | None = None) -> Prep:
         shutil.copytree(src["run"], d / "run")
         if mutate is not None:
             mutate(d / "run")
+    prep.reads_run = True
     return prep
 
 
@@ -218,11 +228,11 @@ CASES: list[Case] = [
     Case("speculative-auto-without-k", "value", (*G, "--speculative", "ngram:auto"), 1,
          ("engine.speculative", "ngram:auto", "':auto' after K")),
     Case("speculative-mtp-missing", "value", (*G, "-m", "{ck}", "--speculative", "mtp:2"), 1,
-         ("num_nextn_predict_layers", "no MTP layer", "ngram:K")),
+         ("num_nextn_predict_layers", "no MTP layer", "ngram:K"), loads_model=True),
     Case("speculative-draft-missing", "value", (*G, "--speculative", "draft:{d}/nope:2"), 1,
-         ("draft model", "nope", "neither a directory nor a bundled model")),
+         ("draft model", "nope", "neither a directory nor a bundled model"), loads_model=True),
     Case("speculative-draft-other-vocabulary", "value", (*G, "--speculative", "draft:{ck}:2"), 1,
-         ("draft model's vocabulary has 320", "8,192", "share the target's tokenizer")),
+         ("draft model's vocabulary has 320", "8,192", "share the target's tokenizer"), loads_model=True),
     Case("speculative-auto-with-tp", "value", (*G, "--speculative", "ngram:2:auto", "--tp-size", "2"), 1,
          ("engine.speculative", "adaptive k", "tp_size=2", "fixed K")),
     Case("capacity-factor-nan", "value", ("profile", "--capacity-factor", "nan"), 1, ("--capacity-factor", "finite")),
@@ -240,7 +250,7 @@ CASES: list[Case] = [
          ("tp_size=2", "expert_tp_size=4", "1 or the group size 4")),
     Case("tp-profile-prompt-too-long", "value", ("profile", "-m", "{ck}", "--tp-size", "2", "--num-requests", "1",
                                                  "--prompts", "{d}/p.txt", "--output-len", "4"), 1,
-         ("exceeds the model's context",), prep=write("p.txt", "x = 1; " * 200 + "\n")),
+         ("exceeds the model's context",), prep=write("p.txt", "x = 1; " * 200 + "\n"), loads_model=True),
     Case("tp-shard-missing", "checkpoint", (*G, "-m", "{d}/ck", "--expert-tp-size", "2"), 1, ("shard", "missing"),
          prep=ck(_index_missing_shard, source="sharded")),
     Case("bench-unknown-reference", "value", ("bench", "--against", "vllm"), 1, ("vllm", "transformers")),
@@ -259,7 +269,7 @@ CASES: list[Case] = [
          ("--prompt", "UTF-8"), issue="prompt with a lone surrogate"),
     Case("stop-invalid-utf8", "prompt", (*G, "--stop", b"\xff", "-m", "{ck}"), 1, ("--stop", "UTF-8")),
     Case("prompt-longer-than-context", "prompt", ("generate", "-m", "{ck}", "-p", "for i in range(10):\n" * 200),
-         1, ("context",)),
+         1, ("context",), loads_model=True),
     Case("prompts-file-missing", "prompts", ("profile", "--prompts", "{d}/nope.jsonl"), 1, ("nope.jsonl",)),
     Case("prompts-file-is-dir", "prompts", ("profile", "--prompts", "{d}"), 1, ("prompts file",)),
     Case("prompts-file-empty", "prompts", ("profile", "--prompts", "{d}/p.txt"), 1, ("no prompts",),

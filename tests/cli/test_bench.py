@@ -4,8 +4,6 @@ import pytest
 
 from tests.cli_run import assert_one_line_error, moetune
 
-ARGS = ("--prefill-len", "16", "--decode-steps", "2", "--threads", "1")
-
 
 @pytest.fixture
 def plain(tiny_bench):
@@ -36,14 +34,12 @@ def _mb_per_token(stdout: str, workload: str) -> float:
     return float(line.split()[-1])  # the last column (piped: one line a row, columns apart by spaces)
 
 
-def test_bench_shows_each_parts_precision_and_bytes_per_token(checkpoint, plain, tmp_path):
+def test_bench_shows_each_parts_precision_and_bytes_per_token(plain, tiny_bench_int8):
     """A recipe with int8 experts and int8 dense projections: the precision line names every part,
     and each decode step reads fewer bytes per token than the fp32 model's (and b=16 fewer than b=1).
-    The fp32 figures are the `plain` launch's (with --against its moetune columns are the same)."""
-    path = checkpoint("qwen3_moe")
-    recipe = tmp_path / "q.yaml"
-    recipe.write_text(f"model:\n  path: {path}\nquant:\n  experts: int8\n  dense: int8\n")
-    quant = moetune("bench", "--recipe", str(recipe), *ARGS)
+    The fp32 figures are the `plain` launch's (with --against its moetune columns are the same); both
+    launches are tests/conftest.py's `tiny_benches`, run side by side."""
+    quant = tiny_bench_int8
     assert quant.returncode == 0, quant.stderr
     assert "precision: experts int8 · attention int8 · lm_head int8 · router fp32 · embedding fp32" in quant.stdout
     assert "precision: experts fp32 · attention fp32 · lm_head fp32" in plain.stdout
