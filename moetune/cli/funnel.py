@@ -100,11 +100,15 @@ def in_finalizer(frame) -> bool:
     return False
 
 
-def raising(exc_type: type[BaseException]) -> Callable:
-    """A signal handler that raises `exc_type`, or sends the signal again shortly when it landed in a finalizer."""
+def raising(exc_type: type[BaseException], resends: list[threading.Timer]) -> Callable:
+    """A signal handler that raises `exc_type`, or sends the signal again shortly when it landed in a
+    finalizer (the timer kept in `resends`, so the caller can cancel it once its handlers are gone)."""
     def handler(signum, frame) -> None:
         if in_finalizer(frame):
-            threading.Timer(RESEND_S, os.kill, (os.getpid(), signum)).start()
+            timer = threading.Timer(RESEND_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            resends.append(timer)
+            timer.start()
             return
         raise exc_type()
     return handler
@@ -115,9 +119,10 @@ def run_cli(app: Callable, commands: list[str]) -> None:
     if not sys.argv[1:]:
         fail(f"no command given; choose one of: {', '.join(commands)} (see 'moetune --help')", EXIT_USAGE)
     click_errors = _click_exception_types()
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, raising(Terminated))}
+    resends: list[threading.Timer] = []
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, raising(Terminated, resends))}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell made it ignored
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, raising(KeyboardInterrupt))
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, raising(KeyboardInterrupt, resends))
     try:
         code = app(standalone_mode=False, prog_name="moetune")
     except MoetuneError as exc:
@@ -134,6 +139,8 @@ def run_cli(app: Callable, commands: list[str]) -> None:
         where = exc.filename if exc.filename is not None else ""
         fail(f"{exc.strerror or exc}{': ' + str(where) if where else ''}", 1)
     finally:
+        for timer in resends:  # a resend after this would meet the restored handlers: an interrupt already
+            timer.cancel()  # reported would end the process by the signal (exit −2) at its shutdown
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if code == EXIT_INTERRUPT:  # typer turns KeyboardInterrupt into Exit(130) and returns the code

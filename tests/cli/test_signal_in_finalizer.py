@@ -63,3 +63,38 @@ def test_in_finalizer_looks_up_the_whole_stack():
     Holder()
     inner()
     assert found == [True, False]
+
+
+QUICK = textwrap.dedent("""
+    import os, signal
+    import typer
+    from moetune.cli.funnel import run_cli
+    from moetune.errors import MoetuneError
+
+    app = typer.Typer()
+
+    class Holder:
+        def __del__(self):
+            os.kill(os.getpid(), signal.{sig})  # its resend is due in RESEND_S ...
+
+    @app.command()
+    def work():
+        Holder()
+        raise MoetuneError("the command failed first")  # ... but the command has already ended
+
+    @app.command()
+    def other():
+        pass
+
+    run_cli(app, ["work", "other"])
+""")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_resend_due_after_the_command_ended_is_dropped(sig):
+    """The funnel cancels a pending resend when it restores the handlers: sent later, it would meet them
+    (SIGINT's default while Python shuts down) and end the process by the signal (exit −2 / −15)."""
+    r = subprocess.run([sys.executable, "-c", QUICK.format(sig=sig), "work"], capture_output=True, text=True,
+                       timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert r.stderr.strip() == "error: the command failed first"
