@@ -45,13 +45,18 @@ def takes(x: torch.Tensor, w: object) -> bool:
 
 
 @functools.cache
+def vnni_kernels() -> bool:
+    """Whether the CPU kernels were compiled with a VNNI dot product (the avx512-vnni or avx-vnni variant)."""
+    jit()  # the kernels' variant is chosen with the first compile
+    return isa.compiled() in ("avx512-vnni", "avx-vnni")
+
+
 def int4_kernel_at_prefill() -> bool:
     """Whether int4 weights keep the interleaved integer kernels (`q4r`) at prefill: with a VNNI dot product
     (avx512-vnni measured: 1.38x the panels at a 512-token prefill; avx-vnni assumed alike) they beat
     torch's fp32 GEMM; without (avx2 measured: the panels 1.32x the kernel, 3 `vpmaddubsw` chains for
     x's 3 parts) int4 takes the panels, as int8 does (docs/cpu.md)."""
-    jit()  # the kernels' variant is chosen with the first compile
-    return isa.compiled() in ("avx512-vnni", "avx-vnni")
+    return vnni_kernels()
 
 
 def panel_rows(K: int) -> int:
@@ -74,12 +79,11 @@ def _dequantize_rows(k, w: PackedWeight, r0: int, out: torch.Tensor) -> torch.Te
     return out
 
 
-@functools.cache
 def int8_integer_at_prefill() -> bool:
     """Whether int8 weights at prefill take torch's integer GEMM (`int8_mm_t`) rather than widened
     panels: where the kernels have a VNNI dot product (avx512-vnni measured, avx-vnni assumed alike) and
     torch has `_int_mm`; without VNNI an int8 GEMM is no faster than fp32's for X_PARTS parts."""
-    return int4_kernel_at_prefill() and hasattr(torch, "_int_mm")
+    return vnni_kernels() and hasattr(torch, "_int_mm")
 
 
 def packed_mm_t(w: PackedWeight, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
