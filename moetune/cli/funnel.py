@@ -139,8 +139,8 @@ def run_cli(app: Callable, commands: list[str]) -> None:
         where = exc.filename if exc.filename is not None else ""
         fail(f"{exc.strerror or exc}{': ' + str(where) if where else ''}", 1)
     finally:
-        for timer in resends:  # a resend after this would meet the restored handlers: an interrupt already
-            timer.cancel()  # reported would end the process by the signal (exit −2) at its shutdown
+        for timer in resends:  # a resend after this would meet the restored handlers at shutdown, after the
+            timer.cancel()  # one line: SIGINT a KeyboardInterrupt traceback, SIGTERM an exit by the signal (−15)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if code == EXIT_INTERRUPT:  # typer turns KeyboardInterrupt into Exit(130) and returns the code

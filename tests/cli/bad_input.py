@@ -38,7 +38,8 @@ class Case:
     def early(self) -> bool:
         """Whether the case can run while the shared run directory is made (its profile compiles the kernels
         on a fresh clone): it neither reads {run} (args or prep) nor loads a model (an interrupt, `loads_model`)."""
-        reads_run = any(isinstance(a, str) and "{run}" in a for a in self.args) or getattr(self.prep, "reads_run", False)
+        reads_run = (any(isinstance(a, str) and "{run}" in a for a in self.args)
+                     or getattr(self.prep, "reads_run", False))
         return not (reads_run or self.loads_model or self.kind == "interrupt")
 
 

@@ -92,8 +92,8 @@ QUICK = textwrap.dedent("""
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_resend_due_after_the_command_ended_is_dropped(sig):
-    """The funnel cancels a pending resend when it restores the handlers: sent later, it would meet them
-    (SIGINT's default while Python shuts down) and end the process by the signal (exit −2 / −15)."""
+    """The funnel cancels a pending resend when it restores the handlers: sent later, it met them while
+    Python shut down (SIGINT: a KeyboardInterrupt traceback after the one line; SIGTERM: exit −15)."""
     r = subprocess.run([sys.executable, "-c", QUICK.format(sig=sig), "work"], capture_output=True, text=True,
                        timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 1, (r.returncode, r.stderr)

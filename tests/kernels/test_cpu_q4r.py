@@ -185,8 +185,9 @@ def test_experts_match_their_twins(rows, group, threads, parts):
 def test_one_row_an_expert_goes_expert_by_expert_to_the_same_bits(rows, blocks, monkeypatch):
     """One x row for every active expert (decode of one sequence): the parallel kernel's items go expert
     by expert in runs of gate blocks then up blocks (`_jit_q4r._up_run`); each output lane sums what the
-    serial twin sums, in its order: equal bits, for ragged runs (22, 37 blocks of 16 activation columns:
-    runs of up to 16, fewer when the experts are few) and any number of active experts."""
+    serial twin sums, in its order: equal bits, for 2, 22 and 38 blocks of 16 activation columns (I a
+    multiple of the group: runs of up to 16, fewer when the experts are few, the last one ragged) and any
+    number of active experts."""
     monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
     g = torch.Generator().manual_seed(blocks + len(rows))
     E, D, I = len(rows), 96, 16 * blocks if blocks % 2 == 0 else 16 * (blocks + 1)

@@ -249,9 +249,9 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
         for t in prange(A):
             _quantize_expert(x, offsets, active[t], Gd, few, many, q)
     nbi, nbd = I // ROWS, D // ROWS
-    single = N == A  # one row an active expert (decode of one sequence): equal work, so item by item expert
-    # by expert (longer read streams: `_up_run`); else the items interleave the experts, so each thread
-    # takes a share of every expert whatever its rows
+    single = N == A  # one row an active expert (decode of one sequence): equal work, so the items go expert
+    # by expert (longer read streams: `_up_run`); else they interleave the experts, so each thread takes a
+    # share of every expert whatever its rows
     rb = run_blocks(A, nbi) if single else UP_BLOCKS
     nu = (nbi + rb - 1) // rb
     for t in prange(A * nu):
