@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import ServeProcess
+from tests.serve.conftest import ServeProcess, metric, wait_for
 
 
 # `moetune serve` through the real CLI entry point, its engine's KV pool removed once built: no step can run
@@ -59,25 +59,35 @@ def test_sigterm_with_requests_in_flight_exits_cleanly():
 
 
 def test_sigterm_past_the_drain_gives_every_request_a_clean_503_or_final_error_event(tmp_path):
+    """The signal is sent once all four are running and both streams have tokens, with a 0.25 s drain: 1,500
+    tokens in a quarter second (6,000 steps/s) is out of this engine's reach, so none can finish first (a
+    fixed 2 s wait and a 1 s drain let one finish normally on a fast minute)."""
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("serve:\n  drain_timeout_s: 1\n")
+    recipe.write_text("serve:\n  drain_timeout_s: 0.25\n")
     srv = ServeProcess("--recipe", str(recipe), "--max-num-seqs", "4", api_key=None)  # no key
     proc, url = srv.proc, srv.url
     body = {"prompt": "class Parser:\n", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
-    plain, streams = [], []
+    plain, streams, started = [], [], threading.Semaphore(0)
 
     def ask():
         plain.append(httpx.post(f"{url}/v1/completions", json=body, timeout=120))
 
     def stream():
         with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
-            streams.append([line[6:] for line in r.iter_lines() if line.startswith("data: ")])
+            lines = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    if len(lines) == 4:
+                        started.release()
+            streams.append(lines)
 
     try:
         threads = [threading.Thread(target=f) for f in (ask, ask, stream, stream)]
         for t in threads:
             t.start()
-        time.sleep(2.0)  # all four running
+        assert started.acquire(timeout=60) and started.acquire(timeout=60)
+        assert wait_for(lambda: metric(srv.metrics(), "moetune_running_sequences") == 4, timeout=60)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         for t in threads:
@@ -88,7 +98,7 @@ def test_sigterm_past_the_drain_gives_every_request_a_clean_503_or_final_error_e
             assert "drain_timeout_s" in r.json()["error"]["message"]
         for lines in streams:
             assert lines[-1] == "[DONE]" and "error" in json.loads(lines[-2]), lines[-3:]
-            assert len(lines) > 3  # it had been streaming
+            assert len(lines) > 4  # it had been streaming
         stderr = srv.output()
         assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
     finally:
