@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("numba")
 
@@ -104,3 +105,26 @@ def test_a_kernel_takes_int64_indices_from_every_caller(tmp_path):
            for k, sigs in _kernel_signatures().items() if k not in LITERAL_BY_DESIGN}
     assert not {k: v for k, v in bad.items() if v}
     assert len(_kernel_signatures()) > 20
+
+
+def test_no_kernel_reads_a_dynamic_global(monkeypatch):
+    """A kernel that reads a dynamic global (numba's `get_num_threads`, a ctypes pointer, a large global
+    array) cannot go into the disk cache: it compiles again in every process, numba only warns ("Cannot
+    cache compiled function"), and so does every kernel that calls it (`moe_block` through `experts_q4r`).
+    Checked over every kernel compiled or loaded in this process after int4 experts at one row an expert
+    on two threads (the path that once asked numba for its thread count) and the other tests' decodes."""
+    from numba.core.dispatcher import Dispatcher
+
+    from moetune.kernels.cpu import fused_experts_cpu, quantize_int4, runtime
+
+    monkeypatch.setattr(runtime, "SERIAL_BYTES", 0)
+    g = torch.Generator().manual_seed(3)
+    w13 = quantize_int4(torch.randn(2, 64, 64, generator=g), 32)  # [E, 2I, D]
+    w2 = quantize_int4(torch.randn(2, 64, 32, generator=g), 32)  # [E, D, I]
+    fused_experts_cpu(torch.randn(2, 64, generator=g), torch.tensor([0, 1, 2]), w13, w2, threads=2)
+    dynamic = sorted(f"{d.py_func.__module__}.{d.py_func.__name__}"
+                     for module in list(sys.modules.values()) if getattr(module, "__name__", "").startswith("moetune.")
+                     for d in list(vars(module).values()) if isinstance(d, Dispatcher)
+                     for cres in list(d.overloads.values()) if cres.library.has_dynamic_globals)
+    assert not dynamic
+    assert "moetune.kernels.cpu._jit_q4r.experts_q4r" in _kernel_signatures()

@@ -115,9 +115,9 @@ def _experts_into(x, offsets, active, experts, tuning, lanes, y):
             w13, s13, w2, s2 = experts[0], experts[1], experts[2], experts[3]  # Experts
             a = np.empty((x.shape[0], w2.shape[2] * 2 * w2.shape[3]), np.float32)  # [N, I] activation
             if lanes > 1:
-                experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, tuning[7], tuning[8])
+                experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, tuning[7], tuning[8], lanes)
             else:
-                experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, tuning[7], tuning[8])
+                experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, tuning[7], tuning[8], lanes)
         return int4r
     if experts[0].ndim == 4:  # int4 w13 [P, 2I, Gd, Hd]
         def int4(x, offsets, active, experts, tuning, lanes, y):

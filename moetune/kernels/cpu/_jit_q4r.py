@@ -12,7 +12,7 @@ expert) of up to FEW_ROWS x rows takes `few` parts, a longer one `many` (`parts`
 
   linear_q4r(x, w, s, y, few, many)
                                   y [M, Npad] = x [M, K] @ W.T (W: w uint8 [Npad, G, H], s [S·NB, G, 16])
-  experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many)
+  experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many, T)
                                   y[rows of e] = (silu(x W1ᵀ)·(x W3ᵀ)) W2ᵀ for each active expert e:
                                   w13 [E, 2I, Gd, Hd] (gate rows, then up rows: blocks of 16 never
                                   straddle the two, I being a multiple of the group), w2 [E, D, Gi, Hi],
@@ -27,7 +27,7 @@ Each has a serial twin (`*_serial`, the same work items on the calling thread).
 from __future__ import annotations
 
 import numpy as np
-from numba import get_num_threads, njit, prange, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 from moetune.kernels.cpu._jit_experts import silu
@@ -230,14 +230,15 @@ def _up_run(q, offsets, e, w13, s13, a, b0, b1, few, many):
 
 
 @njit(**OPTS)
-def run_blocks(A, nbi):
+def run_blocks(A, nbi, T):
     """Blocks per work item of the expert-by-expert w13 pass: RUN_BLOCKS, fewer when A experts of nbi
-    blocks would then give under two items a thread."""
-    return max(1, min(RUN_BLOCKS, A * nbi // (2 * get_num_threads())))
+    blocks would then give under two items to each of the T threads (an argument: numba's
+    `get_num_threads` in a kernel stops its disk cache)."""
+    return max(1, min(RUN_BLOCKS, A * nbi // (2 * T)))
 
 
 @njit(parallel=True, **OPTS)
-def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
+def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many, T):
     N, D, I, A = x.shape[0], x.shape[1], a.shape[1], active.shape[0]
     Gd, Gi = w13.shape[2], w2.shape[2]
     Pmax = max(few, many)  # an expert's rows take `parts(its rows, few, many)` of the buffers' Pmax
@@ -252,7 +253,7 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
     single = N == A  # one row an active expert (decode of one sequence): equal work, so the items go expert
     # by expert (longer read streams: `_up_run`); else they interleave the experts, so each thread takes a
     # share of every expert whatever its rows
-    rb = run_blocks(A, nbi) if single else UP_BLOCKS
+    rb = run_blocks(A, nbi, T) if single else UP_BLOCKS
     nu = (nbi + rb - 1) // rb
     for t in prange(A * nu):
         if single:
@@ -275,7 +276,7 @@ def experts_q4r(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
 
 
 @njit(**OPTS)
-def experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, few, many):
+def experts_q4r_serial(x, offsets, active, w13, s13, w2, s2, a, y, few, many, T):
     N, D, I = x.shape[0], x.shape[1], a.shape[1]
     Gd, Gi = w13.shape[2], w2.shape[2]
     Pmax = max(few, many)

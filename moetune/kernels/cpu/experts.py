@@ -144,7 +144,7 @@ def _run_int4(k, x, off, active, w13: PackedWeight, w2: PackedWeight, y: torch.T
         a = torch.empty(x.shape[0], in_features(w2))  # [N, I] activation scratch
         k.experts_q4r(numpy_view(x), off, active, numpy_view(d13), numpy_view(s13), numpy_view(d2),
                       numpy_view(s2), a.numpy(), y.numpy(), runtime.Q4_X_PARTS_FEW,
-                      runtime.Q4_X_PARTS)
+                      runtime.Q4_X_PARTS, 1 if k.SERIAL else current_threads())
         return
     (E, D), I = w2.data.shape[:2], in_features(w2)
     N, Gi, Hi = x.shape[0], I // w2.group_size, w2.group_size // 2
