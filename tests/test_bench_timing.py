@@ -1,34 +1,41 @@
 """`measure_alternating`: two workloads' runs take turns, setups stay off the clock, and each side's
 timing is its own."""
 
-import time
+import types
 
+import pytest
 import torch
 
+from moetune.bench import timing
 from moetune.bench.timing import Work, measure_alternating
 
 
-def test_runs_take_turns_and_setups_are_untimed():
+def test_runs_take_turns_and_setups_are_untimed(monkeypatch):
+    """On a clock of the test's own, moved only by the work (a sleeping workload on the real clock made
+    the check a race with the machine's load): each side's median is exactly its own run."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
     order = []
 
     def make(name, seconds):
         def setup():
             order.append(name + " setup")
-            time.sleep(0.03)  # untimed
+            clock.now += 0.03  # untimed
             return name
 
         def fn(arg):
             assert arg == name
             order.append(name)
-            time.sleep(seconds)
+            clock.now += seconds
         return Work(fn, setup)
 
     fast, slow = measure_alternating(make("a", 0.002), make("b", 0.012), torch.device("cpu"), runs=3, warmup=1)
     runs = [x for x in order if not x.endswith("setup")]
     assert runs == ["a", "b", "b", "a", "a", "b", "b", "a"]  # warm-up pair, then three timed pairs
     assert fast.runs == slow.runs == 3
-    assert fast.median_s < 0.009 < slow.median_s < 0.03  # neither side's setup nor the other side is counted
-    assert fast.min_s <= fast.median_s <= fast.max_s
+    # neither side's setup nor the other side is counted
+    assert fast.median_s == pytest.approx(0.002) and slow.median_s == pytest.approx(0.012)
+    assert fast.min_s == pytest.approx(0.002) and fast.max_s == pytest.approx(0.002)
 
 
 def test_a_limit_is_sampled_right_before_each_run_and_kept_per_workload(monkeypatch):

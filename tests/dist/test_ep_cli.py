@@ -53,7 +53,7 @@ def _spawned_ranks(parent: int, want: int, within_s: float = 60) -> list[int]:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
-        ranks = [int(p) for p in found if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="ignore")]
+        ranks = [int(p) for p in found if "spawn_main" in _proc_file(int(p), "cmdline")]
         if len(ranks) == want:
             return ranks
         time.sleep(0.2)
@@ -88,9 +88,21 @@ def test_killing_rank_zero_stops_the_others_with_one_line_each(mixtral):
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "rank 1" in lines[0] and "rank 0" in lines[0], err  # no C++ store stack
     deadline = time.monotonic() + 60
-    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
-            break  # exited; a zombie until its dead parent is reaped
+    while _running(child) and time.monotonic() < deadline:
         time.sleep(0.2)
-    stat = Path(f"/proc/{child}/stat")
-    assert not stat.exists() or stat.read_text().split()[2] == "Z", "rank 1 still runs after rank 0 died"
+    assert not _running(child), "rank 1 still runs after rank 0 died"
+
+
+def _proc_file(pid: int, name: str) -> str:
+    """/proc/<pid>/<name>, or "" once the process is gone: it can go between the listing (or an exists()
+    check) and the read, e.g. rank 1 reaped by init just after it exits."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text(errors="ignore")
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    """Alive: neither gone nor a zombie (one that exited but whose dead parent has not been reaped)."""
+    stat = _proc_file(pid, "stat")
+    return bool(stat) and stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -40,18 +40,24 @@ def test_phases_plus_other_is_the_step_time(run):
     assert np.allclose(per_step.sort_index().to_numpy(), run.tables.steps.sort_values("step").seconds.to_numpy())
 
 
-# the share of a layer's measured time its phases account for: ~0.96 for attention-only layers of the
-# tiny qwen2_moe, 0.90-0.97 for its one MoE layer (layer 1), whose Python between the phases (routing
-# tap, probe bookkeeping, capacity counts) is ~10 % of a D = 48 layer; 0.898 was seen on a quiet machine
+# the share of a layer's measured time its phases account for, in the median step: ~0.96 for the
+# attention-only layers of the tiny qwen2_moe, 0.91-0.92 for its one MoE layer (layer 1), whose Python
+# between the phases (routing tap, probe bookkeeping, capacity counts) is ~10 % of a D = 48 layer
 CLOSURE = 0.85
 
 
+def assert_phases_close_each_layer(closure: pd.DataFrame) -> None:
+    """Per layer: in every step its phases take no more than its measured time (they run inside it), and in
+    the median step more than CLOSURE of it. The median over the steps, not their sum: a step preempted
+    between two phases on a loaded machine (load 3.4-5) took a layer's summed share to 0.61-0.81 in 3 of 8
+    runs, while its median stayed at 0.91."""
+    assert (closure.ratio <= 1.0 + 1e-9).all(), closure
+    median = closure.groupby("layer").ratio.median()
+    assert len(median) == 4 and (median > CLOSURE).all(), median
+
+
 def test_phase_times_of_each_layer_add_up_to_its_measured_time(run):
-    closure = layer_closure(run.tables)
-    per_layer = closure.groupby("layer")[["seconds_phases", "seconds_layer"]].sum()
-    ratio = per_layer.seconds_phases / per_layer.seconds_layer
-    assert len(per_layer) == 4
-    assert ((ratio > CLOSURE) & (ratio <= 1.0 + 1e-9)).all(), ratio
+    assert_phases_close_each_layer(layer_closure(run.tables))
 
 
 def test_replaying_the_routing_trace_reproduces_expert_counts(run):
@@ -195,6 +201,4 @@ def test_a_recipe_capacity_is_counted_and_its_second_pass_timed(checkpoint, tmp_
     assert applied[moved] > 0 and applied["buffered" if policy == "drop" else "dropped"] == 0
     overflow = run.tables.phases[run.tables.phases.phase == "overflow"]
     assert (len(overflow) > 0 and (overflow.seconds > 0).all()) if policy == "buffer" else len(overflow) == 0
-    per_layer = layer_closure(run.tables).groupby("layer")[["seconds_phases", "seconds_layer"]].sum()
-    ratio = per_layer.seconds_phases / per_layer.seconds_layer
-    assert ((ratio > CLOSURE) & (ratio <= 1.0 + 1e-9)).all(), ratio
+    assert_phases_close_each_layer(layer_closure(run.tables))

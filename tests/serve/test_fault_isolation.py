@@ -5,6 +5,7 @@ engine step that fails once (reset) and an engine that cannot step any more (/he
 import json
 import math
 import threading
+import time
 
 import httpx
 import pytest
@@ -79,9 +80,17 @@ def test_one_sequence_failing_in_sampling_leaves_four_streams_complete_and_ident
         results["victim"] = _post(server, {"prompt": "x = 1\n", "max_tokens": 400, "temperature": 1, "seed": 424242,
                                            "ignore_eos": True})
 
+    # the engine's thread waits in a call until all five are submitted, so that they start in one step: sent
+    # freely, the first stream had 26 of its 40 tokens when the last arrived (two CPU hogs), and one that
+    # finished before the last arrived would never be seen running beside it
+    release = threading.Event()
+    held = server.state.worker.call(lambda engine: release.wait(60))
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)] + [threading.Thread(target=victim)]
     for t in threads:
         t.start()
+    assert wait_for(lambda: server.state.inflight == 5, timeout=60)  # all five submitted, behind the call
+    release.set()
+    assert held.result(10)
 
     def poison(engine) -> bool:
         """Once all five run: the victim's temperature becomes NaN (the only way past the edge's
@@ -93,7 +102,9 @@ def test_one_sequence_failing_in_sampling_leaves_four_streams_complete_and_ident
         object.__setattr__(victim[0].params, "temperature", math.nan)
         return True
 
-    assert wait_for(lambda: server.state.worker.call(poison).result(10), timeout=60)
+    deadline = time.monotonic() + 60  # asked between every two steps (each call waits for the next)
+    while not server.state.worker.call(poison).result(10):
+        assert time.monotonic() < deadline, "the five never ran together"
     for t in threads:
         t.join(120)
     failed = results["victim"]

@@ -119,7 +119,7 @@ def test_a_fan_out_holds_half_the_slots_of_both_ranks_and_a_short_request_passes
 def test_sigterm_drains_every_rank_and_exits_0():
     srv = ServeProcess("--ep-size", "2", "--max-num-seqs", "4")
     try:
-        outcomes, first = [], threading.Event()
+        outcomes, started = [], threading.Semaphore(0)
 
         def ask(prompt):
             try:
@@ -128,7 +128,8 @@ def test_sigterm_drains_every_rank_and_exits_0():
                 n = 0
                 for c in chunks:
                     n += 1
-                    first.set()
+                    if n == 1:
+                        started.release()
                 outcomes.append(n)
             except Exception as exc:  # noqa: BLE001  (recorded: the test fails on it)
                 outcomes.append(repr(exc))
@@ -136,7 +137,10 @@ def test_sigterm_drains_every_rank_and_exits_0():
         threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS[:4]]
         for t in threads:
             t.start()
-        assert first.wait(120)
+        # every stream has its first chunk (after the first one alone, a request sent later could meet the
+        # closed socket on a slow minute)
+        for _ in threads:
+            assert started.acquire(timeout=120)
         code = srv.stop()
         for t in threads:
             t.join(60)

@@ -30,6 +30,10 @@ main()
 
 
 def test_sigterm_with_requests_in_flight_exits_cleanly():
+    """The signal goes once the server has admitted all four (its prompt-token counter says so); the two long
+    ones (400 tokens, over a second here) are still running then, and all four finish in the 30 s drain. (A
+    fixed 0.5 s wait let a request arrive after the server stopped listening on a slow minute, or let all
+    four end before the signal on a fast one.)"""
     srv = ServeProcess("--max-num-seqs", "4", api_key=None)  # no key
     proc, url = srv.proc, srv.url
     try:
@@ -40,19 +44,21 @@ def test_sigterm_with_requests_in_flight_exits_cleanly():
                 r = httpx.post(f"{url}/v1/completions", timeout=60,
                                json={"prompt": "import os\n", "max_tokens": max_tokens, "ignore_eos": True})
                 outcomes.append(r.status_code)
-            except httpx.HTTPError as exc:  # cut off at the drain deadline: a clean error, not a hang
+            except httpx.HTTPError as exc:  # a hang cut off by the client, or a refused connection
                 outcomes.append(type(exc).__name__)
 
-        threads = [threading.Thread(target=ask, args=(n,)) for n in (8, 8, 40, 40)]
+        one = httpx.post(f"{url}/v1/completions", json={"prompt": "import os\n", "max_tokens": 1}, timeout=60)
+        prompt = one.json()["usage"]["prompt_tokens"]  # counted once already
+        threads = [threading.Thread(target=ask, args=(n,)) for n in (8, 8, 400, 400)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        assert wait_for(lambda: metric(srv.metrics(), "moetune_prompt_tokens_total") == 5 * prompt, timeout=60)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         for t in threads:
             t.join(timeout=60)
             assert not t.is_alive()
-        assert len(outcomes) == 4 and outcomes.count(200) >= 2, outcomes  # the short ones finish in the drain
+        assert outcomes == [200] * 4, outcomes  # every admitted request finishes in the drain
         assert "Traceback" not in srv.output()
     finally:
         srv.kill()
@@ -146,7 +152,9 @@ def test_a_second_signal_stops_at_once_with_a_clean_end_for_every_request(sig):
             t.start()
         assert started.acquire(timeout=60) and started.acquire(timeout=60)
         proc.send_signal(sig)
-        time.sleep(1.0)
+        # the first signal is handled once the socket refuses connections (a fixed 1 s wait guessed it; two
+        # signals pending before the handler runs would be one)
+        assert wait_for(lambda: _not_listening(url), timeout=60)
         assert proc.poll() is None  # draining: the requests would be given 30 s
         proc.send_signal(sig)
         hurried = time.monotonic()
@@ -163,3 +171,14 @@ def test_a_second_signal_stops_at_once_with_a_clean_end_for_every_request(sig):
         assert "a second signal: stopping at once" in stderr
     finally:
         srv.kill()
+
+
+def _not_listening(url: str) -> bool:
+    """The server's socket refuses connections (closed: the drain has begun)."""
+    try:
+        httpx.get(f"{url}/health", timeout=10)
+    except httpx.ConnectError:
+        return True
+    except httpx.TransportError:  # taken just before the socket closed, then dropped: ask again
+        return False
+    return False
