@@ -78,9 +78,9 @@ def _preflight(settings):
         prompt_len = w.input_len
     else:  # an upper bound before tokenizing: at most one token per byte, plus specials
         prompt_len = min(max(len(t.encode("utf-8")) + 2 for t in texts[: w.num_requests]), limit)
-        if prompt_len + w.output_len > limit:  # the bound allows a prompt over the context: count its tokens
-            _check_prompt_lengths(texts, w, checkpoint)
     target = resolve_target(settings.config.model_copy(update={"parallel": parallel}), checkpoint)
+    if w.input_len is None and prompt_len + w.output_len > limit:  # the bound allows a prompt over the context
+        _check_prompt_lengths(texts, w, checkpoint)
     batch = w.real_batch_size
     max_len = min(prompt_len + w.output_len, limit)
     checks.fits(f"profile at batch {batch} (of --batch-size {w.batch_size}, --num-requests {w.num_requests})",
