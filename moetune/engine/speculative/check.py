@@ -41,4 +41,3 @@ def check_draft_vocab(draft_vocab: int, target_vocab: int) -> None:
     if draft_vocab != target_vocab:
         raise MoetuneError(f"the draft model's vocabulary has {draft_vocab:,} tokens, the target's "
                            f"{target_vocab:,}: a draft model must share the target's tokenizer")
-
