@@ -46,8 +46,9 @@ def generate(
 
         raise UsageError(f"--max-tokens {max_tokens} is more than the model's context of {limit:,} tokens leaves "
                          f"after a prompt; give at most {limit - 1:,}")
-    target = resolve_target(cfg, checkpoint)  # once: the placement, device and dtype
-    prompt_tokens = min(len(prompt.encode("utf-8")) + 2, limit)  # at most one token per byte, plus specials
+    target = resolve_target(cfg, checkpoint)  # once: the placement, device and dtype; a speculator it refuses
+    tokenizer, ids = _prompt_ids(target, prompt, chat)  # refused here when over the context, not after the load
+    prompt_tokens = len(ids)
     checks.fits("generate", target_parts(target, 1, min(prompt_tokens + max_tokens, limit), prompt_tokens,
                                          prompt_tokens), target.device, "use a smaller model or --dtype bf16")
     from moetune.engine.build import build_generator
@@ -58,16 +59,31 @@ def generate(
     if cfg.parallel.world > 1:
         from moetune.engine.distributed import run_ranks
 
-        run_ranks(cfg, functools.partial(_stream_rank, prompt, params, chat))
+        run_ranks(cfg, functools.partial(_stream_rank, ids, params))
         return
     apply_threads(cfg)
-    generator = build_generator(target)
-    _print(generator.stream(_prompt(generator, prompt, chat), params))
+    generator = build_generator(target, tokenizer=tokenizer)
+    _print(generator.stream(ids, params))
 
 
-def _stream_rank(prompt: str, params, chat: bool, dp) -> None:
+def _prompt_ids(target, prompt: str, chat: bool) -> tuple[object, list[int]]:
+    """(the checkpoint's tokenizer, the prompt's ids as the engine will run them), refused by the engine's
+    own rule when the context cannot hold them: the tokenizer loads in a moment, the model (its kernels
+    compiled) in tens of seconds."""
+    from moetune.engine.limits import prompt_refusal
+    from moetune.engine.tokenizer import load_encoder
+    from moetune.errors import RequestError
+
+    tokenizer, encode = load_encoder(target.model_dir, target.spec)
+    ids = encode(_prompt(tokenizer, prompt, chat))
+    if refusal := prompt_refusal(len(ids), target.max_len):
+        raise RequestError(f"prompt 0: {refusal}")  # the words the Generator uses for its one prompt
+    return tokenizer, ids
+
+
+def _stream_rank(ids: list[int], params, dp) -> None:
     """Every rank steps; rank 0 serves the one request and alone prints."""
-    pieces = dp.stream(_prompt(dp.generator, prompt, chat), params)
+    pieces = dp.stream(ids, params)
     if dp.rank == 0:
         _print(pieces)
     else:
@@ -75,12 +91,12 @@ def _stream_rank(prompt: str, params, chat: bool, dp) -> None:
             pass
 
 
-def _prompt(generator, prompt: str, chat: bool) -> str:
+def _prompt(tokenizer, prompt: str, chat: bool) -> str:
     if not chat:
         return prompt
     from moetune.engine.tokenizer import apply_chat_template
 
-    return apply_chat_template(generator.tokenizer, [{"role": "user", "content": prompt}])
+    return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])
 
 
 def _print(pieces) -> None:

@@ -79,6 +79,8 @@ def _preflight(settings):
     else:  # an upper bound before tokenizing: at most one token per byte, plus specials
         prompt_len = min(max(len(t.encode("utf-8")) + 2 for t in texts[: w.num_requests]), limit)
     target = resolve_target(settings.config.model_copy(update={"parallel": parallel}), checkpoint)
+    if w.input_len is None and prompt_len + w.output_len > limit:  # the bound allows a prompt over the context
+        _check_prompt_lengths(texts, w, checkpoint)
     batch = w.real_batch_size
     max_len = min(prompt_len + w.output_len, limit)
     checks.fits(f"profile at batch {batch} (of --batch-size {w.batch_size}, --num-requests {w.num_requests})",
@@ -88,6 +90,17 @@ def _preflight(settings):
     checks.fits(f"profile --num-requests {w.num_requests}", {"routing trace and tables": host}, None,
                 "lower --num-requests or --output-len")
     return target
+
+
+def _check_prompt_lengths(texts: list[str], w, checkpoint) -> None:
+    """The requests tokenized as the run will tokenize them, refused by the run's own rule
+    (profile/session.py's check_lengths) before any model loads or rank starts."""
+    from moetune.engine.tokenizer import load_encoder
+    from moetune.profile.session import check_lengths
+    from moetune.profile.workload import request_tokens
+
+    _, encode = load_encoder(checkpoint.model_dir, checkpoint.spec)
+    check_lengths(request_tokens(texts, encode, w), w, checkpoint.spec.max_position)
 
 
 def _profile(settings, report: bool, printer) -> None:

@@ -22,14 +22,15 @@ from moetune.quant.table import PrecisionTable, hot_fraction, read_table, unifor
 from moetune.spec import ModelSpec
 
 def build_generator(target: Target | RunConfig, rank: int = 0, dispatcher: Dispatcher | None = None,
-                    device: torch.device | None = None, tp: TPComm | None = None) -> Generator:
+                    device: torch.device | None = None, tp: TPComm | None = None, tokenizer=None) -> Generator:
     """One rank's generator: with parallel.ep_size R > 1 (or replicas) the store holds this rank's
     slots of the placement and `dispatcher` moves token copies between ranks (engine/distributed.py);
     with `tp` it holds this rank's slices of the weights (model/tp.py).
-    `target`: resolved once by the caller (a RunConfig is resolved here, for library callers)."""
+    `target`: resolved once by the caller (a RunConfig is resolved here, for library callers);
+    `tokenizer`: the checkpoint's, when the caller loaded it already (None: loaded here)."""
     target = as_target(target, device)
     model = build_model(target, rank, dispatcher, tp=tp)
-    tokenizer = load_tokenizer(target.model_dir)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(target.model_dir)
     return Generator(model, tokenizer, eos_ids(tokenizer, model.spec.eos_token_ids), target.config.engine)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from moetune.config import EngineConfig, parse_speculative
 from moetune.engine.block_manager import BlockManager
 from moetune.engine.expert_trace import ExpertTraces
+from moetune.engine.limits import max_len_of, prompt_refusal
 from moetune.engine.model_runner import ModelRunner, StepObserver
 from moetune.engine.sampling import SamplingParams, TokenLogprobs
 from moetune.engine.routing import StepRouting
@@ -79,7 +80,7 @@ class Engine:
     def __init__(self, model: MoETransformer, tokenizer, eos_ids: frozenset[int], config: EngineConfig = EngineConfig()):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.config = config
-        self.max_len = min(model.spec.max_position, config.max_model_len or model.spec.max_position)
+        self.max_len = max_len_of(config, model.spec.max_position)
         num_blocks = config.num_kv_blocks or _auto_blocks(model, config, self.max_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
         self.routing: StepRouting | None = None  # on under affinity, or `track_experts()`
@@ -309,8 +310,8 @@ class Engine:
 
     def _check(self, prompt_ids: list[int], max_len: int) -> None:
         n = len(prompt_ids)
-        if n >= self.max_len:
-            raise RequestError(f"the prompt has {n} tokens but the context is {self.max_len}; shorten the prompt")
+        if refusal := prompt_refusal(n, self.max_len):
+            raise RequestError(refusal)
         if not self.config.chunked_prefill and n > self.config.max_num_batched_tokens:
             raise RequestError(f"the prompt has {n} tokens, over engine.max_num_batched_tokens="
                                f"{self.config.max_num_batched_tokens} with chunked prefill off")

@@ -8,6 +8,7 @@ from typing import Iterator
 from moetune.config import EngineConfig
 from moetune.engine.engine import Engine
 from moetune.engine.sampling import SamplingParams
+from moetune.engine.tokenizer import encode_prompt
 from moetune.errors import RequestError
 from moetune.model.transformer import MoETransformer
 
@@ -35,12 +36,7 @@ class Generator:
         self.engine.eos_ids = value
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        # BOS as the tokenizer says; not verbose: a text longer than the context (eval windows it) is no warning
-        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt, verbose=False)
-        if not ids:
-            bos = self.model.spec.bos_token_id
-            ids = [bos if bos is not None else next(iter(self.eos_ids), 0)]
-        return ids
+        return encode_prompt(self.tokenizer, prompt, self.model.spec.bos_token_id, self.eos_ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

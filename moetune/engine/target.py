@@ -1,7 +1,8 @@
 """One resolved target, built once at the edge (a command, the server, the measure evaluator) and
 passed down to build_model / load_model / run_profile instead of a RunConfig each resolves again:
 the checked checkpoint (directory, spec, tensor index), the placement of `parallel`, the device and
-the dtype. A later change of recipe keeps the checkpoint (`with_config`)."""
+the dtype. A later change of recipe keeps the checkpoint (`with_config`). Mistakes the checkpoints show
+(a split the model cannot take, a speculator it cannot run) are refused here, before any model loads."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moetune.config import ParallelConfig, RunConfig
+from moetune.engine.limits import max_len_of
+from moetune.engine.speculative.check import check_speculative
 from moetune.errors import MoetuneError
 from moetune.model.checkpoint import Checkpoint, open_checkpoint
 from moetune.model.tp_check import check_tp
@@ -38,11 +41,18 @@ class Target:
     def spec(self) -> ModelSpec:
         return self.checkpoint.spec
 
+    @property
+    def max_len(self) -> int:
+        """Tokens one sequence may hold: the engine's own rule (engine/limits.py) for this recipe and model."""
+        return max_len_of(self.config.engine, self.spec.max_position)
+
     def with_config(self, cfg: RunConfig) -> "Target":
         """The same checkpoint under another recipe: the placement, device and dtype follow `cfg`
         (a recipe for another model is resolved from scratch)."""
         if cfg.model.path != self.config.model.path:
             return resolve_target(cfg)
+        if cfg.engine.speculative != self.config.engine.speculative:
+            check_speculative(cfg.engine.speculative, self.checkpoint)
         placement = self.placement if cfg.parallel == self.config.parallel else resolve_placement(cfg.parallel,
                                                                                                     self.spec)
         device = self.device if cfg.model.device == self.config.model.device else resolve_device(cfg.model.device)
@@ -56,6 +66,7 @@ def resolve_target(cfg: RunConfig, checkpoint: Checkpoint | None = None) -> Targ
     checkpoint = checkpoint or open_checkpoint(cfg.model.path)
     placement = resolve_placement(cfg.parallel, checkpoint.spec)
     check_tp(checkpoint.spec, cfg.parallel.tp_size, cfg.parallel.expert_tp)  # a split this model cannot take
+    check_speculative(cfg.engine.speculative, checkpoint)  # mtp:K without an MTP layer, a draft not this model's
     device = resolve_device(cfg.model.device)
     return Target(cfg, checkpoint, placement, device, resolve_dtype(cfg.model.dtype, device))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from moetune.kernels.cpu import linear as cpu_linear
 from moetune.kernels.cpu.formats import in_features
 from moetune.kernels.quant_formats import PackedWeight
 from moetune.model.attention import GQAAttention
-from moetune.model.checkpoint import Checkpoint, checkpoint_at
+from moetune.model.checkpoint import Checkpoint, checkpoint_at, mtp_config
 from moetune.model.fused_decode import FusedDecode
 from moetune.model.hugepages import to_huge_pages
 from moetune.model.linear import SMALL_M, Linear
@@ -276,14 +275,10 @@ def load_mtp(model: MoETransformer, kernel_backend: str = "auto") -> MTPModule:
     weights load in the formats the checkpoint stores: `moetune quantize --dense` packs its
     projections as it packs the target's; the expert policy covers the target's MoE layers only,
     so its experts stay in plain precision (a recipe's quant section packs the target alone)."""
-    from moetune.errors import CheckpointError
     from moetune.model.adapters import spec_from_config
 
     model_dir = Path(model.model_dir)
-    cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    if not cfg.get("num_nextn_predict_layers"):
-        raise CheckpointError(f"{model_dir / 'config.json'} has no num_nextn_predict_layers: this checkpoint has "
-                              "no MTP layer; use ngram:K or draft:DIR:K")
+    cfg = mtp_config(model_dir)  # the refusal without an MTP layer: one line
     spec, L = model.spec, model.spec.num_layers  # the whole model's shapes, on every rank
     layer = spec_from_config(dict(cfg, num_hidden_layers=L + 1)).layers[L]  # the family's dense / MoE rule
     mtp_spec = replace(spec, num_layers=L + 1, layers=(*spec.layers, layer))

@@ -64,7 +64,8 @@ def test_an_existing_run_dir_is_not_overwritten(checkpoint, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text("{}")
-    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), "--out", str(run))
+    # a workload that fits the tiny context: the default prompts (302 tokens + 64) are refused before the run dir
+    result = moetune("profile", "--model", str(checkpoint("olmoe", shard=False)), *SMALL, "--out", str(run))
     assert_one_line_error(result, "already exists")
     assert [p.name for p in run.iterdir()] == ["summary.json"]
 

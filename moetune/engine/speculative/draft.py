@@ -17,16 +17,14 @@ from moetune.config import EngineConfig
 from moetune.engine.sampling import SamplingParams
 from moetune.engine.sequence import Sequence
 from moetune.engine.speculative.base import Draft
-from moetune.errors import MoetuneError
+from moetune.engine.speculative.check import check_draft_vocab
 
 
 class DraftModelSpeculator:
     def __init__(self, k: int, draft_model, target_vocab: int, max_seqs: int, max_len: int, engine_class):
         """`engine_class`: moetune.engine.engine.Engine, handed in by the target's engine (this
         module does not import the engine that imports it)."""
-        if draft_model.spec.vocab_size != target_vocab:
-            raise MoetuneError(f"the draft model's vocabulary has {draft_model.spec.vocab_size:,} tokens, the "
-                               f"target's {target_vocab:,}: a draft model must share the target's tokenizer")
+        check_draft_vocab(draft_model.spec.vocab_size, target_vocab)
         self.k, self.model = k, draft_model
         context = min(max_len, draft_model.spec.max_position)
         per_seq = -(-context // 16) + 1

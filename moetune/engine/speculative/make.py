@@ -19,13 +19,11 @@ def make_speculator(spec: SpeculativeSpec, model, max_seqs: int, max_len: int, e
 
         return MTPSpeculator(spec.k, load_mtp(model), runner.cache.num_blocks, runner.block_size, max_seqs,
                              runner.build_batch, runner.experts)
+    from moetune.engine.speculative.check import draft_errors
     from moetune.engine.speculative.draft import DraftModelSpeculator
-    from moetune.errors import CheckpointError
     from moetune.model.loader import load_model
     from moetune.model.registry import resolve_model
 
-    try:
+    with draft_errors():
         draft = load_model(resolve_model(spec.path), model.dtype, model.device)
-    except CheckpointError as exc:
-        raise CheckpointError(f"engine.speculative's draft model: {exc}") from None
     return DraftModelSpeculator(spec.k, draft, model.spec.vocab_size, max_seqs, max_len, engine_class)
