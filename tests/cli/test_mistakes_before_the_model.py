@@ -81,3 +81,13 @@ def test_a_model_import_is_seen():
 
 def test_the_cases_are_in_the_table():
     assert {c.id for c in CASES} >= set(IDS)
+
+
+def test_max_tokens_over_a_recipes_max_model_len_is_refused_not_cut(checkpoint, tmp_path):
+    """engine.max_model_len below the model's context: --max-tokens over what it leaves is refused with its
+    number (the engine would otherwise cut the output at 100 tokens), before the model."""
+    (tmp_path / "r.yaml").write_text("engine:\n  max_model_len: 100\n")
+    args = ("generate", "-m", "{ck}", "--recipe", "{d}/r.yaml", "-p", "def f():", "--max-tokens", "150")
+    code, modules, line = _run(args, tmp_path, {"ck": checkpoint("qwen3_moe", shard=False)})
+    assert code == 1 and "engine.max_model_len's context of 100" in line and "at most 99" in line, line
+    assert not _built(modules), f"{_built(modules)} imported before: {line}"
