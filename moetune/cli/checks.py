@@ -155,9 +155,10 @@ def output_file(flag: str, path: Path) -> None:
 
 # --- context and memory ------------------------------------------------------------------------
 
-def context(flag: str, tokens: int, max_position: int, hint: str) -> None:
-    if tokens > max_position:
-        raise UsageError(f"{flag} needs {tokens} positions but the model's context is {max_position}; {hint}")
+def context(flag: str, tokens: int, max_len: int, hint: str, words: str = "the model's context") -> None:
+    """`tokens` positions within a context of max_len (`words` names it: engine/limits.py's context_words)."""
+    if tokens > max_len:
+        raise UsageError(f"{flag} needs {tokens} positions but {words} is {max_len}; {hint}")
 
 
 def available_memory(dev) -> tuple[int, str]:

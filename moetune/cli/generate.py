@@ -36,7 +36,7 @@ def generate(
     cfg = m.checked()  # the flags and the recipe, before torch loads (a mistake here answers in a blink)
     from moetune.cli.footprint import target_parts
     from moetune.cli.options import apply_threads
-    from moetune.engine.limits import max_len_of
+    from moetune.engine.limits import context_words, max_len_of
     from moetune.engine.target import resolve_target
     from moetune.model.checkpoint import open_checkpoint
 
@@ -45,7 +45,7 @@ def generate(
     if max_tokens > limit - 1:  # never cut silently: the context holds the prompt too
         from moetune.errors import UsageError
 
-        whose = "the model's context" if limit == checkpoint.spec.max_position else "engine.max_model_len's context"
+        whose = context_words(cfg.engine, checkpoint.spec.max_position)
         raise UsageError(f"--max-tokens {max_tokens} is more than {whose} of {limit:,} tokens leaves "
                          f"after a prompt; give at most {limit - 1:,}")
     target = resolve_target(cfg, checkpoint)  # once: the placement, device and dtype; a speculator it refuses

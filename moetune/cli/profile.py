@@ -61,6 +61,7 @@ def _preflight(settings):
     --redundant-experts), workload within the context and (by estimate) memory: before any loading."""
     from moetune.cli import checks
     from moetune.cli.footprint import profile_host_bytes, target_parts
+    from moetune.engine.limits import context_words, max_len_of
     from moetune.engine.target import resolve_target
     from moetune.model.checkpoint import open_checkpoint
     from moetune.profile.session import parallel_sizes
@@ -71,16 +72,17 @@ def _preflight(settings):
     ep, rpn = parallel_sizes(settings)
     parallel = settings.config.parallel.model_copy(update={"ep_size": ep, "ranks_per_node": rpn})
     checkpoint = open_checkpoint(settings.config.model.path)  # no torch yet
-    limit = checkpoint.spec.max_position
+    limit = max_len_of(settings.config.engine, checkpoint.spec.max_position)  # the engine's rule
+    words = context_words(settings.config.engine, checkpoint.spec.max_position)
     if w.input_len is not None:
         checks.context(f"--input-len {w.input_len} + --output-len {w.output_len}", w.input_len + w.output_len,
-                       limit, "lower --input-len or --output-len")
+                       limit, "lower --input-len or --output-len", words)
         prompt_len = w.input_len
     else:  # an upper bound before tokenizing: at most one token per byte, plus specials
         prompt_len = min(max(len(t.encode("utf-8")) + 2 for t in texts[: w.num_requests]), limit)
     target = resolve_target(settings.config.model_copy(update={"parallel": parallel}), checkpoint)
     if w.input_len is None and prompt_len + w.output_len > limit:  # the bound allows a prompt over the context
-        _check_prompt_lengths(texts, w, checkpoint)
+        _check_prompt_lengths(texts, w, checkpoint, limit, words)
     batch = w.real_batch_size
     max_len = min(prompt_len + w.output_len, limit)
     checks.fits(f"profile at batch {batch} (of --batch-size {w.batch_size}, --num-requests {w.num_requests})",
@@ -92,7 +94,7 @@ def _preflight(settings):
     return target
 
 
-def _check_prompt_lengths(texts: list[str], w, checkpoint) -> None:
+def _check_prompt_lengths(texts: list[str], w, checkpoint, max_len: int, words: str) -> None:
     """The requests tokenized as the run will tokenize them, refused by the run's own rule
     (profile/session.py's check_lengths) before any model loads or rank starts."""
     from moetune.engine.tokenizer import load_encoder
@@ -100,7 +102,7 @@ def _check_prompt_lengths(texts: list[str], w, checkpoint) -> None:
     from moetune.profile.workload import request_tokens
 
     _, encode = load_encoder(checkpoint.model_dir, checkpoint.spec)
-    check_lengths(request_tokens(texts, encode, w), w, checkpoint.spec.max_position)
+    check_lengths(request_tokens(texts, encode, w), w, max_len, words)
 
 
 def _profile(settings, report: bool, printer) -> None:

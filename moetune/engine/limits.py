@@ -12,6 +12,12 @@ def max_len_of(engine: EngineConfig, max_position: int) -> int:
     return min(max_position, engine.max_model_len or max_position)
 
 
+def context_words(engine: EngineConfig, max_position: int) -> str:
+    """How a refusal names the context `max_len_of` gives: the model's, or engine.max_model_len's where the
+    recipe cuts it."""
+    return "the model's context" if max_len_of(engine, max_position) == max_position else "engine.max_model_len's context"
+
+
 def prompt_refusal(num_tokens: int, max_len: int) -> str | None:
     """Why a prompt of `num_tokens` can never run in a context of `max_len` (at least one token must
     follow it), or None."""

@@ -114,6 +114,7 @@ class OverheadResult:
 
 def measure_overhead(settings, runs: int = 7, block_passes: int = 3) -> OverheadResult:
     from moetune.engine.build import build_generator
+    from moetune.engine.limits import max_len_of
     from moetune.model.loader import read_spec
     from moetune.model.registry import resolve_model
     from moetune.profile.probe import Profiler
@@ -126,7 +127,8 @@ def measure_overhead(settings, runs: int = 7, block_passes: int = 3) -> Overhead
     w.check()
     texts = load_prompt_texts(prompts_path(w))
     generator = build_generator(parse_config({**settings.config.model_dump(), "engine": engine_for(
-        settings.config, w, texts, read_spec(resolve_model(settings.config.model.path)).max_position)}))
+        settings.config, w, texts, max_len_of(settings.config.engine,
+                                              read_spec(resolve_model(settings.config.model.path)).max_position))}))
     # ^ the engine `moetune profile` runs: static batches, no prefix cache
     groups = batches(request_tokens(texts, generator.encode, w), w.batch_size)
     params = greedy_params(w.output_len)

@@ -25,6 +25,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
         raise MoetuneError("--capacity-factor must be positive")
     texts = load_prompt_texts(prompts_path(w))  # user mistakes first, before heavy imports
     from moetune.engine.build import build_generator
+    from moetune.engine.limits import context_words
     from moetune.engine.target import resolve_target
     from moetune.profile.rundir import RunDirWriter
 
@@ -33,7 +34,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
     ep, rpn = parallel_sizes(settings)
     parallel = {**settings.config.parallel.model_dump(), "ep_size": ep, "ranks_per_node": rpn}
     cfg = parse_config({**settings.config.model_dump(), "parallel": parallel,
-                        "engine": engine_for(settings.config, w, texts, spec.max_position)}, source="command line")
+                        "engine": engine_for(settings.config, w, texts, target.max_len)}, source="command line")
     target = target.with_config(cfg)  # the same checkpoint; the placement of the run's parallel
     layout = placement_layout(target.placement, spec.moe.num_experts, ep, rpn)
     writer = RunDirWriter(settings.out or settings.runs_root / f"{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -47,7 +48,7 @@ def run_profile(settings: ProfileSettings, on_start: Callable[[int], None] | Non
         capacity_factor=p.capacity_factor, capacity_policy=p.capacity_policy)}))
     generator = build_generator(one_rank)
     requests = request_tokens(texts, generator.encode, w)
-    check_lengths(requests, w, spec.max_position)
+    check_lengths(requests, w, generator.engine.max_len, context_words(cfg.engine, spec.max_position))
     if on_start is not None:
         on_start(min(w.warmup_steps, w.output_len) + w.measured_steps())
     with writer as tmp:

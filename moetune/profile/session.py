@@ -56,11 +56,13 @@ def parallel_sizes(settings: ProfileSettings) -> tuple[int, int]:
     return ep, rpn
 
 
-def check_lengths(requests: list[list[int]], w: Workload, max_position: int) -> None:
+def check_lengths(requests: list[list[int]], w: Workload, max_len: int, words: str = "the model's context") -> None:
+    """Every request's prompt plus --output-len within the engine's context of max_len (`words` names it:
+    engine/limits.py's context_words)."""
     longest = max(len(r) for r in requests)
-    if longest + w.output_len > max_position:
-        raise MoetuneError(f"a prompt of {longest} tokens plus --output-len {w.output_len} exceeds the model's "
-                           f"context of {max_position}; lower --input-len or --output-len")
+    if longest + w.output_len > max_len:
+        raise MoetuneError(f"a prompt of {longest} tokens plus --output-len {w.output_len} exceeds {words} of "
+                           f"{max_len}; lower --input-len or --output-len")
 
 
 def greedy_params(max_tokens: int):

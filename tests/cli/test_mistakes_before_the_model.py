@@ -91,3 +91,19 @@ def test_max_tokens_over_a_recipes_max_model_len_is_refused_not_cut(checkpoint, 
     code, modules, line = _run(args, tmp_path, {"ck": checkpoint("qwen3_moe", shard=False)})
     assert code == 1 and "engine.max_model_len's context of 100" in line and "at most 99" in line, line
     assert not _built(modules), f"{_built(modules)} imported before: {line}"
+
+
+@pytest.mark.parametrize("workload, words", [
+    (("--input-len", "90", "--output-len", "20"), "needs 110 positions but engine.max_model_len's context is 100"),
+    (("--prompts", "{d}/p.txt", "--num-requests", "1", "--output-len", "20"),
+     "plus --output-len 20 exceeds engine.max_model_len's context of 100"),
+], ids=["input-len", "prompts"])
+def test_a_profile_workload_over_a_recipes_max_model_len_is_refused(workload, words, checkpoint, tmp_path):
+    """profile sizes its run by the engine's context (engine.max_model_len cuts the model's 256 to 100): a
+    workload over it is refused by that number, before the model (the engine would cut the outputs)."""
+    (tmp_path / "r.yaml").write_text("engine:\n  max_model_len: 100\n")
+    (tmp_path / "p.txt").write_text("x = 1; " * 25 + "\n")  # ~150 tokens: +20 over 100, under 256
+    args = ("profile", "-m", "{ck}", "--recipe", "{d}/r.yaml", *workload)
+    code, modules, line = _run(args, tmp_path, {"ck": checkpoint("qwen3_moe", shard=False)})
+    assert code == 1 and words in line, line
+    assert not _built(modules), f"{_built(modules)} imported before: {line}"

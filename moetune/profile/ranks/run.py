@@ -69,13 +69,14 @@ class RankJob:
 
     def _run(self, dp):
         from moetune.engine.build import capacity_counts
+        from moetune.engine.limits import context_words
         from moetune.engine.speculative.experts import speculative_counters
         from moetune.profile.ranks.probe import RankProfiler
         from moetune.profile.workload import batches, request_tokens
 
         w, rank0 = self.settings.workload, dp.rank == 0
         requests = request_tokens(self.texts, dp.generator.encode, w)
-        check_lengths(requests, w, dp.model.spec.max_position)
+        check_lengths(requests, w, dp.generator.engine.max_len, context_words(self.cfg.engine, dp.model.spec.max_position))
         groups = batches(requests, w.batch_size)
         profiler = RankProfiler(dp.model, dispatcher_of(dp.model), dp.rank, self.settings.trace and rank0,
                                 self.on_step if rank0 else None)
