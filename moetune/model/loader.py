@@ -10,6 +10,7 @@ import torch
 from moetune.experts.store import ExpertWeights, ResidentExpertStore
 from moetune.kernels.cpu import linear as cpu_linear
 from moetune.kernels.cpu.formats import in_features
+from moetune.kernels.cpu.q4r import repack_ahead
 from moetune.kernels.quant_formats import PackedWeight
 from moetune.model.attention import GQAAttention
 from moetune.model.checkpoint import Checkpoint, checkpoint_at, mtp_config
@@ -105,9 +106,18 @@ def load_model(
     if torch.device(device).type == "cpu":  # decode streams every weight: 2 MiB pages read faster
         resident = experts.tensors() if isinstance(experts, ResidentExpertStore) else []
         to_huge_pages(model.dense_tensors() + resident)
+        if backend.name == "cpu":  # the int4 kernels read interleaved copies: made now, into 2 MiB pages too
+            to_huge_pages(repack_ahead(packed_weights(model) + _packed_experts(experts)))
     if backend.name == "cpu":
         _warm_cpu_kernels(model, backend)
     return model
+
+
+def _packed_experts(experts) -> list[PackedWeight]:
+    """The resident routed experts' weights, every format group of every layer (none for an offloading store)."""
+    if not isinstance(experts, ResidentExpertStore):
+        return []
+    return [w for i in experts.layers() for g in experts.weights(i).groups for w in (g.w13, g.w2)]
 
 
 def _warm_cpu_kernels(model: MoETransformer, backend) -> None:

@@ -117,6 +117,19 @@ def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return hit[0], hit[1]
 
 
+def repack_ahead(weights: list[PackedWeight]) -> list[torch.Tensor]:
+    """`repacked` of every int4 CPU weight here that caches its copy, now (a loader's, before the first
+    call): the interleaved data and scales the int4 kernels read, returned so that the caller can move
+    them into 2 MiB pages (`model.hugepages`; torch's 4 KiB pages made a 364M int4 decode step ~11 %
+    longer, docs/cpu.md). Weights repacked on every call or slot by slot are left out."""
+    out = []
+    for w in weights:
+        if w.fmt is WeightFormat.INT4 and w.data.device.type == "cpu" and w.stable and w.generation is None \
+                and not (w.data.is_inference() or w.scale.is_inference()):
+            out.extend(repacked(w))
+    return out
+
+
 def _slots_repacked(w: PackedWeight, kind: Scales) -> tuple[torch.Tensor, torch.Tensor]:
     """`repacked` of a weight [P, N, K/2] whose slots count their writes (w.generation [P]): the cached
     copy [P, ...] with the slots written since the last call repacked again, one by one."""
