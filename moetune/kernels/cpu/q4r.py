@@ -121,9 +121,10 @@ def repack_ahead(weights: list[PackedWeight]) -> list[torch.Tensor]:
     """`repacked` of every int4 CPU weight here that caches its copy, now (a loader's, before the first
     call): the interleaved data and scales the int4 kernels read, returned so that the caller can move
     them into 2 MiB pages (`model.hugepages`; torch's 4 KiB pages made a 364M int4 decode step ~11 %
-    longer, docs/cpu.md). Weights repacked on every call or slot by slot are left out."""
+    longer, docs/cpu.md). Weights repacked on every call or slot by slot are left out, and every weight when
+    the interleaved kernels are switched off (`runtime.Q4_INTERLEAVED`)."""
     out = []
-    for w in weights:
+    for w in weights if runtime.Q4_INTERLEAVED else []:
         if w.fmt is WeightFormat.INT4 and w.data.device.type == "cpu" and w.stable and w.generation is None \
                 and not (w.data.is_inference() or w.scale.is_inference()):
             out.extend(repacked(w))
