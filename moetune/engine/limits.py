@@ -15,7 +15,8 @@ def max_len_of(engine: EngineConfig, max_position: int) -> int:
 def context_words(engine: EngineConfig, max_position: int) -> str:
     """How a refusal names the context `max_len_of` gives: the model's, or engine.max_model_len's where the
     recipe cuts it."""
-    return "the model's context" if max_len_of(engine, max_position) == max_position else "engine.max_model_len's context"
+    cut = max_len_of(engine, max_position) < max_position
+    return "engine.max_model_len's context" if cut else "the model's context"
 
 
 def prompt_refusal(num_tokens: int, max_len: int) -> str | None:

@@ -76,7 +76,8 @@ class RankJob:
 
         w, rank0 = self.settings.workload, dp.rank == 0
         requests = request_tokens(self.texts, dp.generator.encode, w)
-        check_lengths(requests, w, dp.generator.engine.max_len, context_words(self.cfg.engine, dp.model.spec.max_position))
+        words = context_words(self.cfg.engine, dp.model.spec.max_position)
+        check_lengths(requests, w, dp.engine.max_len, words)
         groups = batches(requests, w.batch_size)
         profiler = RankProfiler(dp.model, dispatcher_of(dp.model), dp.rank, self.settings.trace and rank0,
                                 self.on_step if rank0 else None)
