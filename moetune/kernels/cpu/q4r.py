@@ -106,7 +106,7 @@ def repacked(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     kind = scales()
     if w.generation is not None and w.stable:
         return _slots_repacked(w, kind)
-    if not w.stable or w.data.is_inference() or w.scale.is_inference():
+    if not _cached_whole(w):
         return repack(w, kind)
     key, version = id(w.data), (w.data._version, w.scale._version, kind)
     hit = _CACHE.get(key)
@@ -125,10 +125,15 @@ def repack_ahead(weights: list[PackedWeight]) -> list[torch.Tensor]:
     the interleaved kernels are switched off (`runtime.Q4_INTERLEAVED`)."""
     out = []
     for w in weights if runtime.Q4_INTERLEAVED else []:
-        if w.fmt is WeightFormat.INT4 and w.data.device.type == "cpu" and w.stable and w.generation is None \
-                and not (w.data.is_inference() or w.scale.is_inference()):
+        if w.fmt is WeightFormat.INT4 and w.data.device.type == "cpu" and _cached_whole(w):
             out.extend(repacked(w))
     return out
+
+
+def _cached_whole(w: PackedWeight) -> bool:
+    """Whether `repacked` keeps one cached copy of w (not the slots of an offloading cache, nor a weight it
+    must repack on every call: unstable, or an inference tensor without a version counter)."""
+    return w.stable and w.generation is None and not (w.data.is_inference() or w.scale.is_inference())
 
 
 def _slots_repacked(w: PackedWeight, kind: Scales) -> tuple[torch.Tensor, torch.Tensor]:
