@@ -64,8 +64,12 @@ def _run(cmd: list[str], **kw) -> None:
     subprocess.run(cmd, check=True, **kw)
 
 
+BUILT_WITH = "moetune-cmake-args.txt"  # in a venv this script built: the CMAKE_ARGS of its llama.cpp
+
+
 def ensure_venv(venv: Path, cmake_args: str) -> Path:
-    """The venv's python, with llama-cpp-python built from source (once) and the converter's packages."""
+    """The venv's python, with llama-cpp-python built from source (once) and the converter's packages;
+    the CMAKE_ARGS it was built with are kept in the venv (`built_with`)."""
     py = venv / "bin" / "python"
     if py.exists() and subprocess.run([str(py), "-c", "import llama_cpp, gguf, torch"]).returncode == 0:
         return py
@@ -76,7 +80,16 @@ def ensure_venv(venv: Path, cmake_args: str) -> Path:
     env = dict(os.environ, CMAKE_ARGS=cmake_args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     _run([str(py), "-m", "pip", "install", "--no-build-isolation", "--no-binary", "llama-cpp-python",
           f"llama-cpp-python=={LLAMA_VERSION}"], env=env)
+    (venv / BUILT_WITH).write_text(cmake_args + "\n")
     return py
+
+
+def built_with(venv: Path) -> str:
+    """How the header names a venv's llama.cpp build: the CMAKE_ARGS this script built it with, or
+    where they are not recorded (a venv built otherwise) only its path; llama.cpp's own system info,
+    printed beside it, lists the instruction sets the build uses either way."""
+    kept = venv / BUILT_WITH
+    return f"{venv}, CMAKE_ARGS {kept.read_text().strip()}" if kept.exists() else f"{venv} (build flags not recorded)"
 
 
 # The converter run through a shim: PyPI's gguf lags the converter (no LazyChunkedTensor), so the
@@ -338,7 +351,7 @@ def main() -> None:
                                                          "MKL_ENABLE_INSTRUCTIONS") if k in os.environ)
     print(f"CPU flags: {cpu_flags()} · moetune kernels: {isa.describe()} · torch kernels: "
           f"{torch.backends.cpu.get_cpu_capability()}{' (' + emulate + ')' if emulate else ''}")
-    built = args.run_venv or f"{args.venv}, CMAKE_ARGS {args.cmake_args}"
+    built = built_with(Path(args.run_venv or args.venv))
     print(f"llama-cpp-python {info['version']} ({built}): {info['system_info'].strip()}")
     print("\n".join(lines))
     if args.write_doc:

@@ -54,3 +54,10 @@ def test_bench_vs_llamacpp_times_the_workloads_asked_for():
     wanted = _bench_vs_llamacpp()._wanted
     assert wanted("prefill b=1 len=512", "prefill,b=1") and wanted("decode b=1", "b=1")
     assert not wanted("decode b=16", "prefill,b=1") and not wanted("prefill b=1 len=512", "b=1,b=16")
+
+
+def test_bench_vs_llamacpp_names_the_build_flags_a_venv_was_built_with_not_the_ones_asked_for_now(tmp_path):
+    bench = _bench_vs_llamacpp()
+    assert bench.built_with(tmp_path) == f"{tmp_path} (build flags not recorded)"
+    (tmp_path / bench.BUILT_WITH).write_text("-DGGML_NATIVE=OFF -DGGML_AVX2=ON\n")
+    assert bench.built_with(tmp_path) == f"{tmp_path}, CMAKE_ARGS -DGGML_NATIVE=OFF -DGGML_AVX2=ON"
