@@ -78,7 +78,8 @@ def ensure_venv(venv: Path, cmake_args: str) -> Path:
     _run([str(py), "-m", "pip", "install", "-q", "scikit-build-core", "cmake", "ninja", "typing-extensions",
           "diskcache", "jinja2", *CONVERTER_DEPS])
     env = dict(os.environ, CMAKE_ARGS=cmake_args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-    _run([str(py), "-m", "pip", "install", "--no-build-isolation", "--no-binary", "llama-cpp-python",
+    # --no-cache-dir: pip would otherwise install the wheel it built for another venv, whatever CMAKE_ARGS say
+    _run([str(py), "-m", "pip", "install", "--no-cache-dir", "--no-build-isolation", "--no-binary", "llama-cpp-python",
           f"llama-cpp-python=={LLAMA_VERSION}"], env=env)
     (venv / BUILT_WITH).write_text(cmake_args + "\n")
     return py
