@@ -71,12 +71,12 @@ def test_a_loaded_int4_cpu_model_reads_repacked_copies_made_at_load_in_one_arena
     from moetune.quant.table import PrecisionTable
     from tests.checkpoints import build_checkpoint
 
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this platform")
     ck = build_checkpoint("mixtral", tmp_path, hidden_size=64, intermediate_size=64)  # dims the int4 group divides
     spec = load_model(ck, torch.float32, "cpu").spec
     table = PrecisionTable({i: ("int4-g32",) * spec.moe.num_experts for i in spec.moe_layers})
     model = load_model(ck, torch.float32, "cpu", precision=table, dense="int4-g32")
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        pytest.skip("no MADV_HUGEPAGE on this platform")
     experts = [w for i in model.experts.layers() for g in model.experts.weights(i).groups for w in (g.w13, g.w2)]
     weights = packed_weights(model) + experts
     assert len(weights) == 4 * len(model.layers) + 1  # qkv, o, w13, w2 a layer; the LM head
