@@ -63,7 +63,8 @@ asm4 = k.linear_q4r_serial.inspect_asm(k.linear_q4r_serial.signatures[0])
 torch.save({"cases": cases, "y": ys, "y16": ys16, "parts": yp, "experts": (w13, w2, off, xe, ye),
             "default": (x17, yd, offd, xd, yde), "variant": isa.describe(),
             "zmm": "zmm" in asm, "ymm": "ymm" in asm, "vnni": "vpdpwssd" in asm, "madd": "vpmaddwd" in asm,
-            "q4r": ("zmm" in asm4, "ymm" in asm4, "vpdpbusd" in asm4, "vpmaddubsw" in asm4)},
+            "q4r": ("zmm" in asm4, "ymm" in asm4, "vpdpbusd" in asm4, "vpmaddubsw" in asm4),
+            "q4r_prefetch": asm4.count("prefetcht1")},
            sys.argv[1])
 """
 
@@ -153,6 +154,7 @@ def test_each_variant_matches_the_twins(variant, request):
         assert want is None or want == have, (variant, got)
     for want, have in zip(ASM_Q4R[variant], got["q4r"]):
         assert want is None or want == have, (variant, got["q4r"])
+    assert got["q4r_prefetch"] > 0  # decode's int4 tiles request the next page of weights (`_simd_q4r.AHEAD_BYTES`)
     for (w, x), (y1, y) in zip(got["cases"], got["y"]):
         _twin_close(y1, x[:1], w)
         _twin_close(y, x, w)

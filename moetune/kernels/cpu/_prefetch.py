@@ -8,6 +8,13 @@ a few rows ahead into L2 overlaps them again: on the 2-core machine of issue 13,
 linear ran 1.16-1.30x faster at 2-16 rows (in-process A/B, 9 alternations). Into L1 (`prefetcht0`)
 and non-temporal it was 4-12 % slower, and so was any prefetch for one x row, where the plain stream
 is already at the read rate. Imported by `_jit` (numba only, never at package import).
+
+`prefetch_l2_ir(builder, ptr)` emits the same request inside an `@intrinsic` tile: the int4 tiles
+at decode (`_simd_q4r`, 1 and 2 parts of x) ask for the line 4 KiB past each 64-byte weight load —
+the next page of the stream, which the hardware's L2 streamer does not cross into by itself. Unlike
+fp32 at one row, there each line carries 128 weights of integer work, and the stream fell behind:
+on the Intel Xeon host int4 decode b=1 steps went 1.4–2.0x faster (docs/cpu.md, "Int4 in interleaved
+blocks", *Prefetch*).
 """
 
 from __future__ import annotations
@@ -35,14 +42,19 @@ def _prefetch_l2(typingctx, w, n, k):
         ary = context.make_array(aty)(context, builder, args[0])
         idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:])]
         ptr = cgutils.get_item_pointer(context, builder, aty, ary, idx, wraparound=False, boundscheck=False)
-        i8p = ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
-                                            "llvm.prefetch.p0i8")
-        # read (0), locality 2 (L2: prefetcht1), data cache (1)
-        builder.call(fn, [builder.bitcast(ptr, i8p), _I32(0), _I32(2), _I32(1)])
+        prefetch_l2_ir(builder, ptr)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def prefetch_l2_ir(builder: ir.IRBuilder, ptr) -> None:
+    """Emit one request for the line holding `ptr` (any pointer type) into L2, in LLVM IR (for the
+    `@intrinsic` tiles): read (0), locality 2 (x86 `prefetcht1`), data cache (1)."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), _I32(0), _I32(2), _I32(1)])
 
 
 @njit(**CACHED)

@@ -24,6 +24,10 @@ VNNI `vpdpbusd` (AVX-512 VNNI zmm, AVX-VNNI ymm), else `vpmaddubsw` (no saturati
 pair, ≤ 4·15·127 after adding the odd chunk's) then `vpmaddwd` by ones; generic IR without AVX2.
 A part's group sum is exact in int32 (|partial sums| ≤ 8·g·127 + 15·g·127 = 373,888 at g = 128, far from
 2³¹), converted once; the parts combined in fp32 (Horner: (S_2/254 + S_1)/254 + S_0) and scaled per lane.
+With 1 or 2 parts (decode, where a step reads each weight line once) each 64-byte load also requests
+the line AHEAD_BYTES on into L2 (`_prefetch.prefetch_l2_ir`; across the end of a block into the next,
+which the same work item reads next; past the array's end a prefetch never faults); the 3-part tiles
+(prefill, arithmetic-bound) do not.
 
 numba's disk cache keys a kernel on its own source file only: after editing this file delete
 moetune/kernels/cpu/__pycache__/*.nb* (or the kernels that call these tiles keep the old code).
@@ -36,12 +40,15 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from moetune.kernels.cpu._prefetch import prefetch_l2_ir
+
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
 FAST = ("fast",)
 ROWS = 16  # weight rows per interleaved block (one int32 lane each)
 PART = 254.0  # ratio of one x part's step to the next's (`_jit_q4r.quantize_row`)
 SPAN = 4  # chunks per step of the chunk loop (unrolled; without VNNI their int16 sums widened once)
+AHEAD_BYTES = 4096  # the 1- and 2-part tiles (decode's) request the line this far past each weight load
 V8, V16, V32 = ir.VectorType(I8, 64), ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 VF = ir.VectorType(F32, 16)
 
@@ -204,6 +211,8 @@ def _q4r_codegen(R: int, P: int):
                 for j in range(SPAN):
                     t = builder.add(tc, I64(j))
                     v = _load(builder, wp, builder.mul(t, I64(64)), V8)
+                    if P < 3:  # decode's tiles: the line a page on, into L2 (`AHEAD_BYTES`)
+                        prefetch_l2_ir(builder, builder.gep(wp, [builder.add(builder.mul(t, I64(64)), I64(AHEAD_BYTES))]))
                     lo, hi = builder.and_(v, low), builder.lshr(v, ir.Constant(V8, [4] * 64))
                     for i in range(R):
                         for q in range(P):
