@@ -242,7 +242,8 @@ def test_import_does_not_load_numba():
 
 
 @pytest.mark.parametrize("rows", [1, 4, 8])
-@pytest.mark.parametrize("N,K,n0,n1", [(1, 5, 0, 1), (7, 33, 0, 7), (13, 64, 3, 13), (19, 95, 0, 19), (9, 8, 8, 9)])
+@pytest.mark.parametrize("N,K,n0,n1", [(1, 5, 0, 1), (7, 33, 0, 7), (13, 64, 3, 13), (19, 95, 0, 19), (9, 8, 8, 9),
+                                       (6, 1029, 1, 6)])
 @pytest.mark.parametrize("wtype", ["fp32", "int8"])
 def test_each_gemv_row_count_matches_torch(rows, N, K, n0, n1, wtype):
     """Both row counts of the one-x-row GEMV (the host runs one, `GEMV_ROWS`) against torch: rows [n0, n1)

@@ -23,9 +23,11 @@ that all threads share).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from moetune.kernels.cpu._opts import OPTS
+from moetune.kernels.cpu._simd_gemv import gemv4_f32
 
 M_CHUNK = 8  # x rows per pass over a block of weight rows (4 x rows × 2 weight rows stay in registers)
 AHEAD = 4  # weight rows requested into L2 this many rows ahead (`_prefetch`), where the core spends
@@ -86,11 +88,24 @@ def dense_rows(x, m0, m1, w, n, n2, s, s2, y, ym0, col, col2):
         m += 1
 
 
-@njit(**OPTS)
 def dot_rows4(x, m, w, n0, n1, n2, n3):
     """(Σ_k x[m, k]·w[n_i, k] for i in 0..3) in fp32 (w fp32 or int8 [N, K]): four weight rows in one
     pass over x, four read streams at once (`GEMV_ROWS`). Repeated rows (n3 = n2 at a tail) are
-    computed twice."""
+    computed twice. fp32 rows (x and w C-contiguous) take the vector tile of `_simd_gemv`, which asks
+    for each stream's lines ahead into L2; others the plain loop."""
+    raise NotImplementedError("dot_rows4 runs inside numba kernels only")
+
+
+@overload(dot_rows4, jit_options={"fastmath": True})
+def _dot_rows4(x, m, w, n0, n1, n2, n3):
+    if all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, w)):
+        return lambda x, m, w, n0, n1, n2, n3: gemv4_f32(x, m, w, n0, n1, n2, n3)
+    return lambda x, m, w, n0, n1, n2, n3: _dot_rows4_loop(x, m, w, n0, n1, n2, n3)
+
+
+@njit(**OPTS)
+def _dot_rows4_loop(x, m, w, n0, n1, n2, n3):
+    """`dot_rows4` in a plain loop (int8 rows widened to fp32; any layout)."""
     a0 = a1 = a2 = a3 = F0
     for k in range(w.shape[1]):
         xk = x[m, k]
