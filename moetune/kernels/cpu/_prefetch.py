@@ -13,8 +13,8 @@ is already at the read rate. Imported by `_jit` (numba only, never at package im
 at decode (`_simd_q4r`, 1 and 2 parts of x) ask for the line 4 KiB past each 64-byte weight load —
 the next page of the stream, which the hardware's L2 streamer does not cross into by itself. Unlike
 fp32 at one row, there each line carries 128 weights of integer work, and the stream fell behind:
-on the Intel Xeon host int4 decode b=1 steps went 1.4–2.0x faster (docs/cpu.md, "Int4 in interleaved
-blocks", *Prefetch*).
+on the Intel Xeon host int4 decode b=1 steps went 1.32–1.59x faster (docs/cpu.md, "Int4 in interleaved
+blocks", *A page ahead*). The fp32 four-row GEMV tile (`_simd_gemv`) asks 16 KiB ahead the same way.
 """
 
 from __future__ import annotations

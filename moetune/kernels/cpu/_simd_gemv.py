@@ -10,7 +10,7 @@ end that is a later row of the same matrix, which this work item reads a pass or
 array's end a prefetch never faults. The plain numba loop this replaces for fp32 rows
 (`_jit_tiles._dot_rows4_loop`, still the path of int8 rows widened to fp32) left the streams to the
 hardware prefetcher, which on the Intel Xeon host kept a one-row step at 0.80–0.82× llama.cpp's f32
-(docs/cpu.md, "fp32 b=1: sixteen KiB ahead").
+(docs/cpu.md, "fp32 decode b=1: sixteen KiB ahead").
 """
 
 from __future__ import annotations

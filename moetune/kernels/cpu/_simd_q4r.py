@@ -29,8 +29,8 @@ the line AHEAD_BYTES on into L2 (`_prefetch.prefetch_l2_ir`; across the end of a
 which the same work item reads next; past the array's end a prefetch never faults); the 3-part tiles
 (prefill, arithmetic-bound) do not.
 
-numba's disk cache keys a kernel on its own source file only: after editing this file delete
-moetune/kernels/cpu/__pycache__/*.nb* (or the kernels that call these tiles keep the old code).
+numba inlines these tiles into their callers; `_cache` stamps every kernel with a hash of all of
+kernels/cpu's sources, so an edit here recompiles the callers on their next first call.
 """
 
 from __future__ import annotations
