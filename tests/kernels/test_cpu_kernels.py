@@ -1,5 +1,6 @@
 """CPU decode kernels (numba) against their torch twins, on awkward shapes; quantize round trips."""
 
+import os
 import subprocess
 import sys
 
@@ -239,6 +240,29 @@ def test_launch_hands_small_calls_the_serial_twins_and_explicit_threads_win():
 def test_import_does_not_load_numba():
     code = "import sys, moetune.kernels.cpu; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+GEMV_ASM = """
+import sys, numpy as np
+from moetune.kernels.cpu import runtime
+gemv = runtime.jit().GEMV_VARIANTS[4][0]
+x, y, s = np.ones((1, 40), np.float32), np.zeros((1, 6), np.float32), np.ones(6, np.float32)
+for w in (np.ones((6, 40), np.float32), np.ones((6, 40), np.int8)):
+    gemv(x, 0, w, 0, 6, s, y, 0)
+    assert (y == 40).all()
+asm = {sig[2].dtype.name: gemv.inspect_asm(sig) for sig in gemv.signatures}
+print("fp32", asm["float32"].count("prefetcht1"), "int8", asm["int8"].count("prefetcht1"))
+"""
+
+
+def test_the_four_row_gemv_asks_ahead_for_fp32_rows_only(tmp_path):
+    """fp32 rows take `_simd_gemv`'s tile, which requests each stream's lines ahead (`prefetcht1`);
+    int8 rows widened keep the plain loop, which requests nothing (its callers prefetch whole rows).
+    In a process of its own with an empty numba cache: a kernel loaded from the disk cache has no assembly."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", GEMV_ASM], env=env, capture_output=True, text=True, check=True).stdout
+    _, fp32, _, int8 = out.split()
+    assert int(fp32) > 0 and int(int8) == 0
 
 
 @pytest.mark.parametrize("rows", [1, 4, 8])

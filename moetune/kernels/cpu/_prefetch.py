@@ -6,15 +6,16 @@ weight line that the hardware prefetcher no longer keeps the stream ahead of it,
 becomes memory time plus compute time rather than the larger of the two. Asking for the weight rows
 a few rows ahead into L2 overlaps them again: on the 2-core machine of issue 13, a [32000, 768] fp32
 linear ran 1.16-1.30x faster at 2-16 rows (in-process A/B, 9 alternations). Into L1 (`prefetcht0`)
-and non-temporal it was 4-12 % slower, and so was any prefetch for one x row, where the plain stream
-is already at the read rate. Imported by `_jit` (numba only, never at package import).
+and non-temporal it was 4-12 % slower, and so was a whole-row burst for one x row (the per-line
+requests below are another matter). Imported by `_jit` (numba only, never at package import).
 
 `prefetch_l2_ir(builder, ptr)` emits the same request inside an `@intrinsic` tile: the int4 tiles
 at decode (`_simd_q4r`, 1 and 2 parts of x) ask for the line 4 KiB past each 64-byte weight load —
-the next page of the stream, which the hardware's L2 streamer does not cross into by itself. Unlike
-fp32 at one row, there each line carries 128 weights of integer work, and the stream fell behind:
-on the Intel Xeon host int4 decode b=1 steps went 1.32–1.59x faster (docs/cpu.md, "Int4 in interleaved
-blocks", *A page ahead*). The fp32 four-row GEMV tile (`_simd_gemv`) asks 16 KiB ahead the same way.
+the next page of the stream, which the hardware's L2 streamer does not cross into by itself (each
+line there carries 128 weights of integer work, and the stream fell behind): on the Intel Xeon host
+int4 decode b=1 steps went 1.32–1.59x faster (docs/cpu.md, "Int4 in interleaved blocks", *A page
+ahead*). The fp32 four-row GEMV tile (`_simd_gemv`) asks 16 KiB ahead the same way, one request per
+line as it reads (1.12–1.21x; docs/cpu.md, "fp32 decode b=1: sixteen KiB ahead").
 """
 
 from __future__ import annotations
